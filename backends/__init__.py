@@ -1,0 +1,1 @@
+"""Real execution backends (installed as fastpp.backends)."""

@@ -1,0 +1,1 @@
+"""Typer CLI (installed as fastpp.cli)."""

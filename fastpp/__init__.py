@@ -1,0 +1,1 @@
+"""FastPP: pipeline-parallel LLM serving policies, simulator and backends."""

@@ -1,0 +1,1 @@
+"""Chunk policies and decode balancers."""

@@ -1,0 +1,62 @@
+"""Scheduler configuration and the recent-signal buffers policies read."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from fastpp.types import SLO
+
+DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(128, 2049, 128))
+SIGNAL_HISTORY = 4096  # samples kept per signal; policies window them further by time
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """How one engine-neutral PP scheduler behaves. Read-only after construction."""
+
+    num_slots: int  # D_p: microbatch slots (= pipeline stages; 1 for TP)
+    kv_capacity_tokens: int  # KV pool size in tokens (the smallest stage's)
+    page_size: int = 1  # KV allocation unit in tokens (SGLang's default is 1)
+    max_context: int = 32768  # model context: a longer prompt is rejected
+    chunk_candidates: tuple[int, ...] = DEFAULT_CANDIDATES  # what dynamic policies pick from
+    default_chunk: int = 2048  # the static chunk; also the fallback when a policy raises
+    # Share of the running requests' remaining output tokens kept free when admitting a new
+    # request (SGLang's new_token_ratio at its floor of 0.1): fewer retractions later.
+    new_token_ratio: float = 0.1
+    max_running_requests: int | None = None  # cap on admitted requests, None = KV-bound only
+    slo: SLO = field(default_factory=SLO)
+
+    def __post_init__(self) -> None:
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.kv_capacity_tokens < 1:
+            raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
+        if not self.chunk_candidates or any(c < 1 for c in self.chunk_candidates):
+            raise ValueError(f"chunk_candidates must be positive, got {self.chunk_candidates}")
+        if list(self.chunk_candidates) != sorted(set(self.chunk_candidates)):
+            raise ValueError(f"chunk_candidates must be strictly ascending: {self.chunk_candidates}")
+        if self.default_chunk < 1:
+            raise ValueError(f"default_chunk must be >= 1, got {self.default_chunk}")
+        if not 0.0 <= self.new_token_ratio <= 1.0:
+            raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+
+
+@dataclass(slots=True)
+class Signals:
+    """Bounded histories of (time, value) samples, newest last."""
+
+    ttft: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SIGNAL_HISTORY))
+    token_gap: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=SIGNAL_HISTORY)
+    )
+    tpot: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SIGNAL_HISTORY))
+    arrivals: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=4 * SIGNAL_HISTORY)
+    )

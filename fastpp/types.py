@@ -1,0 +1,167 @@
+"""Core value types shared by the scheduler, the executors and the metrics.
+
+Units: every time in this module is in seconds (suffix ``_at`` for instants on the run's
+clock, ``_s`` for durations). Token counts are plain ints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    """How a request left the system. Every request ends with exactly one of these."""
+
+    LENGTH = "length"  # generated its requested number of tokens (or hit the context limit)
+    STOP = "stop"  # the model emitted a stop token (real backends only)
+    ABORTED = "aborted"  # the client went away / the run was cut short
+    REJECTED = "rejected"  # never admitted: see RequestRecord.detail for why
+
+
+_COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request as the workload produced it.
+
+    ``output_len`` is the number of tokens to generate (``max_tokens`` with ``ignore_eos``),
+    the convention of ``sglang.benchmark.serving`` and of the paper's experiments.
+    """
+
+    req_id: int
+    arrived_at: float
+    prompt_len: int
+    output_len: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.arrived_at, int | float) and math.isfinite(self.arrived_at)):
+            raise ValueError(f"request {self.req_id}: arrived_at must be finite, got {self.arrived_at!r}")
+        if self.arrived_at < 0:
+            raise ValueError(f"request {self.req_id}: arrived_at must be >= 0, got {self.arrived_at}")
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.req_id}: prompt_len must be >= 1, got {self.prompt_len}")
+        if self.output_len < 1:
+            raise ValueError(f"request {self.req_id}: output_len must be >= 1, got {self.output_len}")
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives: P90 TTFT and P90 TPOT (PAPER.md section 1). Seconds."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"SLO {name} must be a positive number of seconds, got {value!r}")
+
+    def scaled(self, factor: float) -> SLO:
+        """The same SLO tightened or loosened by ``factor`` (the paper scales down to 0.2)."""
+        if not factor > 0:
+            raise ValueError(f"SLO scale factor must be > 0, got {factor!r}")
+        return SLO(self.ttft_s * factor, self.tpot_s * factor)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request; written by the scheduler, read by metrics.
+
+    ``token_times`` holds the time each output token became available (first token included),
+    so TTFT, TPOT and ITL are all derived from it. Times are on the run's clock.
+    """
+
+    req_id: int
+    arrived_at: float
+    prompt_len: int
+    output_len: int  # tokens requested
+    num_generated: int = 0
+    scheduled_at: float | None = None  # first time any of its prompt entered a microbatch
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: FinishReason | None = None
+    detail: str = ""  # why it was rejected / aborted, or "" when it finished normally
+    num_retractions: int = 0  # times its KV was freed under memory pressure and recomputed
+    num_parked: int = 0  # times the decode balancer deferred it
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrived_at
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(last - first) / (n - 1); undefined (None) for fewer than two output tokens."""
+        if self.num_generated < 2 or self.first_token_at is None:
+            return None
+        return (self.token_times[-1] - self.first_token_at) / (self.num_generated - 1)
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.finished_at is None or self.finish_reason not in _COMPLETED:
+            return None
+        return self.finished_at - self.arrived_at
+
+    @property
+    def queueing_s(self) -> float | None:
+        return None if self.scheduled_at is None else self.scheduled_at - self.arrived_at
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict; token times become inter-token gaps in ms to keep files small."""
+        gaps = [
+            round((b - a) * 1e3, 4) for a, b in zip(self.token_times, self.token_times[1:], strict=False)
+        ]
+        return {
+            "req_id": self.req_id,
+            "arrived_at": self.arrived_at,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "num_generated": self.num_generated,
+            "scheduled_at": self.scheduled_at,
+            "first_token_at": self.first_token_at,
+            "finished_at": self.finished_at,
+            "finish_reason": None if self.finish_reason is None else str(self.finish_reason),
+            "detail": self.detail,
+            "num_retractions": self.num_retractions,
+            "num_parked": self.num_parked,
+            "itl_ms": gaps,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One microbatch on one stage: the unit the predictor learns from and timelines show.
+
+    The ALP features are those of PAPER.md 3.2: ``sum_past_x_pre`` = sum L_past * L_pre and
+    ``sum_pre_sq`` = sum L_pre^2 over the prefill chunks, ``sum_dec_ctx`` = sum L_dec over
+    the decode requests (their context length before this step).
+    """
+
+    mb_id: int  # microbatch sequence number, unique within a run
+    stage: int  # 0 .. num_stages-1; a TP deployment has the single stage 0
+    slot: int  # microbatch slot 0 .. D_p-1
+    started_at: float
+    finished_at: float
+    num_tokens: int  # prefill tokens + decode tokens
+    num_prefill_tokens: int
+    num_decode_reqs: int
+    sum_past_x_pre: int
+    sum_pre_sq: int
+    sum_dec_ctx: int
+    chunk_budget: int  # C the chunk policy chose for this microbatch
+    reason: str = ""  # the chunk policy's stated reason for C
+
+    @property
+    def duration_s(self) -> float:
+        return self.finished_at - self.started_at
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}

@@ -1,0 +1,197 @@
+"""fastpp.metrics on hand-built records whose answers can be worked out on paper."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fastpp.metrics import (
+    bubble_fraction,
+    format_summary,
+    meets_slo,
+    percentiles,
+    slo_attainment,
+    stage_busy_fraction,
+    summarize,
+    write_iterations_csv,
+    write_records_jsonl,
+)
+from fastpp.types import SLO, FinishReason, IterationRecord, RequestRecord
+
+SGLANG_KEYS = [
+    "backend", "request_rate", "duration", "completed", "total_input_tokens",
+    "total_output_tokens", "request_throughput", "input_throughput", "output_throughput",
+    "total_throughput", "concurrency", "max_output_tokens_per_s", "max_concurrent_requests",
+    "max_itl_ms",
+] + [
+    f"{s}_{m}_ms"
+    for m in ("e2e_latency", "ttft", "tpot", "itl")
+    for s in ("mean", "median", "std", "p90", "p95", "p99")
+]
+
+
+def rec(req_id, arrived, token_times, *, reason=FinishReason.LENGTH, prompt_len=10,
+        scheduled=None, finished=None) -> RequestRecord:
+    """A record that generated ``token_times`` (times in seconds) and ended with ``reason``."""
+    return RequestRecord(
+        req_id=req_id, arrived_at=arrived, prompt_len=prompt_len, output_len=len(token_times),
+        num_generated=len(token_times), scheduled_at=arrived if scheduled is None else scheduled,
+        first_token_at=token_times[0] if token_times else None,
+        finished_at=finished if finished is not None else (token_times or [None])[-1],
+        finish_reason=reason, token_times=list(token_times),
+    )
+
+
+def rejected(req_id, arrived) -> RequestRecord:
+    return RequestRecord(req_id, arrived, 10, 4, scheduled_at=None, finished_at=arrived,
+                         finish_reason=FinishReason.REJECTED, detail="prompt too long")
+
+
+def test_percentiles_match_numpy_and_empty_is_nan():
+    values = np.random.default_rng(0).exponential(size=101)
+    got = percentiles(values)
+    assert list(got) == [50, 90, 95, 99]
+    for p, v in got.items():
+        assert v == pytest.approx(np.percentile(values, p))
+    assert all(math.isnan(v) for v in percentiles([], ps=(50, 99)).values())
+
+
+def test_definitions_on_a_small_run():
+    records = [
+        rec(0, 0.0, [1.0, 1.5, 2.5]),  # ttft 1000, tpot 750, itl 500 1000, e2e 2500
+        rec(1, 1.0, [1.5]),  # one token: ttft 500, no tpot, no itl, e2e 500
+        rec(2, 2.0, [3.0, 3.25], reason=FinishReason.STOP, scheduled=2.5),  # tpot 250
+    ]
+    s = summarize(records, backend="unit", request_rate=2.0)
+    for key in SGLANG_KEYS:
+        assert key in s
+    assert (s["backend"], s["request_rate"], s["completed"]) == ("unit", 2.0, 3)
+    assert s["duration"] == pytest.approx(3.25)  # last finish - first arrival
+    assert s["total_output_tokens"] == 6 and s["total_input_tokens"] == 30
+    assert s["output_throughput"] == pytest.approx(6 / 3.25)
+    assert s["mean_ttft_ms"] == pytest.approx(np.mean([1000, 500, 1000]))
+    # TPOT excludes the one-token output instead of counting it as zero
+    assert s["mean_tpot_ms"] == pytest.approx(500.0)
+    assert s["median_tpot_ms"] == pytest.approx(500.0)
+    assert s["std_tpot_ms"] == pytest.approx(250.0)
+    # ITL: every within-request gap, never the gap between two requests
+    itl = [500.0, 1000.0, 250.0]
+    assert s["mean_itl_ms"] == pytest.approx(np.mean(itl))
+    assert s["p99_itl_ms"] == pytest.approx(np.percentile(itl, 99))
+    assert s["max_itl_ms"] == pytest.approx(1000.0)
+    assert s["p90_e2e_latency_ms"] == pytest.approx(np.percentile([2500, 500, 1250], 90))
+    assert s["concurrency"] == pytest.approx((2.5 + 0.5 + 1.25) / 3.25)
+    assert s["max_output_tokens_per_s"] == 3.0  # tokens at 1.0, 1.5, 1.5 in second [1, 2)
+    assert s["max_concurrent_requests"] == 2
+    assert s["max_queueing_delay_ms"] == pytest.approx(500.0)
+    assert "slo_met" not in s
+
+
+def test_failed_and_unfinished_requests_are_counted_not_measured():
+    unfinished = RequestRecord(3, 0.5, 10, 8, num_generated=2, scheduled_at=0.6,
+                               first_token_at=0.9, token_times=[0.9, 1.0])
+    aborted = rec(4, 0.0, [0.2, 0.6], reason=FinishReason.ABORTED)
+    records = [rec(0, 0.0, [1.0, 2.0]), rejected(1, 0.1), aborted, unfinished]
+    s = summarize(records)
+    assert (s["completed"], s["num_requests"]) == (1, 4)
+    assert (s["num_rejected"], s["num_aborted"], s["num_unfinished"]) == (1, 1, 1)
+    assert s["mean_ttft_ms"] == pytest.approx(1000.0)
+    assert s["max_concurrent_requests"] == 3  # rejected-on-arrival adds nothing
+
+
+def test_empty_input_gives_nan_not_an_error():
+    s = summarize([], slo=SLO())
+    assert s["completed"] == 0 and s["num_requests"] == 0
+    assert math.isnan(s["p90_ttft_ms"]) and math.isnan(s["mean_itl_ms"])
+    assert math.isnan(s["request_throughput"])
+    assert s["slo_met"] is False and math.isnan(s["slo_attainment"])
+    assert "Serving Benchmark Result" in format_summary(s)
+
+
+def test_slo_met_at_the_boundary():
+    slo = SLO(ttft_s=2.0, tpot_s=0.2)
+    # ten requests, all TTFT 2.0 s and TPOT 0.2 s: P90 equals the SLO exactly -> met
+    on_edge = [rec(i, 0.1 * i, [0.1 * i + 2.0, 0.1 * i + 2.2]) for i in range(10)]
+    s = summarize(on_edge, slo=slo)
+    assert s["slo_met"] and meets_slo(s, slo)
+    assert s["slo_attainment"] == 1.0
+    assert (s["slo_ttft_ms"], s["slo_tpot_ms"]) == (2000.0, 200.0)
+    # 1 ms over on TPOT for every request -> not met
+    over = [rec(i, 0.0, [2.0, 2.201]) for i in range(10)]
+    assert not summarize(over, slo=slo)["slo_met"]
+    # 2 of 10 over on TTFT: P90 is interpolated above the SLO -> not met; 1 of 10 over: met
+    mixed = [rec(i, 0.0, [2.5 if i < 2 else 1.0, 3.0 if i < 2 else 1.1]) for i in range(10)]
+    assert not meets_slo(summarize(mixed), slo)
+    assert meets_slo(summarize(mixed[1:] + [rec(9, 0.0, [1.0, 1.1])]), slo)
+
+
+def test_attainment_counts_rejected_and_aborted_as_misses():
+    slo = SLO(ttft_s=1.0, tpot_s=0.1)
+    records = [
+        rec(0, 0.0, [0.5, 0.55]),  # meets both
+        rec(1, 0.0, [0.9]),  # one token: needs TTFT only -> meets
+        rec(2, 0.0, [2.0, 2.05]),  # TTFT miss
+        rec(3, 0.0, [0.5, 1.0]),  # TPOT miss
+        rejected(4, 0.0),
+        rec(5, 0.0, [0.1, 0.15], reason=FinishReason.ABORTED),
+    ]
+    assert slo_attainment(records, slo) == pytest.approx(2 / 6)
+    s = summarize(records, slo=slo)
+    assert s["slo_attainment"] == pytest.approx(2 / 6)
+    assert s["ttft_attainment"] == pytest.approx(3 / 6)
+    assert s["tpot_attainment"] == pytest.approx(3 / 6)
+    assert math.isnan(slo_attainment([], slo))
+
+
+def test_format_summary_has_the_sglang_layout():
+    s = summarize([rec(0, 0.0, [1.0, 1.5, 2.5]), rec(1, 1.0, [1.5])], slo=SLO(), request_rate=4.0)
+    text = format_summary(s)
+    lines = text.splitlines()
+    assert lines[0] == "{:=^50}".format(" Serving Benchmark Result ")
+    assert lines[-1] == "=" * 50
+    for heading in ("End-to-End Latency", "Time to First Token",
+                    "Time per Output Token (excl. 1st token)", "Inter-Token Latency", "SLO"):
+        assert f"{heading:-^50}" in lines
+    for label in ("Backend:", "Successful requests:", "Benchmark duration (s):",
+                  "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
+                  "Output token throughput (tok/s):", "Peak output token throughput (tok/s):",
+                  "Peak concurrent requests:", "Total token throughput (tok/s):", "Concurrency:",
+                  "Mean E2E Latency (ms):", "P99 TTFT (ms):", "Median TPOT (ms):",
+                  "Max ITL (ms):"):
+        assert any(line.startswith(label) for line in lines), label
+    assert "{:<40} {:<10}".format("Successful requests:", 2) in lines
+    assert "{:<40} {:<10.2f}".format("Mean TTFT (ms):", 750.0) in lines
+    assert "SLO" not in format_summary(summarize([rec(0, 0.0, [1.0])]))
+
+
+def it(stage, start, end, mb_id=0, slot=0) -> IterationRecord:
+    return IterationRecord(mb_id, stage, slot, start, end, 8, 8, 0, 0, 64, 0, 64, "test")
+
+
+def test_bubble_fraction_of_a_two_stage_schedule():
+    # stage 0 runs [0,2) and [2,3); stage 1 runs [2,4) and [4,5): window [0, 5]
+    schedule = [it(0, 0, 2, 0), it(0, 2, 3, 1), it(1, 2, 4, 0), it(1, 4, 5, 1)]
+    assert stage_busy_fraction(schedule, 2) == pytest.approx([3 / 5, 3 / 5])
+    assert bubble_fraction(schedule, 2) == pytest.approx([2 / 5, 2 / 5])
+    # an explicit window clips iterations; an idle third stage is all bubble
+    assert bubble_fraction(schedule, 3, start=2.0, end=4.0) == pytest.approx([0.5, 0.0, 1.0])
+    # overlapping iterations on one stage count once
+    assert stage_busy_fraction([it(0, 0, 2), it(0, 1, 3), it(0, 1.5, 2.5)], 1) == [1.0]
+    assert all(math.isnan(b) for b in bubble_fraction([], 2))
+    with pytest.raises(ValueError, match="stage"):
+        bubble_fraction(schedule, 1)
+
+
+def test_writers_round_trip(tmp_path):
+    records = [rec(0, 0.0, [1.0, 1.5]), rejected(1, 0.2)]
+    lines = write_records_jsonl(records, tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line)["req_id"] for line in lines] == [0, 1]
+    assert json.loads(lines[0])["itl_ms"] == [500.0]
+    iters = [it(0, 0.0, 1.0), it(1, 1.0, 2.0, mb_id=1)]
+    with write_iterations_csv(iters, tmp_path / "i.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["stage"]) for r in rows] == [0, 1] and rows[0]["reason"] == "test"

@@ -1,0 +1,156 @@
+"""Property tests: over random workloads, parameters and interleavings, the scheduler keeps its
+invariants. A hand-rolled driver launches into free slots, returns microbatches in launch
+order (a pipeline is FIFO), admits arrivals and aborts requests at random points."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FakeClock, make_profile, make_scheduler
+from fastpp.plan import BalancePlan
+from fastpp.sim.engine import PipelineSimulation
+from fastpp.types import FinishReason, Request
+
+
+class RandomChunks:
+    """A chunk policy that picks a random candidate each time (deterministic per seed)."""
+
+    def __init__(self, seed: int, candidates: list[int]) -> None:
+        self.rng = random.Random(seed)
+        self.candidates = candidates
+        self.last_reason = "random"
+
+    def choose(self, view) -> int:
+        return self.rng.choice(self.candidates)
+
+    def observe(self, rec) -> None:
+        pass
+
+
+class RandomBalancer:
+    """Parks and restores random requests, only ever touching the launching slot."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def plan(self, view, slot) -> BalancePlan:
+        running = [r.req_id for r in view.iter_running(slot)]
+        parked = [r.req_id for r in view.iter_parked()]
+        park = tuple(rid for rid in running if self.rng.random() < 0.2)
+        restore = tuple(rid for rid in parked if self.rng.random() < 0.5)
+        return BalancePlan(park, restore)
+
+    def observe(self, rec) -> None:
+        pass
+
+
+def check_state(sched) -> None:
+    kv = sched.kv
+    assert 0 <= kv.used <= kv.capacity
+    held = sum(r.kv_tokens for r in sched.live.values())
+    assert held == kv.used, (held, kv.used)
+    seen: set[int] = set()
+    places = [r.req_id for r in sched.waiting] + [r.req_id for s in sched.running for r in s]
+    places += list(sched.parked)
+    for rid in places:
+        assert rid not in seen, f"request {rid} held twice"
+        seen.add(rid)
+    for slot, run in enumerate(sched.running):
+        assert sched.slot_ctx_sum[slot] == sum(r.ctx_len for r in run)
+
+
+workloads = st.lists(
+    st.tuples(st.floats(0, 0.5), st.integers(1, 700), st.integers(1, 40)), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=workloads,
+    num_slots=st.integers(1, 4),
+    kv=st.integers(300, 3000),
+    page=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 10_000),
+    balance=st.booleans(),
+)
+def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, balance):
+    rng = random.Random(seed)
+    clock = FakeClock()
+    candidates = [8, 32, 64, 128, 256]
+    sched = make_scheduler(
+        clock, RandomChunks(seed, candidates), RandomBalancer(seed) if balance else None,
+        num_slots=num_slots, kv_capacity_tokens=kv, page_size=page, max_context=1024,
+    )
+    pending = deque(Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs))
+    in_flight: deque = deque()
+    tokens_seen: dict[int, int] = {}
+    steps = 0
+    while pending or sched.has_work:
+        steps += 1
+        assert steps < 50_000, "no progress"
+        clock.t += 0.001
+        action = rng.random()
+        if pending and action < 0.3:
+            sched.add_request(pending.popleft())
+        elif action < 0.35 and sched.live:
+            sched.abort(rng.choice(sorted(sched.live)))
+        elif in_flight and (action < 0.65 or sched.num_in_flight == num_slots):
+            plan = in_flight.popleft()
+            sched.update(plan)
+        else:
+            free = [s for s in range(num_slots) if sched.in_flight[s] is None]
+            if free:
+                plan = sched.schedule(free[0])
+                if plan is not None:
+                    assert plan.num_tokens <= plan.chunk_budget
+                    assert plan.num_tokens == len(plan.decode_req_ids) + sum(
+                        c.num_tokens for c in plan.prefill)
+                    ids = list(plan.decode_req_ids) + [c.req_id for c in plan.prefill]
+                    assert len(ids) == len(set(ids)), "a request twice in one microbatch"
+                    in_flight.append(plan)
+            elif not in_flight and not pending:
+                raise AssertionError("work left but nothing schedulable or in flight")
+        check_state(sched)
+        for rid, rec in sched.records.items():
+            assert rec.num_generated == len(rec.token_times)
+            assert rec.num_generated >= tokens_seen.get(rid, 0)
+            tokens_seen[rid] = rec.num_generated
+    assert len(sched.records) == len(reqs)
+    assert sched.kv.used == 0
+    for rec in sched.records.values():
+        assert rec.finish_reason is not None
+        if rec.finish_reason is FinishReason.LENGTH:
+            assert rec.num_generated == min(rec.output_len, 1024 - rec.prompt_len)
+        if rec.finish_reason is FinishReason.REJECTED:
+            assert rec.detail
+        times = rec.token_times
+        assert all(a < b for a, b in zip(times, times[1:], strict=False)), "token generated twice"
+
+
+@settings(max_examples=25, deadline=None)
+@given(reqs=workloads, pp=st.integers(1, 4), kv=st.integers(800, 4000), seed=st.integers(0, 99))
+def test_simulation_ends_every_request_once(reqs, pp, kv, seed):
+    requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs)]
+    sched = make_scheduler(
+        None, RandomChunks(seed, [16, 64, 256]), RandomBalancer(seed),
+        num_slots=pp, kv_capacity_tokens=kv, max_context=4096,
+    )
+    result = PipelineSimulation(make_profile(pp=pp, kv_tokens=kv), sched, requests).run()
+    assert sorted(r.req_id for r in result.records) == list(range(len(requests)))
+    for rec in result.records:
+        assert rec.finish_reason in (FinishReason.LENGTH, FinishReason.REJECTED)
+        if rec.finish_reason is FinishReason.LENGTH:
+            assert rec.num_generated == rec.output_len == len(rec.token_times)
+            assert rec.first_token_at is not None and rec.first_token_at > rec.arrived_at
+    assert sched.kv.used == 0
+    per_stage: dict[int, list] = {}
+    for it in result.iterations:
+        assert it.num_tokens <= it.chunk_budget
+        per_stage.setdefault(it.stage, []).append(it)
+    for its in per_stage.values():  # a stage runs one microbatch at a time, in launch order
+        assert [i.mb_id for i in its] == sorted(i.mb_id for i in its)
+        assert all(a.finished_at <= b.started_at + 1e-12 for a, b in zip(its, its[1:], strict=False))
