@@ -11,7 +11,7 @@ A request alternates between two phases, both derived from counters:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastpp.types import RequestRecord
 
@@ -23,25 +23,24 @@ class LiveRequest:
     rec: RequestRecord
     target_len: int  # tokens to generate: output_len capped by the context limit
     fill_len: int  # tokens the current prefill phase must compute
+    req_id: int = field(init=False)  # copies of rec's, read on hot paths
+    prompt_len: int = field(init=False)
+    ctx_len: int = 0  # L_dec while decoding: KV so far + the token fed (prompt + generated)
     num_computed: int = 0  # tokens of the current prefill phase already scheduled
     kv_tokens: int = 0  # KV reserved for it, in tokens (a multiple of the page size)
     slot: int = -1  # decode slot, -1 while waiting / prefilling
     admit_seq: int = -1  # admission order; larger = newer (retraction victims first)
     parked_at: float | None = None  # set while the decode balancer holds it back
-    in_flight: bool = False  # part of a microbatch that has not returned yet
+    in_flight: bool = False  # a prefill chunk of it has not returned yet
     aborted: bool = False
 
-    @property
-    def req_id(self) -> int:
-        return self.rec.req_id
+    def __post_init__(self) -> None:
+        self.req_id = self.rec.req_id
+        self.prompt_len = self.rec.prompt_len
 
     @property
     def arrived_at(self) -> float:
         return self.rec.arrived_at
-
-    @property
-    def prompt_len(self) -> int:
-        return self.rec.prompt_len
 
     @property
     def num_generated(self) -> int:
@@ -50,11 +49,6 @@ class LiveRequest:
     @property
     def remaining_prefill(self) -> int:
         return self.fill_len - self.num_computed
-
-    @property
-    def ctx_len(self) -> int:
-        """Tokens attended by its next decode step (L_dec): KV so far plus the token fed."""
-        return self.rec.prompt_len + self.rec.num_generated
 
     @property
     def remaining_output(self) -> int:

@@ -52,6 +52,7 @@ class Scheduler:
         self.slot_ctx_sum: list[int] = [0] * n  # sum of ctx_len over running[slot]
         self.parked: dict[int, LiveRequest] = {}
         self.in_flight: list[MicroBatchPlan | None] = [None] * n
+        self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
         self.live: dict[int, LiveRequest] = {}  # every admitted, unfinished request by id
         self.records: dict[int, RequestRecord] = {}
         self.pending_prefill_tokens = 0  # sum of remaining_prefill over waiting + chunked
@@ -101,8 +102,8 @@ class Scheduler:
         if live is self.chunked:  # schedule no more of its chunks
             self.chunked = None
             self.pending_prefill_tokens -= live.remaining_prefill
-        if live.in_flight:  # its microbatch still uses the KV; update() frees it
-            return True
+        if live.in_flight or (live.slot >= 0 and live in self._inflight_decodes[live.slot]):
+            return True  # its microbatch still uses the KV; update() frees it
         self._detach(live)
         self._end(live, FinishReason.ABORTED, reason)
         return True
@@ -138,11 +139,11 @@ class Scheduler:
             return
         try:
             plan = self.balancer.plan(self.view, slot)
+            if plan.is_noop:
+                return
             self._check_balance(plan, slot)
         except Exception as exc:  # a policy must never take the engine down
             self._policy_failed("balancer", exc)
-            return
-        if plan.is_noop:
             return
         park = set(plan.park_ids)
         if park:
@@ -211,26 +212,26 @@ class Scheduler:
         return picked
 
     def _reserve_decode_kv(self, slot: int, decodes: list[LiveRequest]) -> list[LiveRequest]:
-        """Allocate the KV each decode step writes; retract the newest requests if it can't."""
+        """Allocate the KV each decode step writes; retract the newest requests if it can't.
+
+        The pool is charged here; each request's own ``kv_tokens`` grows in ``_launch``.
+        """
         kv = self.kv
-        if kv.page_size == 1:
-            need = len(decodes)  # every step writes one token, one token per page
-        else:
-            need = sum(max(0, kv.round_up(r.ctx_len) - r.kv_tokens) for r in decodes)
+        need = self._decode_kv_need(decodes)
         while need > kv.free and decodes:
             victim = max(self.running[slot], key=_admit_order)
-            self._retract(victim)
             if victim in decodes:
                 decodes = [r for r in decodes if r is not victim]
-                need -= 1 if kv.page_size == 1 else max(
-                    0, kv.round_up(victim.ctx_len) - victim.kv_tokens
-                )
-        for r in decodes:
-            grow = kv.round_up(r.ctx_len) - r.kv_tokens
-            if grow > 0:
-                kv.alloc(grow)
-                r.kv_tokens += grow
-        return list(decodes)
+                need -= self._decode_kv_need([victim])
+            self._retract(victim)
+        kv.alloc(need)
+        return decodes
+
+    def _decode_kv_need(self, decodes: list[LiveRequest]) -> int:
+        if self.kv.page_size == 1:
+            return len(decodes)  # one token each, one token per page
+        round_up = self.kv.round_up
+        return sum(max(0, round_up(r.ctx_len) - r.kv_tokens) for r in decodes)
 
     def _retract(self, r: LiveRequest) -> None:
         """Free a running request's KV and queue it again at the front (recomputed later)."""
@@ -305,16 +306,21 @@ class Scheduler:
             sum_past_x_pre += past * n
             sum_pre_sq += n * n
             num_prefill += n
-        dec_ctx = []
-        for r in decodes:
-            r.in_flight = True
-            dec_ctx.append(r.ctx_len)
+        if self.kv.page_size == 1:
+            for r in decodes:
+                r.kv_tokens += 1
+        else:
+            round_up = self.kv.round_up
+            for r in decodes:
+                r.kv_tokens = max(r.kv_tokens, round_up(r.ctx_len))
+        dec_ctx = [r.ctx_len for r in decodes]
+        self._inflight_decodes[slot] = decodes
         plan = MicroBatchPlan(
             mb_id=self._next_mb_id,
             slot=slot,
             scheduled_at=now,
             chunk_budget=budget,
-            decode_req_ids=tuple(r.req_id for r in decodes),
+            decode_req_ids=tuple([r.req_id for r in decodes]),
             decode_ctx=tuple(dec_ctx),
             prefill=tuple(chunks),
             num_tokens=len(decodes) + num_prefill,
@@ -338,30 +344,32 @@ class Scheduler:
         assert self.in_flight[plan.slot] is plan, "update() for a plan that is not in flight"
         self.in_flight[plan.slot] = None
         now = self.now = self.clock()
-        stop_ids = set(stopped)
+        stop_ids = set(stopped) if stopped else ()
         live = self.live
         slot = plan.slot
         last = self._last_return_at[slot]
         if plan.decode_req_ids and last is not None:
             self.signals.token_gap.append((now, now - last))
         self._last_return_at[slot] = now
-        for rid in plan.decode_req_ids:
-            r = live.get(rid)
-            if r is None:
-                continue
-            r.in_flight = False
+        decodes = self._inflight_decodes[slot]
+        self._inflight_decodes[slot] = []
+        stayed = 0
+        for r in decodes:
             if r.aborted:
                 self._detach(r)
                 self._end(r, FinishReason.ABORTED, "aborted by client")
                 continue
             rec = r.rec
-            rec.num_generated += 1
+            n = rec.num_generated = rec.num_generated + 1
             rec.token_times.append(now)
-            self.remaining_decode_tokens -= 1
-            if r.slot >= 0:
-                self.slot_ctx_sum[r.slot] += 1
-            if rec.num_generated >= r.target_len or rid in stop_ids:
-                self._finish(r, FinishReason.STOP if rid in stop_ids else FinishReason.LENGTH)
+            if n >= r.target_len or (stop_ids and r.req_id in stop_ids):
+                self.remaining_decode_tokens -= 1
+                self._finish(r, FinishReason.STOP if r.req_id in stop_ids else FinishReason.LENGTH)
+                continue
+            r.ctx_len += 1
+            stayed += 1
+        self.remaining_decode_tokens -= stayed
+        self.slot_ctx_sum[slot] += stayed
         for c in plan.prefill:
             r = live.get(c.req_id)
             if r is None:
@@ -378,6 +386,7 @@ class Scheduler:
             rec = r.rec
             rec.num_generated += 1
             rec.token_times.append(now)
+            r.ctx_len = r.prompt_len + rec.num_generated
             self.remaining_decode_tokens -= 1
             if rec.first_token_at is None:
                 rec.first_token_at = now
@@ -471,6 +480,7 @@ class Scheduler:
             self._detach(r)
             self._end(r, FinishReason.ABORTED, reason)
         self.in_flight = [None] * self.config.num_slots
+        self._inflight_decodes = [[] for _ in range(self.config.num_slots)]
 
 
 def _admit_order(r: LiveRequest) -> int:

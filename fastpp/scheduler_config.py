@@ -25,6 +25,7 @@ class SchedulerConfig:
     # request (SGLang's new_token_ratio at its floor of 0.1): fewer retractions later.
     new_token_ratio: float = 0.1
     max_running_requests: int | None = None  # cap on admitted requests, None = KV-bound only
+    token_step: int = 128  # hardware tile step in tokens (from the profile); 0 = none known
     slo: SLO = field(default_factory=SLO)
 
     def __post_init__(self) -> None:
@@ -40,6 +41,8 @@ class SchedulerConfig:
             raise ValueError(f"chunk_candidates must be positive, got {self.chunk_candidates}")
         if list(self.chunk_candidates) != sorted(set(self.chunk_candidates)):
             raise ValueError(f"chunk_candidates must be strictly ascending: {self.chunk_candidates}")
+        if self.token_step < 0:
+            raise ValueError(f"token_step must be >= 0, got {self.token_step}")
         if self.default_chunk < 1:
             raise ValueError(f"default_chunk must be >= 1, got {self.default_chunk}")
         if not 0.0 <= self.new_token_ratio <= 1.0:

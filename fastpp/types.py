@@ -100,7 +100,7 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(last - first) / (n - 1); undefined (None) for fewer than two output tokens."""
-        if self.num_generated < 2 or self.first_token_at is None:
+        if self.num_generated < 2 or self.first_token_at is None or not self.token_times:
             return None
         return (self.token_times[-1] - self.first_token_at) / (self.num_generated - 1)
 
@@ -136,7 +136,7 @@ class RequestRecord:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is slow on this hot path
 class IterationRecord:
     """One microbatch on one stage: the unit the predictor learns from and timelines show.
 

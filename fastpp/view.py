@@ -53,6 +53,11 @@ class SchedulerView:
     def default_chunk(self) -> int:
         return self._s.config.default_chunk
 
+    @property
+    def token_step(self) -> int:
+        """The hardware's tile step in tokens (128 on A100/H100); 0 when none is known."""
+        return self._s.config.token_step
+
     # -- memory ---------------------------------------------------------------------------
     @property
     def kv_total_tokens(self) -> int:

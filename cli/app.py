@@ -1,0 +1,206 @@
+"""The ``fastpp`` command line. Commands parse options and delegate to the library; defaults
+live in the config dataclasses (an option left unset takes the dataclass default)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from fastpp.cli.render import summary_table, workloads_table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="FastPP: pipeline-parallel LLM serving policies, simulator and backends.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _given(cls: type, **values: Any) -> dict[str, Any]:
+    """Only the options the user set, so the dataclass defaults stay the single source."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if v is not None and k in names}
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def simulate(
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 2.0]")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")] = None,
+    arrival: Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")] = None,
+    cv: Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")] = None,
+    replay: Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")] = None,
+    replay_start: Annotated[float | None, typer.Option(help="Replay from this second of the trace.")] = None,
+    replay_window: Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")] = None,
+    replay_speed: Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2; repeat to compare. [default: pp4 and tp4]")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
+    chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
+    max_time: Annotated[float | None, typer.Option(help="Stop at this simulated second; abort what is left.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("runs/simulate"),
+    timeline: Annotated[bool, typer.Option(help="Write a Chrome-trace timeline per deployment.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
+) -> None:
+    """Simulate a deployment serving a workload; compare PP and TP side by side."""
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+    from fastpp.types import SLO
+
+    try:
+        if chunk is not None and policy is not None:
+            _fail("give --policy or --chunk, not both")
+        wl_values = _given(
+            WorkloadConfig, name=workload, rate=rate, num_requests=num_requests, duration_s=duration,
+            arrival=arrival, cv=cv, replay=replay, replay_start_s=replay_start,
+            replay_window_s=replay_window, replay_speed=replay_speed, seed=seed, data_dir=data_dir,
+        )
+        if duration is not None and num_requests is None:
+            wl_values["num_requests"] = None  # a duration replaces the default request count
+        wl = WorkloadConfig(**wl_values)
+        slo = SLO(
+            (slo_ttft_ms if slo_ttft_ms is not None else SLO().ttft_s * 1e3) / 1e3,
+            (slo_tpot_ms if slo_tpot_ms is not None else SLO().tpot_s * 1e3) / 1e3,
+        )
+        base = DeploymentConfig(**_given(
+            DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
+            policy=f"static:{chunk}" if chunk is not None else policy,
+        ), slo=slo)
+        if profile is not None:
+            deployments = [base]
+        else:
+            specs = deploy or ["pp4", "tp4"]
+            deployments = [base.with_parallel(*parse_deployment(d)) for d in specs]
+        requests = wl.requests()
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+        return
+    _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time)
+
+
+def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_json: bool,
+                    max_time: float | None) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpp.sim.output import write_json, write_run
+    from fastpp.sim.run import run_simulation
+
+    runs = []
+    quiet = as_json or not sys.stderr.isatty()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+        for dep in deployments:
+            task = bar.add_task(f"simulating {dep.label}", total=len(requests))
+            try:
+                run = run_simulation(
+                    wl, dep, requests=requests, max_time_s=max_time,
+                    progress=lambda done, total, t=task: bar.update(t, completed=done),
+                )
+            except (ValueError, OSError) as exc:
+                _fail(f"{dep.label}: {exc}")
+                return
+            runs.append(run)
+            write_run(run, out, timeline=timeline)
+    summaries = [r.summary for r in runs]
+    write_json(summaries, out / "summary.json")
+    if as_json:
+        from fastpp.sim.output import _json_safe
+
+        console.print_json(json.dumps(_json_safe(summaries)))
+        return
+    first = runs[0]
+    title = (f"{first.profile.model.name} on {first.profile.gpu} ({first.profile.interconnect}), "
+             f"{wl.describe()}, SLO {first.deployment.slo.ttft_s * 1e3:.0f}/"
+             f"{first.deployment.slo.tpot_s * 1e3:.0f} ms")
+    console.print(summary_table(summaries, title))
+    for r in runs:
+        for note in r.summary.get("notes", []):
+            console.print(f"[yellow]{r.deployment.label}: {note}[/]")
+    console.print(f"outputs in {out}/ (summary.json, *_requests.jsonl, *_iterations.csv"
+                  f"{', *_timeline.json for Perfetto' if timeline else ''})")
+
+
+@app.command()
+def workloads(
+    data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces.")] = None,
+    samples: Annotated[int, typer.Option(help="Samples drawn per workload for the statistics.")] = 20000,
+) -> None:
+    """List the built-in workloads with their length statistics."""
+    from fastpp.workloads import WORKLOADS, WorkloadError, workload_stats
+
+    rows, missing = [], []
+    for name in WORKLOADS:
+        try:
+            rows.append(workload_stats(name, n=samples, data_dir=data_dir))
+        except WorkloadError as exc:
+            missing.append(f"{name}: {exc}")
+    console.print(workloads_table(rows))
+    for line in missing:
+        console.print(f"[yellow]unavailable[/] {line}")
+
+
+@app.command()
+def policies() -> None:
+    """List the chunk policies and decode balancers a --policy spec can name."""
+    from fastpp.policies import BALANCERS, POLICIES
+
+    console.print("[bold]chunk policies[/] (spec: NAME or NAME:ARG, then optionally +BALANCER)")
+    for name, info in POLICIES.items():
+        arg = f":{info.argument.upper()}" if info.argument else ""
+        console.print(f"  {name + arg:<24} {info.summary}")
+    console.print("[bold]decode balancers[/]")
+    for name, info in BALANCERS.items():
+        console.print(f"  {name:<24} {info.summary}")
+
+
+@app.command()
+def profile(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name.")] = "Qwen2.5-32B",
+    gpu: Annotated[str, typer.Option(help="GPU name.")] = "A100-40GB-PCIe",
+    deploy: Annotated[str, typer.Option("--deploy", "-d", help="pp4, tp4, pp2tp2 ...")] = "pp4",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the JSON.")] = None,
+) -> None:
+    """Write an analytic profile (roofline model calibrated on measured GPU tables)."""
+    from fastpp.profile import save_profile
+    from fastpp.sim.analytic import analytic_profile
+    from fastpp.sim.run import parse_deployment
+
+    try:
+        pp, tp = parse_deployment(deploy)
+        prof = analytic_profile(model, gpu, pp, tp)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    path = out or Path(f"{prof.name}.json")
+    save_profile(prof, path)
+    st = prof.stages
+    console.print(f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "
+                  f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""One-call simulation: build the workload, the deployment's profile, the scheduler and the
+policies from a flat config, run the SimPy model, summarize. The CLI and sweeps call this."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from fastpp.metrics import summarize
+from fastpp.policies import make_policies
+from fastpp.profile import Profile, load_profile
+from fastpp.scheduler import Scheduler
+from fastpp.scheduler_config import SchedulerConfig
+from fastpp.sim.engine import PipelineSimulation, ProgressFn, SimResult
+from fastpp.types import SLO, Request
+from fastpp.workloads import make_requests, replay_requests
+
+_DEPLOYMENT = re.compile(r"^(?:pp(?P<pp>\d+))?(?:tp(?P<tp>\d+))?$")
+
+
+def parse_deployment(text: str) -> tuple[int, int]:
+    """``pp4`` -> (4, 1), ``tp4`` -> (1, 4), ``pp2tp2`` -> (2, 2)."""
+    m = _DEPLOYMENT.match(text.strip().lower())
+    if not m or not (m["pp"] or m["tp"]):
+        raise ValueError(f"deployment must look like pp4, tp4 or pp2tp2, got {text!r}")
+    pp, tp = int(m["pp"] or 1), int(m["tp"] or 1)
+    if pp < 1 or tp < 1:
+        raise ValueError(f"deployment {text!r}: pp and tp must be >= 1")
+    return pp, tp
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """Where requests come from: a named length distribution with synthetic arrivals, or a
+    replayed trace (``replay`` set)."""
+
+    name: str = "azure-conv"
+    rate: float | None = 2.0  # requests per second; None = all at t=0
+    num_requests: int | None = 1000
+    duration_s: float | None = None  # alternative to num_requests
+    arrival: str = "poisson"  # poisson | gamma
+    cv: float = 1.0  # gamma arrivals' coefficient of variation
+    replay: str | None = None  # trace name (azure-conv, azure-code) or CSV path
+    replay_start_s: float = 0.0
+    replay_window_s: float | None = None
+    replay_speed: float = 1.0
+    seed: int = 0
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.replay is None and self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s (or a trace to replay)")
+        if self.num_requests is not None and self.duration_s is not None:
+            raise ValueError("give num_requests or duration_s, not both")
+
+    def requests(self) -> list[Request]:
+        if self.replay is not None:
+            return replay_requests(
+                self.replay, start_s=self.replay_start_s, window_s=self.replay_window_s,
+                speed=self.replay_speed, data_dir=self.data_dir,
+            )
+        return make_requests(
+            self.name, seed=self.seed, rate=self.rate, num_requests=self.num_requests,
+            duration_s=self.duration_s, arrival=self.arrival, cv=self.cv, data_dir=self.data_dir,
+        )
+
+    def describe(self) -> str:
+        if self.replay is not None:
+            window = "" if self.replay_window_s is None else f", {self.replay_window_s:g} s window"
+            return f"replay of {self.replay} from {self.replay_start_s:g} s{window} at {self.replay_speed:g}x"
+        extent = (f"{self.num_requests} requests" if self.num_requests is not None
+                  else f"{self.duration_s:g} s")
+        rate = "all at t=0" if self.rate is None else f"{self.arrival} {self.rate:g} req/s"
+        return f"{self.name}, {rate}, {extent}, seed {self.seed}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentConfig:
+    """What serves: a profile file, or the analytic model of a named GPU and model."""
+
+    model: str = "Qwen2.5-32B"
+    gpu: str = "A100-40GB-PCIe"
+    pp: int = 4
+    tp: int = 1
+    profile_path: str | None = None  # overrides model/gpu/pp/tp when set
+    policy: str = "static:2048"
+    slo: SLO = field(default_factory=SLO)
+    max_context: int | None = None  # default: the model's context length
+    page_size: int | None = None  # default: the profile's
+
+    @property
+    def label(self) -> str:
+        parts = [f"pp{self.pp}" if self.pp > 1 else "", f"tp{self.tp}" if self.tp > 1 else ""]
+        return "".join(parts) or "single"
+
+    def load_profile(self) -> Profile:
+        if self.profile_path is not None:
+            return load_profile(Path(self.profile_path))
+        from fastpp.sim.analytic import analytic_profile
+
+        return analytic_profile(self.model, self.gpu, self.pp, self.tp)
+
+    def with_parallel(self, pp: int, tp: int) -> DeploymentConfig:
+        return replace(self, pp=pp, tp=tp)
+
+
+@dataclass(slots=True)
+class SimulationRun:
+    deployment: DeploymentConfig
+    profile: Profile
+    result: SimResult
+    summary: dict
+
+
+def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler:
+    """A scheduler sized by the profile, with the deployment's policies (clock set by the sim)."""
+    config = SchedulerConfig(
+        num_slots=profile.pp,
+        kv_capacity_tokens=profile.kv_capacity_tokens,
+        page_size=deployment.page_size or profile.page_size,
+        max_context=deployment.max_context or profile.model.max_context,
+        slo=deployment.slo,
+        token_step=profile.token_step,
+    )
+    chunk_policy, balancer = make_policies(deployment.policy, config)
+    return Scheduler(config, lambda: 0.0, chunk_policy, balancer)
+
+
+def run_simulation(
+    workload: WorkloadConfig,
+    deployment: DeploymentConfig,
+    *,
+    requests: list[Request] | None = None,
+    record_iterations: bool = True,
+    max_time_s: float | None = None,
+    progress: ProgressFn | None = None,
+) -> SimulationRun:
+    """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
+    reqs = workload.requests() if requests is None else requests
+    profile = deployment.load_profile()
+    scheduler = build_scheduler(profile, deployment)
+    sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
+                             max_time_s=max_time_s)
+    result = sim.run(progress)
+    summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
+                        request_rate=workload.rate if workload.replay is None else None)
+    summary.update(
+        deployment=deployment.label,
+        model=profile.model.name,
+        gpu=profile.gpu,
+        interconnect=profile.interconnect,
+        pp=profile.pp,
+        tp=profile.tp,
+        policy=deployment.policy,
+        workload=workload.describe(),
+        kv_capacity_tokens=profile.kv_capacity_tokens,
+        num_microbatches=result.num_microbatches,
+        bubble_fraction=[round(b, 4) for b in result.bubble_fraction],
+        mean_bubble_fraction=round(sum(result.bubble_fraction) / len(result.bubble_fraction), 4),
+        num_decode_sitouts=result.num_decode_sitouts,
+        sim_end_s=result.end_at,
+        sim_wall_s=round(result.wall_s, 3),
+        notes=result.notes,
+    )
+    return SimulationRun(deployment, profile, result, summary)
