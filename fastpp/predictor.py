@@ -1,0 +1,463 @@
+"""ALP latency predictor: how long one pipeline beat takes for a microbatch (PAPER.md 3.2).
+
+    T_iter = table(N_tokens) + b . phi
+
+* ``table`` is a :class:`~fastpp.profile.LinearTable` of the BOTTLENECK stage's token-proportional
+  cost without attention and LM head (:func:`fastpp.predictor_fit.bottleneck_table`). It is a
+  table, not a line, so hardware steps survive: 129 tokens cost what 256 cost.
+* ``phi = [sum L_past*L_pre / 2^21, sum L_pre^2 / 2^20, sum L_dec / 1e5, 1]``: the microbatch's
+  attention features and a bias, scaled to be O(1) for a 1-2k token microbatch
+  (``DEFAULT_FEATURE_SCALES``). Only scaled values enter the RLS covariance.
+* ``b`` is learned by exponentially weighted recursive least squares (RLS) on the residual
+  ``measured - table(N)`` after each beat, from a prior (zeros, or a profile's attention costs).
+
+Units: seconds (``_s``); feature sums are raw integers. ``coef_`` is in seconds per UNSCALED
+feature unit. ``predict_one`` / ``learn_one`` are the hot path: pure Python, no numpy (a numpy
+4x4 RLS step measured 10-20 us against ~2.5 us unrolled; see benchmarks/predictor_speed.py).
+
+Changes from the reference (reference notes sections 2 and 7): the table holds no attention, so
+``b`` does not count it twice; "skip" really skips and "clip" clips; coefficients survive
+``reset()`` and files are keyed by (model, hardware, pp, tp); the covariance cannot wind up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+import numpy as np
+
+from fastpp.predictor_fit import (
+    DEPLOYMENT_KEYS,
+    PREDICTOR_SCHEMA_VERSION,
+    alp_prior,
+    as_features,
+    as_targets,
+    bottleneck_table,
+    deployment_keys,
+    pack_upper,
+    profile_bias_s,
+    read_predictor_file,
+    solve_rls_batch,
+    unpack_upper,
+    write_predictor_file,
+)
+from fastpp.predictor_sklearn import SklearnPredictor
+from fastpp.profile import LinearTable, Profile
+from fastpp.types import IterationRecord
+
+__all__ = ["ALPPredictor", "LatencyPredictor", "SklearnPredictor", "TokensOnlyPredictor", "mape",
+           "DEFAULT_FEATURE_SCALES", "MIN_PREDICTION_S", "PREDICTOR_SCHEMA_VERSION"]
+
+MIN_PREDICTION_S = 1e-6  # predictions are floored here: the controller divides by them
+# phi scales: 2^21 = 1024*2048 (a 1k chunk on a 2k prefix), 2^20 = 1024^2, 1e5 = ~100 decodes
+# at 1k context; the last entry is the value of the constant bias feature.
+DEFAULT_FEATURE_SCALES = (2.0 ** -21, 2.0 ** -20, 1e-5, 1.0)
+OUTLIER_MODES = ("clip", "skip", "none")
+_INF = math.inf
+
+
+class LatencyPredictor(Protocol):
+    """What the scheduler needs from any beat-duration predictor (all three classes here)."""
+
+    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
+                    sum_dec_ctx: int = 0) -> float: ...
+
+    def predict(self, X: Any) -> np.ndarray: ...
+
+    def partial_fit(self, x: Any, y: Any) -> Any: ...
+
+    def observe(self, rec: IterationRecord) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class _OnlinePredictor:
+    """Shared part of the RLS predictors: parameters, batch fit, vectorised predict, reset and
+    persistence. Subclasses implement the unrolled hot path (``predict_one``, ``learn_one``)."""
+
+    table: LinearTable  # bottleneck stage cost without attention, seconds vs tokens
+    _: KW_ONLY
+    forgetting_factor: float = 0.9975  # lambda in (0, 1]: a sample's weight halves in ~277 beats
+    initial_covariance: float = 1.0  # P0 = this * I; also the per-feature cap on P (anti-windup)
+    outlier: str = "clip"  # "clip" | "skip" | "none": what to do when |error| > ratio * prediction
+    outlier_ratio: float = 0.4
+    max_outlier_run: int = 8  # a longer run of consecutive outliers is a regime change: learn it
+    prior_coef: tuple[float, ...] | None = None  # unscaled coefficients to start from; None = 0
+    model: str = ""  # deployment keys: a saved predictor only loads for the same four
+    hardware: str = ""
+    pp: int = 1
+    tp: int = 1
+    n_updates_: int = field(default=0, init=False)  # RLS steps since coefficients were last set
+    n_outliers_: int = field(default=0, init=False)  # samples flagged (never with outlier="none")
+    _theta: list[float] = field(default_factory=list, init=False, repr=False)  # scaled coefs
+    _P: list[float] = field(default_factory=list, init=False, repr=False)  # upper triangle of P
+    _w: tuple[float, ...] = field(default=(), init=False, repr=False)  # coef_ cached for the hot path
+    _table_at: Callable[[int], float] = field(default=None, init=False, repr=False)  # type: ignore[assignment]
+    _dense: np.ndarray | None = field(default=None, init=False, repr=False)  # table for predict()
+    _outlier_run: int = field(default=0, init=False, repr=False)
+
+    # ---------------------------------------------------------------- subclass hooks
+    def _scales(self) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    def _phi(self, X: np.ndarray) -> np.ndarray:
+        """Scaled feature matrix [n, k] of validated raw features ``X`` [n, 4]."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _profile_prior(profile: Profile) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- construction
+    def __post_init__(self) -> None:
+        self._validate()
+        self.reset(keep_coefficients=False)
+
+    def _validate(self) -> None:
+        name = type(self).__name__
+        k = len(self._scales())
+        if not isinstance(self.table, LinearTable):
+            raise ValueError(f"{name}: table must be a LinearTable, got {type(self.table).__name__}")
+        if not 0.0 < self.forgetting_factor <= 1.0:
+            raise ValueError(f"{name}: forgetting_factor must be in (0, 1], got {self.forgetting_factor!r}")
+        if not 0.0 < self.initial_covariance < _INF:
+            raise ValueError(f"{name}: initial_covariance must be > 0, got {self.initial_covariance!r}")
+        if self.outlier not in OUTLIER_MODES:
+            raise ValueError(f"{name}: outlier must be one of {OUTLIER_MODES}, got {self.outlier!r}")
+        if not 0.0 < self.outlier_ratio < _INF:
+            raise ValueError(f"{name}: outlier_ratio must be > 0, got {self.outlier_ratio!r}")
+        if not isinstance(self.max_outlier_run, int) or self.max_outlier_run < 0:
+            raise ValueError(f"{name}: max_outlier_run must be an int >= 0, got {self.max_outlier_run!r}")
+        if not all(isinstance(s, int | float) and 0.0 < s < _INF for s in self._scales()):
+            raise ValueError(f"{name}: feature scales must be positive and finite, got {self._scales()}")
+        if self.prior_coef is not None and (
+                len(self.prior_coef) != k or not all(math.isfinite(c) for c in self.prior_coef)):
+            raise ValueError(f"{name}: prior_coef must be {k} finite numbers, got {self.prior_coef!r}")
+        for key in ("model", "hardware"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(f"{name}: {key} must be a string, got {getattr(self, key)!r}")
+        for key in ("pp", "tp"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {key} must be an int >= 1, got {value!r}")
+
+    def _sync(self) -> None:
+        """Recompute what the hot path caches from the parameters and ``_theta``."""
+        self._w = tuple(t * s for t, s in zip(self._theta, self._scales(), strict=True))
+        self._table_at = self.table.at
+        self._dense = None
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **params: Any) -> Self:
+        """A predictor for ``profile``'s deployment: its bottleneck table (no attention, no LM
+        head), a prior from its costs, and its (model, hardware, pp, tp) keys. ``params``
+        override the other constructor parameters."""
+        return cls(bottleneck_table(profile), prior_coef=cls._profile_prior(profile),
+                   **deployment_keys(profile), **params)
+
+    # ---------------------------------------------------------------- sklearn-style params
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Constructor parameters by name (``deep`` is accepted for sklearn compatibility)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def set_params(self, **params: Any) -> Self:
+        """Change constructor parameters; unknown names and invalid values raise ValueError and
+        leave the predictor unchanged. Learned coefficients are kept (in unscaled units when
+        the feature scales change, which also resets the covariance)."""
+        old = self.get_params()
+        unknown = sorted(set(params) - set(old))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown parameter(s) {unknown}; "
+                             f"valid: {sorted(old)}")
+        coef, scales = self._w, self._scales()
+        for key, value in params.items():
+            setattr(self, key, value)
+        try:
+            self._validate()
+        except ValueError:
+            for key, value in old.items():
+                setattr(self, key, value)
+            raise
+        if self._scales() != scales:
+            self._theta = [c / s for c, s in zip(coef, self._scales(), strict=True)]
+            self.reset()
+        self._sync()
+        return self
+
+    @property
+    def coef_(self) -> np.ndarray:
+        """Coefficients in seconds per unscaled feature unit (the last one: bias seconds)."""
+        return np.array(self._w)
+
+    @property
+    def covariance_(self) -> np.ndarray:
+        """RLS covariance P (k x k) over the SCALED features."""
+        return unpack_upper(self._P, len(self._theta))
+
+    # ---------------------------------------------------------------- fitting
+    def reset(self, keep_coefficients: bool = True) -> Self:
+        """Covariance back to ``initial_covariance * I`` (fast adaptation again). Coefficients
+        are kept unless ``keep_coefficients`` is False, which restores the prior and zeroes
+        ``n_updates_`` (the reference lost its learned coefficients on every cache flush)."""
+        k = len(self._scales())
+        if not keep_coefficients or len(self._theta) != k:
+            prior = self.prior_coef if self.prior_coef is not None else (0.0,) * k
+            self._theta = [c / s for c, s in zip(prior, self._scales(), strict=True)]
+            self.n_updates_ = 0
+        self._P = pack_upper(np.eye(k) * self.initial_covariance)
+        self._outlier_run = 0
+        self._sync()
+        return self
+
+    def fit(self, X: Any, y: Any) -> Self:
+        """Batch fit on X (n, 4) = [num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx] and
+        y (n,) seconds: ridge least squares of ``y - table(N)`` pulled towards the prior, with
+        covariance set to the batch posterior (see ``solve_rls_batch``). Returns self."""
+        Xa = as_features(X)
+        ya = as_targets(y, Xa.shape[0])
+        k = len(self._scales())
+        prior = np.asarray(self.prior_coef if self.prior_coef is not None else (0.0,) * k)
+        theta, cov = solve_rls_batch(self._phi(Xa), ya - self._table_values(Xa[:, 0]),
+                                     prior / np.asarray(self._scales()), self.initial_covariance)
+        self._theta = [float(t) for t in theta]
+        self._P = pack_upper(cov)
+        self.n_updates_ = self.n_outliers_ = self._outlier_run = 0
+        self._sync()
+        return self
+
+    def partial_fit(self, x: Any, y: Any) -> Self:
+        """Online RLS: one step for one sample (``x`` four numbers, ``y`` seconds), or one step
+        per row, in order, for an (n, 4) ``x`` and n ``y``. See ``learn_one``."""
+        if isinstance(y, float | int):  # one sample: the per-beat path
+            n, a, b, c = x
+            self.learn_one(int(n), a, b, c, y)
+            return self
+        Xa = as_features(x)
+        for row, t in zip(Xa.tolist(), as_targets(y, Xa.shape[0]).tolist(), strict=True):
+            self.learn_one(int(row[0]), row[1], row[2], row[3], t)
+        return self
+
+    def observe(self, rec: IterationRecord) -> None:
+        """Learn from one measured iteration. The caller picks which records are beats (e.g. the
+        slowest stage of each microbatch); this predictor predicts whatever it is fed."""
+        self.learn_one(rec.num_tokens, rec.sum_past_x_pre, rec.sum_pre_sq, rec.sum_dec_ctx,
+                       rec.duration_s)
+
+    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
+                  sum_dec_ctx: float, duration_s: float) -> float:
+        raise NotImplementedError
+
+    def _on_outlier(self, error: float, limit: float) -> float | None:
+        """Error to learn from for a sample with ``|error| > limit``: None to skip it, ``limit``
+        with the sign of ``error`` to clip it, or ``error`` itself when the run of consecutive
+        outliers is longer than ``max_outlier_run``: that is a change of regime, not noise, and
+        is learned in full until a sample fits again (else "skip" would lock out a predictor
+        whose start is more than ``outlier_ratio`` off). Callers reset the run on an inlier."""
+        self.n_outliers_ += 1
+        self._outlier_run += 1
+        if self._outlier_run > self.max_outlier_run:
+            return error
+        if self.outlier == "skip":
+            return None
+        return limit if error > 0 else -limit
+
+    # ---------------------------------------------------------------- querying
+    def _table_values(self, num_tokens: np.ndarray) -> np.ndarray:
+        """Vectorised ``table.at``; the dense copy is built on first use."""
+        top = self.table.tokens[-1]
+        if self._dense is None:
+            self._dense = np.array([self.table.at(n) for n in range(top + 1)])
+        n = num_tokens.astype(np.int64)
+        slope = self.table.at(top + 1) - self.table.at(top)
+        return np.where(n <= top, self._dense[np.minimum(n, top)], self._dense[top] + slope * (n - top))
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted beat seconds for X (n, 4), each floored at ``MIN_PREDICTION_S``."""
+        Xa = as_features(X)
+        raw = self._table_values(Xa[:, 0]) + self._phi(Xa) @ np.asarray(self._theta)
+        return np.maximum(raw, MIN_PREDICTION_S)
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | Path) -> None:
+        """Write params, table, coefficients, covariance and deployment keys as JSON
+        (format: :func:`fastpp.predictor_fit.write_predictor_file`)."""
+        params = self.get_params()
+        dep = {k: params.pop(k) for k in DEPLOYMENT_KEYS}
+        table = params.pop("table")
+        write_predictor_file(path, {
+            "kind": type(self).__name__, "deployment": dep,
+            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+            "table": table.to_dict(), "coef": list(self._w), "theta_scaled": self._theta,
+            "covariance": self.covariance_.tolist(), "n_updates": self.n_updates_,
+            "n_outliers": self.n_outliers_})
+
+    @classmethod
+    def load(cls, path: str | Path, *, model: str, hardware: str, pp: int, tp: int) -> Self:
+        """Read a file written by ``save`` for THIS deployment. Raises ValueError, naming both
+        deployments, when the file was made for another (model, hardware, pp, tp), and naming
+        the file for a malformed one."""
+        want = {"model": model, "hardware": hardware, "pp": pp, "tp": tp}
+        doc = read_predictor_file(path, cls.__name__, want)
+        try:
+            params = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["params"].items()}
+            table = LinearTable(tuple(doc["table"]["tokens"]), tuple(doc["table"]["seconds"]))
+            obj = cls(table, **params, **want)
+            k = len(obj._scales())
+            theta = [float(t) for t in doc["theta_scaled"]]
+            cov = np.asarray(doc["covariance"], dtype=np.float64)
+            if len(theta) != k or cov.shape != (k, k):
+                raise ValueError(f"expected {k} coefficients and a {k}x{k} covariance")
+            obj._theta, obj._P = theta, pack_upper(cov)
+            obj.n_updates_, obj.n_outliers_ = int(doc["n_updates"]), int(doc["n_outliers"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: malformed predictor file: {e!r}") from None
+        obj._sync()
+        return obj
+
+
+@dataclass(slots=True, eq=False)
+class ALPPredictor(_OnlinePredictor):
+    """Table plus attention-aware residual: ``T = table(N) + b . phi`` (module docstring).
+
+    ``predict_one`` costs ~0.5-1 us and ``learn_one`` ~2.5 us (pure Python, unrolled 4x4 RLS).
+    """
+
+    feature_scales: tuple[float, float, float, float] = DEFAULT_FEATURE_SCALES
+
+    def _scales(self) -> tuple[float, ...]:
+        if len(self.feature_scales) != 4:
+            raise ValueError(f"ALPPredictor: feature_scales must have 4 entries, got {self.feature_scales!r}")
+        return tuple(self.feature_scales)
+
+    def _phi(self, X: np.ndarray) -> np.ndarray:
+        s0, s1, s2, s3 = self.feature_scales
+        return np.column_stack([X[:, 1] * s0, X[:, 2] * s1, X[:, 3] * s2, np.full(len(X), float(s3))])
+
+    @staticmethod
+    def _profile_prior(profile: Profile) -> tuple[float, ...]:
+        return alp_prior(profile)
+
+    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
+                    sum_dec_ctx: int = 0) -> float:
+        """Predicted beat seconds for one microbatch (non-negative ints), floored at
+        ``MIN_PREDICTION_S``. Pure Python: the controller calls it per candidate chunk."""
+        w0, w1, w2, w3 = self._w
+        t = self._table_at(num_tokens) + w0 * sum_past_x_pre + w1 * sum_pre_sq + w2 * sum_dec_ctx + w3
+        return t if t > MIN_PREDICTION_S else MIN_PREDICTION_S
+
+    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
+                  sum_dec_ctx: float, duration_s: float) -> float:
+        """One exponentially weighted RLS step on the residual ``duration_s - table(N)``.
+
+        Returns the prediction error before the step (seconds, measured - predicted).
+        ``P = (P - g q^T) / lambda`` with ``q = P phi``, ``g = q / (lambda + phi . q)``; then
+        each diagonal entry of P above ``initial_covariance`` is scaled back to it (P <- D P D,
+        which keeps P positive definite): without that, a feature absent for a long while (no
+        decodes, no prefix) sees P grow as lambda^-n and the next sample that has it jumps.
+        A clipped outlier moves the coefficients by ``g * clipped error`` but leaves P as it is:
+        shrinking P on an error we did not believe would make RLS confident in a value it never
+        fitted (the reference does that; from a bad start it stalls far from the truth).
+        """
+        if not 0.0 < duration_s < _INF:
+            raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
+        s0, s1, s2, x3 = self.feature_scales
+        x0 = sum_past_x_pre * s0
+        x1 = sum_pre_sq * s1
+        x2 = sum_dec_ctx * s2
+        t0, t1, t2, t3 = self._theta
+        pred = self._table_at(num_tokens) + t0 * x0 + t1 * x1 + t2 * x2 + t3 * x3
+        error = duration_s - pred
+        limit = self.outlier_ratio * (pred if pred > MIN_PREDICTION_S else MIN_PREDICTION_S)
+        if -limit <= error <= limit or self.outlier == "none":
+            e, self._outlier_run = error, 0
+        else:
+            e = self._on_outlier(error, limit)
+            if e is None:  # skipped
+                return error
+        p00, p01, p02, p03, p11, p12, p13, p22, p23, p33 = self._P
+        q0 = p00 * x0 + p01 * x1 + p02 * x2 + p03 * x3
+        q1 = p01 * x0 + p11 * x1 + p12 * x2 + p13 * x3
+        q2 = p02 * x0 + p12 * x1 + p22 * x2 + p23 * x3
+        q3 = p03 * x0 + p13 * x1 + p23 * x2 + p33 * x3
+        lam = self.forgetting_factor
+        k = 1.0 / (lam + x0 * q0 + x1 * q1 + x2 * q2 + x3 * q3)
+        g0, g1, g2, g3 = q0 * k, q1 * k, q2 * k, q3 * k
+        t0 += g0 * e
+        t1 += g1 * e
+        t2 += g2 * e
+        t3 += g3 * e
+        self._theta = [t0, t1, t2, t3]
+        self._w = (t0 * s0, t1 * s1, t2 * s2, t3 * x3)
+        self.n_updates_ += 1
+        if e != error:  # clipped: the sample moves b but is no information, P stays
+            return error
+        il = 1.0 / lam
+        P = [(p00 - g0 * q0) * il, (p01 - g0 * q1) * il, (p02 - g0 * q2) * il, (p03 - g0 * q3) * il,
+             (p11 - g1 * q1) * il, (p12 - g1 * q2) * il, (p13 - g1 * q3) * il,
+             (p22 - g2 * q2) * il, (p23 - g2 * q3) * il, (p33 - g3 * q3) * il]
+        cap = self.initial_covariance
+        if P[0] > cap or P[4] > cap or P[7] > cap or P[9] > cap:  # anti-windup (rare branch)
+            d = [math.sqrt(cap / P[i]) if P[i] > cap else 1.0 for i in (0, 4, 7, 9)]
+            P = [P[idx] * d[i] * d[j] for idx, (i, j) in enumerate(_PAIRS4)]
+        self._P = P
+        return error
+
+
+_PAIRS4 = tuple((i, j) for i in range(4) for j in range(i, 4))
+
+
+@dataclass(slots=True, eq=False)
+class TokensOnlyPredictor(_OnlinePredictor):
+    """The ablation: ``T = table(N) + bias``, RLS on the bias alone (no attention features).
+    Same API as :class:`ALPPredictor`; attention arguments are accepted and ignored."""
+
+    def _scales(self) -> tuple[float, ...]:
+        return (1.0,)
+
+    def _phi(self, X: np.ndarray) -> np.ndarray:
+        return np.ones((len(X), 1))
+
+    @staticmethod
+    def _profile_prior(profile: Profile) -> tuple[float, ...]:
+        return (profile_bias_s(profile),)
+
+    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
+                    sum_dec_ctx: int = 0) -> float:
+        """Predicted beat seconds, floored at ``MIN_PREDICTION_S``; ignores attention."""
+        t = self._table_at(num_tokens) + self._theta[0]
+        return t if t > MIN_PREDICTION_S else MIN_PREDICTION_S
+
+    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
+                  sum_dec_ctx: float, duration_s: float) -> float:
+        """Scalar RLS step on the bias (see :meth:`ALPPredictor.learn_one`); returns the error."""
+        if not 0.0 < duration_s < _INF:
+            raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
+        pred = self._table_at(num_tokens) + self._theta[0]
+        error = duration_s - pred
+        limit = self.outlier_ratio * (pred if pred > MIN_PREDICTION_S else MIN_PREDICTION_S)
+        if -limit <= error <= limit or self.outlier == "none":
+            e, self._outlier_run = error, 0
+        else:
+            e = self._on_outlier(error, limit)
+            if e is None:
+                return error
+        lam = self.forgetting_factor
+        p = self._P[0]
+        g = p / (lam + p)
+        self._theta = [self._theta[0] + g * e]
+        self._w = (self._theta[0],)
+        self.n_updates_ += 1
+        if e == error:  # a clipped sample leaves P alone (see ALPPredictor.learn_one)
+            self._P = [min((p - g * p) / lam, self.initial_covariance)]
+        return error
+
+
+def mape(predictor: LatencyPredictor, X: Any, y: Any) -> float:
+    """Mean absolute percentage error of ``predictor.predict(X)`` against ``y`` seconds, as a
+    fraction (0.035 means 3.5%). ``y`` must be > 0."""
+    Xa = as_features(X)
+    ya = as_targets(y, Xa.shape[0])
+    return float(np.mean(np.abs(predictor.predict(Xa) - ya) / ya))
