@@ -29,7 +29,7 @@ def main() -> None:
 
     from fastpp.sim.run import parse_deployment
 
-    pp, tp = parse_deployment(args.deploy)
+    pp, tp, _ = parse_deployment(args.deploy)
     wl = WorkloadConfig(replay=args.trace, replay_window_s=args.window, replay_speed=args.speed,
                         data_dir=args.data_dir)
     t0 = time.perf_counter()

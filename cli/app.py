@@ -38,7 +38,7 @@ def _fail(message: str) -> None:
 @app.command()
 def simulate(
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")] = None,
-    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 2.0]")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 4.0]")] = None,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")] = None,
     arrival: Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")] = None,
@@ -50,7 +50,7 @@ def simulate(
     data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
-    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2; repeat to compare. [default: pp4 and tp4]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512]")] = None,
     profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
@@ -63,7 +63,7 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
 ) -> None:
     """Simulate a deployment serving a workload; compare PP and TP side by side."""
-    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+    from fastpp.sim.run import DEFAULT_COMPARISON, DeploymentConfig, WorkloadConfig, parse_deployment
     from fastpp.types import SLO
 
     try:
@@ -88,7 +88,7 @@ def simulate(
         if profile is not None:
             deployments = [base]
         else:
-            specs = deploy or ["pp4", "tp4"]
+            specs = deploy or list(DEFAULT_COMPARISON)
             deployments = [base.with_parallel(*parse_deployment(d)) for d in specs]
         requests = wl.requests()
     except (ValueError, OSError) as exc:
@@ -185,7 +185,7 @@ def profile(
     from fastpp.sim.run import parse_deployment
 
     try:
-        pp, tp = parse_deployment(deploy)
+        pp, tp, _ = parse_deployment(deploy)
         prof = analytic_profile(model, gpu, pp, tp)
     except ValueError as exc:
         _fail(str(exc))

@@ -9,9 +9,9 @@ from rich.table import Table
 
 # (label, summary key, format) rows of the side-by-side table
 SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("completed / requests", "_completed", ""),
-    ("request throughput (req/s)", "request_throughput", "{:.2f}"),
-    ("output throughput (tok/s)", "output_throughput", "{:.0f}"),
+    ("completed / sent", "_completed", ""),
+    ("throughput (req/s)", "request_throughput", "{:.2f}"),
+    ("output (tok/s)", "output_throughput", "{:.0f}"),
     ("P50 TTFT (ms)", "median_ttft_ms", "{:.0f}"),
     ("P90 TTFT (ms)", "p90_ttft_ms", "{:.0f}"),
     ("P99 TTFT (ms)", "p99_ttft_ms", "{:.0f}"),
@@ -20,14 +20,14 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("P99 TPOT (ms)", "p99_tpot_ms", "{:.1f}"),
     ("P99 ITL (ms)", "p99_itl_ms", "{:.1f}"),
     ("mean E2E (s)", "mean_e2e_latency_ms", "{:.2f}", ),
-    ("P99 queueing delay (s)", "p99_queueing_delay_ms", "{:.2f}"),
-    ("SLO met (P90 TTFT and TPOT)", "slo_met", ""),
-    ("per-request SLO attainment", "slo_attainment", "{:.1%}"),
+    ("P99 queueing (s)", "p99_queueing_delay_ms", "{:.2f}"),
+    ("SLO met (P90s)", "slo_met", ""),
+    ("SLO attainment", "slo_attainment", "{:.1%}"),
     ("KV pool (tokens)", "kv_capacity_tokens", "{:,}"),
     ("retractions", "num_retractions", "{}"),
-    ("mean stage bubble fraction", "mean_bubble_fraction", "{:.1%}"),
+    ("stage idle (mean)", "mean_bubble_fraction", "{:.1%}"),
     ("microbatches", "num_microbatches", "{:,}"),
-    ("simulation wall time (s)", "sim_wall_s", "{:.2f}"),
+    ("sim wall time (s)", "sim_wall_s", "{:.2f}"),
 )
 
 _SECONDS = {"mean_e2e_latency_ms", "p99_queueing_delay_ms"}
@@ -49,7 +49,7 @@ def _cell(summary: Mapping, key: str, fmt: str) -> str:
 def summary_table(summaries: Sequence[Mapping], title: str) -> Table:
     """Metrics as rows, one column per deployment (the label in ``summary['deployment']``)."""
     table = Table(title=title, title_justify="left")
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for s in summaries:
         table.add_column(f"{s.get('deployment', '?')} ({s.get('policy', '')})", justify="right")
     for label, key, fmt in SUMMARY_ROWS:

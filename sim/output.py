@@ -31,7 +31,7 @@ def write_json(obj: Any, path: Path) -> Path:
 def write_run(run: SimulationRun, out_dir: Path, *, timeline: bool = True) -> dict[str, Path]:
     """Write one deployment's outputs under ``out_dir`` with its label as file prefix."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    label = run.deployment.label
+    label = run.deployment.run_id
     paths = {
         "summary": write_json(run.summary, out_dir / f"{label}_summary.json"),
         "records": write_records_jsonl(run.result.records, out_dir / f"{label}_requests.jsonl"),

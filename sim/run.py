@@ -18,16 +18,24 @@ from fastpp.workloads import make_requests, replay_requests
 
 _DEPLOYMENT = re.compile(r"^(?:pp(?P<pp>\d+))?(?:tp(?P<tp>\d+))?$")
 
+# What `fastpp simulate` compares when no deployment is named: TP=4 and PP=4 at SGLang's default
+# chunk, and PP=4 with a smaller static chunk (the paper's point: untuned PP can lose to TP on
+# PCIe, a tuned PP beats it).
+DEFAULT_COMPARISON: tuple[str, ...] = ("tp4", "pp4", "pp4@static:512")
 
-def parse_deployment(text: str) -> tuple[int, int]:
-    """``pp4`` -> (4, 1), ``tp4`` -> (1, 4), ``pp2tp2`` -> (2, 2)."""
-    m = _DEPLOYMENT.match(text.strip().lower())
+
+def parse_deployment(text: str) -> tuple[int, int, str | None]:
+    """``pp4`` -> (4, 1, None), ``tp4`` -> (1, 4, None), ``pp2tp2@static:512`` -> (2, 2,
+    "static:512"): parallel degrees and an optional policy spec for this deployment only."""
+    shape, _, policy = text.strip().partition("@")
+    m = _DEPLOYMENT.match(shape.lower())
     if not m or not (m["pp"] or m["tp"]):
-        raise ValueError(f"deployment must look like pp4, tp4 or pp2tp2, got {text!r}")
+        raise ValueError(
+            f"deployment must look like pp4, tp4, pp2tp2 or pp4@static:512, got {text!r}")
     pp, tp = int(m["pp"] or 1), int(m["tp"] or 1)
     if pp < 1 or tp < 1:
         raise ValueError(f"deployment {text!r}: pp and tp must be >= 1")
-    return pp, tp
+    return pp, tp, policy or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +44,7 @@ class WorkloadConfig:
     replayed trace (``replay`` set)."""
 
     name: str = "azure-conv"
-    rate: float | None = 2.0  # requests per second; None = all at t=0
+    rate: float | None = 4.0  # requests per second; None = all at t=0
     num_requests: int | None = 1000
     duration_s: float | None = None  # alternative to num_requests
     arrival: str = "poisson"  # poisson | gamma
@@ -94,6 +102,11 @@ class DeploymentConfig:
         parts = [f"pp{self.pp}" if self.pp > 1 else "", f"tp{self.tp}" if self.tp > 1 else ""]
         return "".join(parts) or "single"
 
+    @property
+    def run_id(self) -> str:
+        """File-name-safe id of deployment and policy: ``pp4-static-512``."""
+        return re.sub(r"[^A-Za-z0-9.]+", "-", f"{self.label}-{self.policy}").strip("-")
+
     def load_profile(self) -> Profile:
         if self.profile_path is not None:
             return load_profile(Path(self.profile_path))
@@ -101,8 +114,8 @@ class DeploymentConfig:
 
         return analytic_profile(self.model, self.gpu, self.pp, self.tp)
 
-    def with_parallel(self, pp: int, tp: int) -> DeploymentConfig:
-        return replace(self, pp=pp, tp=tp)
+    def with_parallel(self, pp: int, tp: int, policy: str | None = None) -> DeploymentConfig:
+        return replace(self, pp=pp, tp=tp, policy=policy or self.policy)
 
 
 @dataclass(slots=True)

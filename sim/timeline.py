@@ -127,5 +127,5 @@ def write_chrome_trace(
     )
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
-        json.dump(trace, f, separators=(",", ":"))
+        f.write(json.dumps(trace, separators=(",", ":")))  # dumps uses the C encoder; dump does not
     return path

@@ -1,0 +1,96 @@
+"""The CLI as a user sees it: outputs written, and bad input named in a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fastpp.cli.app import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_simulate_writes_summary_records_iterations_and_timeline(tmp_path):
+    res = invoke("simulate", "-n", "60", "-r", "3", "-d", "pp4", "-d", "tp4", "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert "pp4 (static:2048)" in res.output and "tp4 (static:2048)" in res.output
+    summaries = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["deployment"] for s in summaries] == ["pp4", "tp4"]
+    assert all(s["completed"] == 60 for s in summaries)
+    assert "p90_ttft_ms" in summaries[0] and "slo_met" in summaries[0]
+    lines = (tmp_path / "pp4-static-2048_requests.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and json.loads(lines[0])["finish_reason"] == "length"
+    trace = json.loads((tmp_path / "pp4-static-2048_timeline.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert len(tracks) == 4
+    assert (tmp_path / "tp4-static-2048_iterations.csv").exists()
+
+
+def test_simulate_json_output_and_per_deployment_policy(tmp_path):
+    res = invoke("simulate", "-n", "30", "-d", "pp2@static:256", "--json", "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    (summary,) = json.loads(res.output)
+    assert summary["policy"] == "static:256" and summary["pp"] == 2
+
+
+def test_trace_replay_window_and_speed(tmp_path, shared_data):
+    res = invoke("simulate", "--replay", "azure-conv", "--replay-window", "60",
+                 "--replay-speed", "0.5", "-d", "pp4", "--data-dir", str(shared_data),
+                 "--json", "--no-timeline", "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    (summary,) = json.loads(res.output)
+    assert summary["num_requests"] > 100 and "replay of azure-conv" in summary["workload"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu", "B300-NOPE"], "B300-NOPE"),
+    (["--model", "GPT-17"], "GPT-17"),
+    (["--slo-ttft-ms", "0"], "ttft_s"),
+    (["--slo-tpot-ms", "-5"], "tpot_s"),
+    (["--workload", "nope"], "nope"),
+    (["-d", "pp4x"], "pp4x"),
+    (["--policy", "fancy:1"], "fancy"),
+    (["--rate", "-1"], "rate"),
+])
+def test_bad_options_are_named(args, needle, tmp_path):
+    res = invoke("simulate", "-n", "5", "-o", str(tmp_path), *args)
+    assert res.exit_code == 2
+    assert needle in res.output
+
+
+def test_malformed_trace_line_is_named(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:47.0000000,-3,10\n")
+    res = invoke("simulate", "--replay", str(trace), "-o", str(tmp_path))
+    assert res.exit_code == 2
+    assert "trace.csv line 3" in res.output and "ContextTokens" in res.output
+
+
+def test_profile_round_trip_and_a_profile_missing_a_field(tmp_path):
+    path = tmp_path / "p.json"
+    res = invoke("profile", "-m", "Qwen2.5-14B", "--gpu", "A100-40GB-PCIe", "-d", "pp2", "-o", str(path))
+    assert res.exit_code == 0, res.output
+    res = invoke("simulate", "--profile", str(path), "-n", "20", "--json", "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)[0]["model"] == "Qwen2.5-14B"
+    doc = json.loads(path.read_text())
+    del doc["stages"][1]["attn_pre_sq_s"]
+    path.write_text(json.dumps(doc))
+    res = invoke("simulate", "--profile", str(path), "-n", "20", "-o", str(tmp_path))
+    assert res.exit_code == 2
+    assert "stages[1].attn_pre_sq_s" in res.output
+
+
+def test_workloads_and_policies_listings():
+    res = invoke("workloads")
+    assert res.exit_code == 0 and "azure-conv" in res.output and "cnn-reversed-synthetic" in res.output
+    res = invoke("policies")
+    assert res.exit_code == 0 and "static" in res.output
