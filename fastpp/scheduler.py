@@ -56,6 +56,7 @@ class Scheduler:
         self.live: dict[int, LiveRequest] = {}  # every admitted, unfinished request by id
         self.records: dict[int, RequestRecord] = {}
         self.pending_prefill_tokens = 0  # sum of remaining_prefill over waiting + chunked
+        self.waiting_arrival_sum = 0.0  # sum of arrived_at over the waiting queue
         self.remaining_decode_tokens = 0  # sum of remaining_output over admitted requests
         self.launching_slot = 0
         self.now = 0.0
@@ -76,6 +77,7 @@ class Scheduler:
         rec = RequestRecord(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
         self.records[req.req_id] = rec
         self.signals.arrivals.append((req.arrived_at, req.prompt_len))
+        self.signals.num_arrivals += 1
         cfg = self.config
         if req.prompt_len >= cfg.max_context:
             return self._reject(
@@ -89,6 +91,7 @@ class Scheduler:
         live = LiveRequest(rec, target_len=target, fill_len=req.prompt_len)
         self.live[req.req_id] = live
         self.waiting.append(live)
+        self.waiting_arrival_sum += live.arrived_at
         self.pending_prefill_tokens += live.fill_len
         return rec
 
@@ -244,6 +247,7 @@ class Scheduler:
         r.rec.num_retractions += 1
         self.num_retractions += 1
         self.waiting.appendleft(r)
+        self.waiting_arrival_sum += r.arrived_at
         self.pending_prefill_tokens += r.fill_len
 
     def _pick_prefill(self, budget: int) -> list[tuple[LiveRequest, int, int]]:
@@ -268,6 +272,7 @@ class Scheduler:
             if need > self.kv.free - reserve and (need > self.kv.free or self._has_admitted()):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             self.waiting.popleft()
+            self.waiting_arrival_sum -= r.arrived_at
             self.kv.alloc(need)
             r.kv_tokens = need
             r.admit_seq = self._next_admit_seq
@@ -429,6 +434,7 @@ class Scheduler:
         else:
             try:
                 self.waiting.remove(r)
+                self.waiting_arrival_sum -= r.arrived_at
                 self.pending_prefill_tokens -= r.remaining_prefill
             except ValueError:
                 pass  # between prefill completion and joining a slot

@@ -63,3 +63,4 @@ class Signals:
     arrivals: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=4 * SIGNAL_HISTORY)
     )
+    num_arrivals: int = 0  # arrivals ever appended (the deque forgets the oldest)

@@ -81,6 +81,15 @@ class SchedulerView:
         """Waiting requests in FCFS order (the order they will be admitted)."""
         return iter(self._s.waiting)
 
+    def iter_waiting_newest_first(self) -> Iterator[LiveRequest]:
+        """Waiting requests, most recently queued first (a policy can stop early)."""
+        return reversed(self._s.waiting)
+
+    @property
+    def waiting_arrival_sum(self) -> float:
+        """Sum of arrival times over the waiting queue: mean waits without walking it."""
+        return self._s.waiting_arrival_sum
+
     @property
     def chunked(self) -> LiveRequest | None:
         """The request whose prompt is partly prefilled and continues in the next microbatch."""
@@ -129,3 +138,8 @@ class SchedulerView:
     def recent_arrivals(self) -> deque[tuple[float, int]]:
         """(arrival time, prompt tokens) of recent arrivals."""
         return self._s.signals.arrivals
+
+    @property
+    def num_arrivals(self) -> int:
+        """Arrivals so far: a policy that keeps its own window ingests only the new ones."""
+        return self._s.signals.num_arrivals

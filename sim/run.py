@@ -136,7 +136,7 @@ def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler
         slo=deployment.slo,
         token_step=profile.token_step,
     )
-    chunk_policy, balancer = make_policies(deployment.policy, config)
+    chunk_policy, balancer = make_policies(deployment.policy, config, profile)
     return Scheduler(config, lambda: 0.0, chunk_policy, balancer)
 
 

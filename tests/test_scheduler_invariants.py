@@ -61,6 +61,11 @@ def check_state(sched) -> None:
         seen.add(rid)
     for slot, run in enumerate(sched.running):
         assert sched.slot_ctx_sum[slot] == sum(r.ctx_len for r in run)
+    assert abs(sched.waiting_arrival_sum - sum(r.arrived_at for r in sched.waiting)) < 1e-6
+    pending = sum(r.remaining_prefill for r in sched.waiting)
+    if sched.chunked is not None:
+        pending += sched.chunked.remaining_prefill
+    assert sched.pending_prefill_tokens == pending
 
 
 workloads = st.lists(

@@ -1,0 +1,300 @@
+"""PredictiveChunkPolicy: the smallest chunk that keeps up with the load and keeps TPOT within
+its SLO, using the ALP latency predictor (PAPER.md 3.2).
+
+For each candidate C, in ascending order (lazily: stop as soon as the answer is known):
+
+* pack the next D_p microbatches (the launching slot and the D_p - 1 after it) as the scheduler
+  would: each slot's decodes first, then the continuing chunked request, then the waiting queue
+  FCFS; where the queue runs dry the rest of the budget is filled with a fresh prompt standing
+  for future arrivals, so the prediction is of a full microbatch (conservative, and monotone
+  in C, which justifies stopping at the first TPOT violation);
+* beat(C) = the predicted time of the BOTTLENECK microbatch of those D_p (the beat is set by
+  the slowest one, and the online update learns from the slowest stage of each microbatch:
+  the two use the same quantity, unlike the reference's mean-vs-max);
+* TPOT bound: D_p * beat(C) + round_overhead_s <= tpot_coeff * SLO TPOT;
+* capacity(C) = sum over the D_p microbatches of (C - their decodes) / (D_p * beat(C)): the
+  prompt tokens per second the pipeline sustains in steady state with chunk C;
+* required rate = (prompt tokens arrived in the last window_s) / window + (prompt tokens of
+  requests waiting longer than stale_ratio * SLO TTFT) / (their remaining TTFT budget),
+  infinite when that budget is under one SLO TPOT (catch up as fast as TPOT allows).
+
+The answer: the smallest C meeting both ("optimal"); else the largest TPOT-safe C
+("best-effort"); else the smallest candidate ("infeasible": no SLO guarantee). Under KV pressure
+the smallest candidate above every slot's decode count ("kv-pressure"). The chosen C is always a
+candidate above the launching slot's decode count (when such a candidate exists).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from itertools import islice
+
+from fastpp.predictor import ALPPredictor, LatencyPredictor
+from fastpp.profile import Profile
+from fastpp.types import IterationRecord
+from fastpp.view import SchedulerView
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictiveConfig:
+    """Knobs of the predictive controller; defaults match the reference implementation."""
+
+    tpot_coeff: float = 1.05  # TPOT bound: D_p * beat <= coeff * SLO TPOT
+    throughput_coeff: float = 1.0  # scales the required prefill rate
+    window_s: float = 10.0  # sliding window of the prompt-token arrival rate
+    stale_ratio: float = 0.25  # a request waiting > ratio * SLO TTFT needs catching up
+    kv_free_watermark: float = 0.10  # below this free KV fraction: drain mode
+    round_overhead_s: float = 0.0  # per slot round, beyond D_p beats (host, token return, links)
+    learn: bool = True  # update the predictor online from each microbatch's bottleneck stage
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_coeff", "throughput_coeff", "window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("stale_ratio", "kv_free_watermark"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.round_overhead_s < 0:
+            raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the last choose() decided and why (kept for logs, tests and timelines)."""
+
+    chunk: int = 0
+    reason: str = ""
+    required_tok_s: float = 0.0
+    capacity_tok_s: float = 0.0
+    beat_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The prompt tokens the next microbatches would take, as one concatenated stream.
+
+    Request i covers stream positions [starts[i], starts[i] + lens[i]) and has ``offsets[i]``
+    tokens already in KV before its first position (only the chunked request has any).
+    ``cum_sq[i]`` = sum of lens[k]^2 for k < i, for whole requests in the middle of a slice.
+    """
+
+    starts: list[int] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    cum_sq: list[int] = field(default_factory=lambda: [0])
+    total: int = 0
+
+    def add(self, length: int, offset: int) -> None:
+        self.starts.append(self.total)
+        self.lens.append(length)
+        self.offsets.append(offset)
+        self.cum_sq.append(self.cum_sq[-1] + length * length)
+        self.total += length
+
+    def features(self, a: int, b: int) -> tuple[int, int]:
+        """(sum L_past*L_pre, sum L_pre^2) of the chunks covering positions [a, b). Positions
+        past the end belong to one fresh prompt (future arrivals)."""
+        spp = sps = 0
+        end = min(b, self.total)
+        if a < end:
+            starts, lens, offsets = self.starts, self.lens, self.offsets
+            i = bisect_right(starts, a) - 1
+            j = bisect_right(starts, end - 1) - 1
+            if i == j:
+                pre = end - a
+                spp += (offsets[i] + a - starts[i]) * pre
+                sps += pre * pre
+            else:
+                pre = starts[i] + lens[i] - a  # tail of request i
+                spp += (offsets[i] + a - starts[i]) * pre
+                sps += pre * pre
+                sps += self.cum_sq[j] - self.cum_sq[i + 1]  # whole requests, no prefix
+                pre = end - starts[j]  # head of request j
+                spp += offsets[j] * pre
+                sps += pre * pre
+        pad = b - max(a, self.total)
+        if pad > 0:
+            sps += pad * pad
+        return spp, sps
+
+
+class PredictiveChunkPolicy:
+    """ALP-based smallest-feasible-chunk controller (module docstring)."""
+
+    def __init__(self, predictor: LatencyPredictor, config: PredictiveConfig | None = None,
+                 candidates: tuple[int, ...] | None = None) -> None:
+        self.predictor = predictor
+        self.config = config or PredictiveConfig()
+        self.candidates = candidates  # None: the view's
+        self.last_reason = ""
+        self.last = Decision()
+        self.reasons: Counter[str] = Counter()
+        self._beats: dict[int, list] = {}  # mb_id -> [max duration, record of that stage]
+        self._num_stages = 0
+        self._first_arrival_at: float | None = None
+        self._window: deque[tuple[float, int]] = deque()  # arrivals in the inflow window
+        self._window_tokens = 0
+        self._arrivals_seen = 0
+
+    @classmethod
+    def from_profile(cls, profile: Profile, config: PredictiveConfig | None = None,
+                     candidates: tuple[int, ...] | None = None) -> PredictiveChunkPolicy:
+        """A controller for ``profile``'s deployment: an ALP predictor with the profile's
+        bottleneck table and prior, and the per-round overhead (host launch, token return,
+        activation transfers of a 2048-token microbatch) the profile states."""
+        links = (profile.pp - 1) * profile.link.time_s(2048 * profile.activation_bytes_per_token)
+        overhead = profile.host_overhead_s + (profile.token_return_s if profile.pp > 1 else 0.0)
+        base = config or PredictiveConfig()
+        if config is None or config.round_overhead_s == 0.0:
+            base = PredictiveConfig(**{**_fields(base), "round_overhead_s": overhead + links})
+        policy = cls(ALPPredictor.from_profile(profile), base, candidates)
+        policy._num_stages = profile.pp
+        return policy
+
+    # ------------------------------------------------------------------ decision
+    def choose(self, view: SchedulerView) -> int:
+        cfg = self.config
+        cands = self.candidates or view.chunk_candidates
+        slot, d_p = view.slot, view.num_slots
+        self._num_stages = self._num_stages or d_p
+        n_dec = view.num_running(slot)
+        first = bisect_right(cands, n_dec)  # index of the smallest candidate above the decodes
+        if first == len(cands):
+            return self._done(cands[-1], "guard: decodes exceed every candidate")
+        if view.kv_free_tokens < cfg.kv_free_watermark * view.kv_total_tokens:
+            top = max(view.num_running(s) for s in range(d_p))
+            k = bisect_right(cands, top)
+            return self._done(cands[min(k, len(cands) - 1)], "kv-pressure")
+        if view.num_waiting == 0 and view.chunked is None:
+            return self._done(cands[first], "idle: no prompt waiting")
+
+        required = self._required_rate(view) * cfg.throughput_coeff
+        stream = self._stream(view, d_p * cands[-1])
+        slots = [(slot + j) % d_p for j in range(d_p)]
+        decs = [view.num_running(s) for s in slots]
+        ctxs = [view.sum_decode_ctx(s) for s in slots]
+        predict = self.predictor.predict_one
+        tpot_budget = cfg.tpot_coeff * view.slo.tpot_s - cfg.round_overhead_s
+        safe = -1
+        for k in range(first, len(cands)):
+            c = cands[k]
+            beat = 0.0
+            prefill = 0
+            pos = 0
+            for dec, ctx in zip(decs, ctxs, strict=True):
+                n_pre = c - dec if c > dec else 0
+                spp, sps = stream.features(pos, pos + n_pre)
+                pos += n_pre
+                prefill += n_pre
+                t = predict(dec + n_pre, spp, sps, ctx)
+                if t > beat:
+                    beat = t
+            if d_p * beat > tpot_budget:
+                break  # larger chunks only take longer
+            safe = k
+            capacity = prefill / (d_p * beat)
+            if capacity >= required:
+                return self._done(c, "optimal", required, capacity, beat)
+        if safe >= 0:
+            return self._done(cands[safe], "best-effort", required)
+        return self._done(cands[first], "infeasible", required)
+
+    def _required_rate(self, view: SchedulerView) -> float:
+        """Prompt tokens per second the pipeline must prefill: inflow plus catch-up."""
+        cfg, now = self.config, view.now
+        inflow = self._inflow(view, now)
+
+        # Stale requests: FCFS order is arrival order (retracted ones go to the front and are
+        # older still), so the fresh ones are a suffix: walk it from the newest end.
+        stale_before = now - cfg.stale_ratio * view.slo.ttft_s
+        fresh_tokens = fresh_n = 0
+        fresh_arrival_sum = 0.0
+        for r in view.iter_waiting_newest_first():
+            if r.rec.arrived_at < stale_before:
+                break
+            fresh_tokens += r.fill_len - r.num_computed
+            fresh_n += 1
+            fresh_arrival_sum += r.rec.arrived_at
+        stale_n = view.num_waiting - fresh_n
+        stale_tokens = view.waiting_prefill_tokens - fresh_tokens
+        arrival_sum = view.waiting_arrival_sum - fresh_arrival_sum
+        chunked = view.chunked
+        if chunked is not None:
+            if chunked.rec.arrived_at < stale_before:
+                stale_n += 1
+                arrival_sum += chunked.rec.arrived_at
+            else:
+                stale_tokens -= chunked.fill_len - chunked.num_computed
+        if stale_n <= 0 or stale_tokens <= 0:
+            return inflow
+        mean_wait = now - arrival_sum / stale_n
+        budget = view.slo.ttft_s - mean_wait
+        if budget <= view.slo.tpot_s:
+            return _INF  # the backlog is already late: drain as fast as TPOT allows
+        return inflow + stale_tokens / budget
+
+    def _inflow(self, view: SchedulerView, now: float) -> float:
+        """Prompt tokens per second arrived over the last window_s (amortised O(1): only new
+        arrivals are ingested; a young run divides by its age, not the whole window)."""
+        fresh = view.num_arrivals - self._arrivals_seen
+        if fresh > 0:
+            arrivals = view.recent_arrivals
+            new = list(islice(reversed(arrivals), fresh))[::-1]
+            if self._first_arrival_at is None and new:
+                self._first_arrival_at = new[0][0]
+            self._window.extend(new)
+            self._window_tokens += sum(n for _, n in new)
+            self._arrivals_seen = view.num_arrivals
+        cutoff = now - self.config.window_s
+        window = self._window
+        while window and window[0][0] < cutoff:
+            self._window_tokens -= window.popleft()[1]
+        span = min(self.config.window_s, now - (self._first_arrival_at or now))
+        return self._window_tokens / span if span > 0 else 0.0
+
+    @staticmethod
+    def _stream(view: SchedulerView, limit: int) -> _Stream:
+        """The continuing chunk then the FCFS queue, up to ``limit`` tokens."""
+        stream = _Stream()
+        chunked = view.chunked
+        if chunked is not None:
+            stream.add(chunked.fill_len - chunked.num_computed, chunked.num_computed)
+        if stream.total < limit:
+            for r in view.iter_waiting():
+                stream.add(r.fill_len - r.num_computed, r.num_computed)
+                if stream.total >= limit:
+                    break
+        return stream
+
+    def _done(self, chunk: int, reason: str, required: float = 0.0, capacity: float = 0.0,
+              beat: float = 0.0) -> int:
+        self.last_reason = reason
+        self.last = Decision(chunk, reason, required, capacity, beat)
+        self.reasons[reason.split(":")[0]] += 1
+        return chunk
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, rec: IterationRecord) -> None:
+        """Learn from each microbatch's bottleneck stage: keep the slowest stage-iteration of a
+        microbatch and update the predictor once its last stage reports."""
+        if not self.config.learn:
+            return
+        entry = self._beats.get(rec.mb_id)
+        duration = rec.finished_at - rec.started_at
+        if entry is None:
+            entry = self._beats[rec.mb_id] = [duration, rec]
+        elif duration > entry[0]:
+            entry[0], entry[1] = duration, rec
+        if rec.stage >= self._num_stages - 1:
+            del self._beats[rec.mb_id]
+            r = entry[1]
+            self.predictor.learn_one(r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx,
+                                     entry[0])
+
+
+def _fields(cfg: PredictiveConfig) -> dict:
+    return {name: getattr(cfg, name) for name in PredictiveConfig.__slots__}

@@ -1,0 +1,164 @@
+"""PredictiveChunkPolicy: candidate packing features, decision rules, invariants, learning."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import FakeClock, make_profile, make_scheduler
+from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig, _Stream
+from fastpp.sim.engine import PipelineSimulation
+from fastpp.types import SLO, FinishReason, IterationRecord, Request
+
+CANDS = (16, 32, 64, 128, 256, 512)
+
+
+def brute_features(items, a, b):
+    """Expand the stream token by token: (request index, position within the request)."""
+    tokens = [(i, off + k) for i, (length, off) in enumerate(items) for k in range(length)]
+    chunks: dict[int, list[int]] = {}
+    pad = 0
+    for p in range(a, b):
+        if p < len(tokens):
+            i, pos = tokens[p]
+            chunks.setdefault(i, []).append(pos)
+        else:
+            pad += 1
+    spp = sum(min(pos) * len(pos) for pos in chunks.values())
+    sps = sum(len(pos) ** 2 for pos in chunks.values()) + pad * pad
+    return spp, sps
+
+
+@given(items=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 30)), max_size=8),
+       a=st.integers(0, 200), n=st.integers(0, 120))
+def test_stream_features_match_token_by_token_packing(items, a, n):
+    items = [(items[0][0], items[0][1])] + [(ln, 0) for ln, _ in items[1:]] if items else []
+    stream = _Stream()
+    for length, off in items:
+        stream.add(length, off)
+    assert stream.features(a, a + n) == brute_features(items, a, a + n)
+
+
+def policy_for(pp=2, **cfg):
+    return PredictiveChunkPolicy.from_profile(make_profile(pp=pp), PredictiveConfig(**cfg), CANDS)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), pp=st.integers(1, 4), tpot_ms=st.sampled_from([1, 20, 200]))
+def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
+    rng = random.Random(seed)
+    clock = FakeClock()
+    policy = policy_for(pp)
+    sched = make_scheduler(clock, policy, num_slots=pp, kv_capacity_tokens=6000,
+                           chunk_candidates=CANDS, slo=SLO(0.5, tpot_ms / 1e3))
+    in_flight = []
+    for i in range(120):
+        sched.add_request(Request(i, clock.t, rng.randint(1, 300), rng.randint(1, 60)))
+        clock.t += rng.random() * 0.01
+        for slot in range(pp):
+            if sched.in_flight[slot] is None:
+                n_dec = len(sched.running[slot])
+                plan = sched.schedule(slot)
+                if plan is not None:
+                    assert plan.chunk_budget in CANDS
+                    if n_dec < CANDS[-1]:
+                        assert plan.chunk_budget > n_dec
+                    in_flight.append(plan)
+        if in_flight and rng.random() < 0.7:
+            clock.t += 0.01
+            sched.update(in_flight.pop(0))
+    assert set(policy.reasons) <= {"optimal", "best-effort", "infeasible", "kv-pressure", "idle",
+                                   "guard"}
+
+
+def loaded_scheduler(policy, slo=None, n_waiting=40, prompt=200):
+    slo = slo or SLO(2.0, 0.2)
+    clock = FakeClock()
+    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=100_000,
+                           chunk_candidates=CANDS, slo=slo)
+    for i in range(n_waiting):
+        sched.add_request(Request(i, 0.0, prompt, 50))
+    return sched, clock
+
+
+def test_low_load_gets_the_smallest_chunk_that_keeps_up():
+    policy = policy_for()
+    sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=20)
+    clock.t = 0.01
+    sched.now = clock.t
+    assert policy.choose(sched.view) == CANDS[0]
+    assert policy.last.reason == "optimal"
+
+
+def test_late_backlog_takes_the_largest_tpot_safe_chunk():
+    policy = policy_for()
+    sched, clock = loaded_scheduler(policy)
+    clock.t = sched.now = 1.95  # every request has waited almost the whole TTFT SLO
+    chunk = policy.choose(sched.view)
+    assert policy.last.reason == "best-effort" and policy.last.required_tok_s == float("inf")
+    assert chunk == CANDS[-1]  # the toy deployment is fast: even 512 tokens meet 200 ms
+
+
+def test_tpot_bound_caps_the_chunk_and_infeasible_slo_falls_back_to_the_smallest():
+    tight = policy_for()
+    sched, clock = loaded_scheduler(tight, slo=SLO(2.0, 0.012))
+    clock.t = sched.now = 1.95
+    capped = tight.choose(sched.view)
+    assert tight.last.reason == "best-effort" and CANDS[0] < capped < CANDS[-1]
+    impossible = policy_for()
+    sched, clock = loaded_scheduler(impossible, slo=SLO(2.0, 0.0001))
+    clock.t = sched.now = 1.95
+    assert impossible.choose(sched.view) == CANDS[0]
+    assert impossible.last.reason == "infeasible"
+
+
+def test_kv_pressure_drains_with_the_smallest_chunk_above_every_slot():
+    policy = policy_for()
+    clock = FakeClock()
+    sched = make_scheduler(clock, None, num_slots=2, kv_capacity_tokens=1000,
+                           chunk_candidates=CANDS, new_token_ratio=0.0, default_chunk=512)
+    for i in range(20):
+        sched.add_request(Request(i, 0.0, 40, 200))
+    while sched.kv.free >= 0.1 * sched.kv.capacity:
+        for slot in range(2):
+            plan = sched.schedule(slot)
+            if plan is not None:
+                clock.t += 0.01
+                sched.update(plan)
+    sched.chunk_policy = policy
+    top = max(len(r) for r in sched.running)
+    chunk = policy.choose(sched.view)
+    assert policy.last.reason == "kv-pressure"
+    assert chunk == min(c for c in CANDS if c > top)
+
+
+def test_observe_learns_once_per_microbatch_from_its_slowest_stage():
+    policy = policy_for(pp=2)
+    before = policy.predictor.n_updates_
+
+    def rec(mb, stage, dur):
+        return IterationRecord(mb, stage, 0, 0.0, dur, 100, 100, 0, 0, 10_000, 0, 128)
+
+    policy.observe(rec(0, 0, 0.030))
+    policy.observe(rec(0, 1, 0.010))
+    assert policy.predictor.n_updates_ == before + 1
+    x = policy.predictor.predict_one(100, 0, 10_000, 0)
+    for mb in range(1, 200):
+        policy.observe(rec(mb, 0, 0.030))
+        policy.observe(rec(mb, 1, 0.010))
+    assert abs(policy.predictor.predict_one(100, 0, 10_000, 0) - 0.030) < abs(x - 0.030)
+
+
+def test_runs_in_the_simulator_and_every_request_completes():
+    profile = make_profile(pp=4)
+    policy = PredictiveChunkPolicy.from_profile(profile, candidates=CANDS)
+    sched = make_scheduler(None, policy, num_slots=4, chunk_candidates=CANDS,
+                           kv_capacity_tokens=8192, slo=SLO(0.1, 0.02))
+    rng = random.Random(3)
+    reqs = [Request(i, i * 0.002, rng.randint(1, 400), rng.randint(1, 40)) for i in range(400)]
+    result = PipelineSimulation(profile, sched, reqs).run()
+    assert all(r.finish_reason is FinishReason.LENGTH for r in result.records)
+    assert len({it.chunk_budget for it in result.iterations}) > 1
+    assert policy.predictor.n_updates_ > 0
