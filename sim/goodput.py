@@ -1,0 +1,373 @@
+"""Goodput search: the highest Poisson arrival rate a deployment serves within its SLO.
+
+Scenario: probe one rate at a time (every seed simulated at that rate), decide feasible or not,
+and narrow a bracket [highest feasible, lowest infeasible] until it is narrower than
+``precision``. Goodput (PAPER.md section 1) is the highest rate at which P90 TTFT and P90 TPOT of
+the requests both meet the SLO; ``criterion="attainment"`` uses the stricter per-request share.
+
+Search (``find_goodput``, independent of the simulator; assumes feasibility is monotone in rate):
+probe ``low``; if it fails, halve down to ``min_rate`` until a rate passes (none: goodput 0 and
+the reason). Otherwise probe ``high``; if it passes, double up to ``max_rate`` until one fails
+(none: goodput is at least ``max_rate``, margin infinite, and a note says so). Then bisect. Every
+probe lies inside the current bracket, so no reported feasible probe sits above an infeasible one.
+``precision`` is absolute, in requests per second: the search stops once lowest infeasible minus
+highest feasible is below it, so the true goodput lies in [rate, rate + margin).
+
+Probe rules (``slo_goodput``):
+- Pooling: the request records of all seeds are pooled before the percentiles are taken.
+- Failures: rejected, aborted and unfinished requests count as TTFT = infinity in the P90 (and as
+  misses in attainment), so more than 10% of them fail the P90 criterion outright.
+- Length: unless ``num_requests`` is given, each seed gets max(300, ceil(120 s x rate)) requests,
+  so every probe covers at least 120 s of arrivals and the queue has time to show its trend.
+- Steady state: per seed, split the requests by arrival order into halves and pool the halves
+  over seeds. If the second half's median TTFT exceeds the first half's by more than
+  ``STEADY_GROWTH_RATIO`` x first-half median + ``STEADY_SLACK_SLO_FRAC`` x TTFT SLO, the queue
+  is still growing and the probe is infeasible ("queue not stationary") even if the pooled P90s
+  pass: that rate would violate the SLO in a longer run.
+
+Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment, summarize
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+from fastpp.types import SLO, FinishReason, RequestRecord
+
+MIN_REQUESTS = 300  # requests per seed per probe, at least
+ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
+STEADY_GROWTH_RATIO = 0.5  # allowed rise of the second-half median TTFT, relative to the first
+STEADY_SLACK_SLO_FRAC = 0.1  # plus this share of the TTFT SLO (absolute floor against noise)
+EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
+
+Criterion = Literal["p90", "attainment"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probed rate: feasible or not, why not, and the metrics that decided it."""
+
+    rate: float  # requests per second
+    ok: bool  # criterion met (and, for slo_goodput, the queue was stationary)
+    metrics: dict[str, float] = field(default_factory=dict)  # key metrics, latencies in ms
+    reason: str = ""  # why infeasible ("" when ok)
+
+    def describe(self) -> str:
+        """One line: ``4.25 req/s  ok  p90_ttft_ms=812 ...`` or ``... FAIL (reason)``."""
+        shown = "  ".join(f"{k}={_fmt(v)}" for k, v in self.metrics.items())
+        verdict = "ok" if self.ok else f"FAIL ({self.reason})"
+        return f"{self.rate:8.4g} req/s  {verdict}  {shown}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputResult:
+    """Outcome of a goodput search.
+
+    ``rate`` is the highest feasible probed rate (0.0 when none passed, then ``reason`` says
+    why); the true goodput lies in [rate, rate + margin) if feasibility is monotone.
+    """
+
+    rate: float  # requests per second; 0.0 when no probe was feasible
+    margin: float  # bracket width, req/s: lowest infeasible - rate (inf: feasible at the cap)
+    probes: tuple[ProbeResult, ...]  # every probe, in the order run
+    reason: str = ""  # why goodput is 0 ("" otherwise)
+    notes: tuple[str, ...] = ()  # bracket expansions, exhausted probe budget
+    criterion: str = ""  # what "feasible" meant, in words
+
+    @property
+    def best(self) -> ProbeResult | None:
+        """The probe at the goodput rate, or None when goodput is 0."""
+        feasible = [p for p in self.probes if p.ok]
+        return max(feasible, key=lambda p: p.rate) if feasible else None
+
+    @property
+    def attainment(self) -> float:
+        """Per-request SLO attainment at the goodput rate (NaN when unknown or goodput is 0)."""
+        best = self.best
+        return math.nan if best is None else best.metrics.get("slo_attainment", math.nan)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (``inf`` margins serialize as ``Infinity``)."""
+        return {
+            "goodput": self.rate, "margin": self.margin, "attainment": self.attainment,
+            "reason": self.reason, "notes": list(self.notes), "criterion": self.criterion,
+            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics}
+                       for p in self.probes],
+        }
+
+    def describe(self) -> str:
+        """A short multi-line report: verdict, notes, then one line per probe by rate."""
+        if self.rate > 0:
+            head = f"goodput {self.rate:.4g} req/s (+{self.margin:.3g})"
+            if not math.isnan(self.attainment):
+                head += f", per-request attainment {100 * self.attainment:.1f}%"
+        else:
+            head = f"goodput 0: {self.reason}"
+        lines = [head + (f"  [{self.criterion}]" if self.criterion else "")]
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [p.describe() for p in sorted(self.probes, key=lambda p: p.rate)]
+        return "\n".join(lines)
+
+
+def find_goodput(
+    criterion: Callable[[float], ProbeResult],
+    *,
+    low: float,
+    high: float,
+    precision: float,
+    max_probes: int,
+    min_rate: float | None = None,
+    max_rate: float | None = None,
+    progress: Callable[[ProbeResult], None] | None = None,
+) -> GoodputResult:
+    """Highest rate r with ``criterion(r).ok``, assuming feasibility falls monotonically with r.
+
+    Brackets (halving from ``low`` down to ``min_rate``, default low/16; doubling from ``high``
+    up to ``max_rate``, default high x 16), then bisects until the bracket is narrower than
+    ``precision`` req/s (absolute) or ``max_probes`` probes have run. ``progress`` sees every
+    probe. Deterministic whenever ``criterion`` is.
+    """
+    floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
+    cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
+    if not 0 < floor <= low < high <= cap:
+        raise ValueError(f"need 0 < min_rate <= low < high <= max_rate, got "
+                         f"{floor:g}, {low:g}, {high:g}, {cap:g}")
+    if not precision > 0:
+        raise ValueError(f"precision must be > 0 req/s, got {precision!r}")
+    if max_probes < 1:
+        raise ValueError(f"max_probes must be >= 1, got {max_probes}")
+
+    probes: list[ProbeResult] = []
+    notes: list[str] = []
+
+    def probe(rate: float) -> bool:
+        result = criterion(rate)
+        if not math.isclose(result.rate, rate):
+            raise ValueError(f"criterion probed {rate:g} req/s but reported {result.rate:g}")
+        probes.append(result)
+        if progress is not None:
+            progress(result)
+        return result.ok
+
+    def budget_left() -> bool:
+        if len(probes) < max_probes:
+            return True
+        notes.append(f"probe budget of {max_probes} exhausted")
+        return False
+
+    def done(lo: float, hi: float, reason: str = "") -> GoodputResult:
+        return GoodputResult(lo, hi - lo, tuple(probes), reason, tuple(notes))
+
+    # bracket: lo = highest feasible rate seen (0 if none), hi = lowest infeasible (inf if none)
+    lo, hi = 0.0, math.inf
+    if probe(low):
+        lo, rate = low, high
+        while budget_left():
+            if not probe(rate):
+                hi = rate
+                break
+            lo = rate
+            if rate >= cap:
+                notes.append(f"feasible at the cap {cap:g} req/s: goodput is at least this")
+                return done(lo, hi)
+            rate = min(rate * 2, cap)
+        if lo >= high:
+            upto = f"to {hi:g}" if math.isfinite(hi) else f"past {lo:g}"
+            notes.append(f"high {high:g} req/s was feasible: expanded upward {upto}")
+    else:
+        hi, rate = low, low / 2
+        while rate >= floor * (1 - 1e-9) and budget_left():
+            if probe(rate):
+                lo = rate
+                break
+            hi, rate = rate, rate / 2
+        if lo == 0.0:
+            lowest = min(probes, key=lambda p: p.rate)
+            why = (f"even {lowest.rate:g} req/s fails: {lowest.reason}" if lowest.reason
+                   else f"even {lowest.rate:g} req/s is infeasible")
+            return done(0.0, hi, why)
+        notes.append(f"low {low:g} req/s was infeasible: expanded downward to {lo:g}")
+
+    # bisect
+    while hi - lo >= precision and math.isfinite(hi) and budget_left():
+        mid = (lo + hi) / 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return done(lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyState:
+    """Median TTFT of the earlier and the later half of the requests by arrival (ms)."""
+
+    first_half_ms: float
+    second_half_ms: float
+    is_stationary: bool
+
+    def describe(self) -> str:
+        return (f"median TTFT {self.first_half_ms:.1f} ms in the first half of arrivals, "
+                f"{self.second_half_ms:.1f} ms in the second")
+
+
+def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> SteadyState:
+    """Is the queue stationary? ``runs`` holds one record list per seed (its own clock).
+
+    Each run is split by arrival order into halves; halves are pooled over runs. Failed requests
+    count as infinite TTFT. Not stationary iff the second half's median TTFT exceeds the first
+    half's by more than ``STEADY_GROWTH_RATIO`` x the first half's + ``STEADY_SLACK_SLO_FRAC`` x
+    the TTFT SLO (a median with over half failures is infinite, and that is never stationary).
+    """
+    first: list[float] = []
+    second: list[float] = []
+    for records in runs:
+        ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
+        half = len(ordered) // 2
+        first += [_ttft_ms(r) for r in ordered[:half]]
+        second += [_ttft_ms(r) for r in ordered[half:]]
+    med1, med2 = _median(first), _median(second)
+    if math.isinf(med2) or math.isnan(med1):
+        stationary = math.isnan(med1) and not math.isinf(med2)  # too few requests to judge: pass
+    else:
+        allowed = med1 * (1 + STEADY_GROWTH_RATIO) + STEADY_SLACK_SLO_FRAC * slo.ttft_s * 1e3
+        stationary = med2 <= allowed
+    return SteadyState(med1, med2, stationary)
+
+
+def slo_goodput(
+    workload: WorkloadConfig,
+    deployment: DeploymentConfig,
+    *,
+    seeds: Sequence[int] = (0, 1),
+    num_requests: int | None = None,
+    precision: float = 0.1,
+    low: float = 0.5,
+    high: float = 8.0,
+    criterion: Criterion = "p90",
+    attainment: float = 0.9,
+    max_probes: int = 16,
+    progress: Callable[[ProbeResult], None] | None = None,
+) -> GoodputResult:
+    """Goodput of ``deployment`` on ``workload``'s length distribution (module docstring rules).
+
+    Each probe simulates ``replace(workload, rate=r, seed=s)`` for every seed in ``seeds`` and
+    judges the pooled records: ``"p90"`` = the paper's P90 TTFT and P90 TPOT test against
+    ``deployment.slo``; ``"attainment"`` = at least ``attainment`` of all requests meet both
+    objectives themselves. Arrivals follow ``workload.arrival`` (Poisson by default).
+    ``num_requests`` per seed; None = max(300, ceil(120 s x rate)).
+    """
+    if workload.replay is not None:
+        raise ValueError("goodput needs synthetic arrivals at a chosen rate, not a replayed trace")
+    if criterion not in ("p90", "attainment"):
+        raise ValueError(f"criterion must be 'p90' or 'attainment', got {criterion!r}")
+    if not 0 < attainment <= 1:
+        raise ValueError(f"attainment must be in (0, 1], got {attainment!r}")
+    if not seeds:
+        raise ValueError("give at least one seed")
+    if num_requests is not None and num_requests < 2:
+        raise ValueError(f"num_requests must be >= 2, got {num_requests}")
+    slo = deployment.slo
+
+    def judge(rate: float) -> ProbeResult:
+        n = num_requests or max(MIN_REQUESTS, math.ceil(ARRIVAL_SPAN_S * rate))
+        runs = [
+            run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
+                           deployment, record_iterations=False).result.records
+            for seed in seeds
+        ]
+        # metrics stay free of wall times so that a seed's result is byte-identical across runs
+        return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment)
+
+    result = find_goodput(judge, low=low, high=high, precision=precision,
+                          max_probes=max_probes, progress=progress)
+    if criterion == "p90":
+        words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"
+    else:
+        words = (f">= {100 * attainment:g}% of requests meet TTFT <= {slo.ttft_s * 1e3:g} ms "
+                 f"and TPOT <= {slo.tpot_s * 1e3:g} ms")
+    words += f", steady queue; seeds {tuple(seeds)} pooled"
+    return replace(result, criterion=words)
+
+
+def judge_records(
+    runs: Sequence[Sequence[RequestRecord]],
+    slo: SLO,
+    *,
+    rate: float,
+    criterion: Criterion = "p90",
+    attainment: float = 0.9,
+) -> ProbeResult:
+    """Judge one probe from its per-seed records (pooled), as ``slo_goodput`` does."""
+    pooled = [r for records in runs for r in records]
+    summary = summarize(pooled, slo=slo)
+    p90_ttft = _p90([_ttft_ms(r) for r in pooled])  # failures as infinite TTFT
+    p90_tpot = summary["p90_tpot_ms"]
+    share = slo_attainment(pooled, slo)
+    steady = check_steady_state(runs, slo)
+    failures: list[str] = []
+    if criterion == "p90":
+        # the paper's test (fastpp.metrics.meets_slo), on a TTFT P90 that counts failures
+        if not meets_slo({"p90_ttft_ms": p90_ttft, "p90_tpot_ms": p90_tpot}, slo):
+            if not p90_ttft <= slo.ttft_s * 1e3 + SLO_SLACK_MS:
+                failures.append(f"P90 TTFT: {p90_ttft:.2f} ms > {slo.ttft_s * 1e3:g} ms")
+            if p90_tpot > slo.tpot_s * 1e3 + SLO_SLACK_MS:
+                failures.append(f"P90 TPOT: {p90_tpot:.2f} ms > {slo.tpot_s * 1e3:g} ms")
+    elif not share >= attainment:
+        failures.append(f"attainment {100 * share:.1f}% < {100 * attainment:g}%")
+    num_failed = sum(r.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP) for r in pooled)
+    if num_failed and failures:
+        failures.append(f"{num_failed} of {len(pooled)} requests rejected/aborted/unfinished")
+    if not steady.is_stationary:
+        failures.append(f"queue not stationary: {steady.describe()}")
+    metrics = {
+        "p90_ttft_ms": p90_ttft,
+        "p90_tpot_ms": p90_tpot,
+        "slo_attainment": share,
+        "num_requests": float(len(pooled)),
+        "num_failed": float(num_failed),
+        "median_ttft_first_half_ms": steady.first_half_ms,
+        "median_ttft_second_half_ms": steady.second_half_ms,
+    }
+    return ProbeResult(rate, not failures, metrics, "; ".join(failures))
+
+
+def _ttft_ms(r: RequestRecord) -> float:
+    """TTFT in ms of a completed request; infinity for rejected, aborted or unfinished ones."""
+    if r.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP) or r.first_token_at is None:
+        return math.inf
+    return (r.first_token_at - r.arrived_at) * 1e3
+
+
+def _p90(values_ms: Sequence[float]) -> float:
+    """P90 with np.percentile's linear interpolation, safe with infinities (NaN when empty)."""
+    return _quantile(values_ms, 0.9)
+
+
+def _median(values_ms: Sequence[float]) -> float:
+    return _quantile(values_ms, 0.5)
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    # np.percentile would give inf * 0 = NaN when interpolating next to an infinity
+    if not values:
+        return math.nan
+    v = np.sort(np.asarray(values, float))
+    pos = q * (v.size - 1)
+    i, frac = int(pos), pos - int(pos)
+    if frac == 0 or math.isinf(v[i]):
+        return float(v[i])
+    if math.isinf(v[i + 1]):
+        return math.inf
+    return float(v[i] + (v[i + 1] - v[i]) * frac)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

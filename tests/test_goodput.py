@@ -1,0 +1,185 @@
+"""Goodput search: bisection and bracketing on synthetic criteria, the probe judge (P90,
+attainment, failures, steady state) on fabricated records, and one small real simulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fastpp.sim.goodput import (
+    ProbeResult,
+    check_steady_state,
+    find_goodput,
+    judge_records,
+    slo_goodput,
+)
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig
+from fastpp.types import SLO, FinishReason, RequestRecord
+
+THRESHOLD = 3.37  # req/s: the synthetic criterion's true goodput
+SLO_DEFAULT = SLO()  # 2 s TTFT, 200 ms TPOT
+
+
+def threshold_criterion(rate: float) -> ProbeResult:
+    ok = rate <= THRESHOLD
+    return ProbeResult(rate, ok, {"load": rate / THRESHOLD}, "" if ok else "over the threshold")
+
+
+def assert_consistent(result) -> None:
+    """No feasible probe above an infeasible one, and the goodput is the top feasible probe."""
+    ok = [p.rate for p in result.probes if p.ok]
+    bad = [p.rate for p in result.probes if not p.ok]
+    if ok and bad:
+        assert max(ok) < min(bad)
+    assert result.rate == (max(ok) if ok else 0.0)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expansion"),
+    [(0.5, 8.0, None), (0.1, 1.0, "expanded upward to 4"), (0.5, 2.0, "expanded upward to 4"),
+     (5.0, 8.0, "expanded downward to 2.5")],
+)
+def test_bisection_finds_threshold_within_precision(low, high, expansion):
+    result = find_goodput(threshold_criterion, low=low, high=high, precision=0.01, max_probes=40)
+    assert result.rate <= THRESHOLD < result.rate + result.margin
+    assert result.margin < 0.01
+    assert result.reason == ""
+    assert_consistent(result)
+    notes = " ".join(result.notes)
+    assert (expansion in notes) if expansion else not notes
+
+
+def test_feasible_at_cap_reports_lower_bound():
+    result = find_goodput(lambda r: ProbeResult(r, True), low=1.0, high=4.0, precision=0.1,
+                          max_probes=20, max_rate=32.0)
+    assert result.rate == 32.0 and math.isinf(result.margin)
+    assert "at least" in result.notes[-1]
+    assert [p.rate for p in result.probes] == [1.0, 4.0, 8.0, 16.0, 32.0]
+
+
+def test_search_is_deterministic_and_reports_progress():
+    seen: list[float] = []
+    first = find_goodput(threshold_criterion, low=0.5, high=8.0, precision=0.05, max_probes=30,
+                         progress=lambda p: seen.append(p.rate))
+    second = find_goodput(threshold_criterion, low=0.5, high=8.0, precision=0.05, max_probes=30)
+    assert first.to_dict() == second.to_dict()
+    assert seen == [p.rate for p in first.probes]
+
+
+def test_probe_budget_stops_the_search():
+    result = find_goodput(threshold_criterion, low=0.5, high=8.0, precision=1e-6, max_probes=5)
+    assert len(result.probes) == 5
+    assert result.margin > 1e-6 and "exhausted" in result.notes[-1]
+    assert result.rate <= THRESHOLD < result.rate + result.margin
+
+
+def test_zero_goodput_names_the_reason():
+    result = find_goodput(lambda r: ProbeResult(r, False, reason="P90 TPOT: 312.00 ms > 200 ms"),
+                          low=0.5, high=8.0, precision=0.1, max_probes=20, min_rate=0.125)
+    assert result.rate == 0.0 and result.best is None and math.isnan(result.attainment)
+    assert result.reason == "even 0.125 req/s fails: P90 TPOT: 312.00 ms > 200 ms"
+    assert [p.rate for p in result.probes] == [0.5, 0.25, 0.125]
+    assert "goodput 0" in result.describe()
+
+
+def test_invalid_search_arguments_are_rejected():
+    with pytest.raises(ValueError, match="low < high"):
+        find_goodput(threshold_criterion, low=8.0, high=1.0, precision=0.1, max_probes=10)
+    with pytest.raises(ValueError, match="precision"):
+        find_goodput(threshold_criterion, low=1.0, high=8.0, precision=0.0, max_probes=10)
+
+
+# ---- the probe judge on fabricated records -------------------------------------------------------
+
+
+def record(i: int, arrived_at: float, ttft_s: float, tpot_s: float = 0.05,
+           num_tokens: int = 5) -> RequestRecord:
+    first = arrived_at + ttft_s
+    times = [first + k * tpot_s for k in range(num_tokens)]
+    return RequestRecord(i, arrived_at, 100, num_tokens, num_generated=num_tokens,
+                         scheduled_at=arrived_at, first_token_at=first, finished_at=times[-1],
+                         finish_reason=FinishReason.LENGTH, token_times=times)
+
+
+def run_with_misses(rate: float, n: int = 200) -> list[RequestRecord]:
+    """Requests whose miss share grows with rate: floor(2 r)% slow TTFT and as many slow TPOT
+    (on other requests), so each P90 passes up to 10% while attainment falls twice as fast."""
+    misses = math.floor(2 * rate)  # per 100 requests, each kind
+    out = []
+    for i in range(n):
+        slot = i % 100
+        ttft = 3.0 if slot < misses else 0.3
+        tpot = 0.3 if misses <= slot < 2 * misses else 0.05
+        out.append(record(i, i / rate, ttft, tpot))
+    return out
+
+
+def test_attainment_is_stricter_than_p90():
+    runs = [run_with_misses(4.0)]  # 8% slow TTFT + 8% slow TPOT on other requests
+    p90 = judge_records(runs, SLO_DEFAULT, rate=4.0, criterion="p90")
+    share = judge_records(runs, SLO_DEFAULT, rate=4.0, criterion="attainment", attainment=0.9)
+    assert p90.ok and p90.metrics["slo_attainment"] == pytest.approx(0.84)
+    assert not share.ok and share.reason.startswith("attainment 84.0% < 90%")
+
+
+def test_attainment_goodput_on_synthetic_records():
+    def judge(criterion):
+        return lambda rate: judge_records([run_with_misses(rate)], SLO_DEFAULT, rate=rate,
+                                          criterion=criterion, attainment=0.9)
+
+    share = find_goodput(judge("attainment"), low=0.5, high=8.0, precision=0.05, max_probes=30)
+    # attainment = 1 - 2 floor(2 r) / 100 >= 0.9 iff floor(2 r) <= 5 iff r < 3
+    assert share.rate < 3.0 <= share.rate + share.margin and share.margin < 0.05
+    assert share.attainment >= 0.9
+    assert_consistent(share)
+    # each P90 passes while floor(2 r) <= 10, i.e. r < 5.5: the P90 goodput is the laxer one
+    p90 = find_goodput(judge("p90"), low=0.5, high=8.0, precision=0.05, max_probes=30)
+    assert p90.rate < 5.5 <= p90.rate + p90.margin
+    assert p90.attainment < 0.9
+
+
+def test_failed_requests_count_as_infinite_ttft():
+    runs = [[record(i, i * 0.5, 0.2) for i in range(85)]]
+    for i in range(85, 100):  # 15% rejected
+        runs[0].append(RequestRecord(i, i * 0.5, 100, 5, finished_at=i * 0.5,
+                                     finish_reason=FinishReason.REJECTED))
+    probe = judge_records(runs, SLO_DEFAULT, rate=2.0)
+    assert not probe.ok and math.isinf(probe.metrics["p90_ttft_ms"])
+    assert "15 of 100 requests rejected" in probe.reason
+
+
+def test_steady_state_flags_a_growing_queue():
+    # TTFT climbs 9 ms per request: pooled P90 (~1.7 s) passes, but the queue is growing
+    growing = [[record(i, i * 0.25, 0.1 + 0.009 * i) for i in range(200)]]
+    steady = check_steady_state(growing, SLO_DEFAULT)
+    assert not steady.is_stationary
+    probe = judge_records(growing, SLO_DEFAULT, rate=4.0)
+    assert probe.metrics["p90_ttft_ms"] < 2000
+    assert not probe.ok and probe.reason.startswith("queue not stationary")
+
+    flat = [[record(i, i * 0.25, 0.3 + 0.2 * ((i * 7) % 10) / 10) for i in range(200)]]
+    assert check_steady_state(flat, SLO_DEFAULT).is_stationary
+    assert judge_records(flat, SLO_DEFAULT, rate=4.0).ok
+
+
+# ---- one small real search -----------------------------------------------------------------------
+
+
+def test_slo_goodput_small_real_run():
+    workload = WorkloadConfig(name="cnn-dailymail-synthetic")
+    deployment = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512")
+    kwargs = dict(seeds=(0,), num_requests=120, precision=2.0, low=1.0, high=8.0)
+    result = slo_goodput(workload, deployment, **kwargs)
+    assert result.rate > 0 and result.reason == ""
+    assert result.margin < 2.0
+    assert_consistent(result)
+    assert 0.0 < result.attainment <= 1.0
+    assert "P90 TTFT <= 2000 ms" in result.criterion
+    again = slo_goodput(workload, deployment, **kwargs)
+    assert again.to_dict() == result.to_dict()
+
+
+def test_slo_goodput_rejects_a_replayed_trace():
+    with pytest.raises(ValueError, match="replayed trace"):
+        slo_goodput(WorkloadConfig(replay="azure-conv"), DeploymentConfig())
