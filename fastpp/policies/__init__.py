@@ -1,7 +1,9 @@
 """Chunk policies and decode balancers, looked up by name in one table.
 
 A policy spec names a chunk policy with an optional argument and optional balancer, joined by
-``+``: ``static:2048``, ``static`` (the configured default chunk).
+``+``: ``static:2048``, ``static`` (the configured default chunk). Builders get a
+``PolicyContext``: the scheduler config and, where the executor has one, the deployment's profile
+(policies that predict latency need it).
 """
 
 from __future__ import annotations
@@ -10,26 +12,43 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
+from fastpp.policies.delay import DelayConfig, DelayScheduler
+from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig
+from fastpp.policies.upstream import build_upstream
+from fastpp.profile import Profile
 from fastpp.scheduler_config import SchedulerConfig
 
 __all__ = [
     "ChunkPolicy", "DecodeBalancer", "NoBalancer", "StaticChunkPolicy", "POLICIES", "BALANCERS",
-    "PolicyInfo", "make_policies",
+    "PolicyInfo", "PolicyContext", "make_policies",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy builder may use: the scheduler's config and the deployment's profile."""
+
+    config: SchedulerConfig
+    profile: Profile | None = None
+
+    def require_profile(self, who: str) -> Profile:
+        if self.profile is None:
+            raise ValueError(f"policy {who!r} predicts latency and needs the deployment's profile")
+        return self.profile
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyInfo:
     """One entry of the registry: how to build it and what it is, for ``fastpp policies``."""
 
-    build: Callable[[str | None, SchedulerConfig], object]
+    build: Callable[[str | None, PolicyContext], object]
     summary: str
     argument: str = ""  # what ``name:ARG`` means, "" if it takes none
 
 
-def _static(arg: str | None, cfg: SchedulerConfig) -> StaticChunkPolicy:
+def _static(arg: str | None, ctx: PolicyContext) -> StaticChunkPolicy:
     if arg is None:
-        return StaticChunkPolicy(cfg.default_chunk)
+        return StaticChunkPolicy(ctx.config.default_chunk)
     try:
         chunk = int(arg)
     except ValueError:
@@ -37,32 +56,64 @@ def _static(arg: str | None, cfg: SchedulerConfig) -> StaticChunkPolicy:
     return StaticChunkPolicy(chunk)
 
 
+def _predictive(arg: str | None, ctx: PolicyContext) -> object:
+    from fastpp.policies.predictive import PredictiveChunkPolicy
+    from fastpp.predictor import ALPPredictor, TokensOnlyPredictor
+
+    profile = ctx.require_profile("predictive")
+    kinds = {"alp": ALPPredictor, "tokens": TokensOnlyPredictor}
+    if (arg or "alp") not in kinds:
+        raise ValueError(f"predictive predictor must be one of {', '.join(kinds)}, got {arg!r}")
+    policy = PredictiveChunkPolicy.from_profile(profile)
+    policy.predictor = kinds[arg or "alp"].from_profile(profile)
+    return policy
+
+
 POLICIES: dict[str, PolicyInfo] = {
     "static": PolicyInfo(_static, "fixed chunk size (SGLang --chunked-prefill-size)", "tokens"),
+    "greedy": PolicyInfo(
+        lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=arg or "mean")),
+        "feedback controller (PAPER.md 3.1)",
+        "statistic: mean | p90",
+    ),
+    "predictive": PolicyInfo(
+        _predictive, "ALP predictor + smallest feasible chunk (PAPER.md 3.2)", "predictor: alp | tokens"
+    ),
+    "upstream": PolicyInfo(
+        build_upstream, "SGLang 0.5.23 --enable-dynamic-chunking baseline", "static chunk tokens"
+    ),
 }
 
 BALANCERS: dict[str, PolicyInfo] = {
-    "none": PolicyInfo(lambda arg, cfg: NoBalancer(), "never move decodes between microbatches"),
+    "none": PolicyInfo(lambda arg, ctx: NoBalancer(), "never move decodes between microbatches"),
+    "ds": PolicyInfo(
+        lambda arg, ctx: DelayScheduler(DelayConfig(mode=arg or "auto")),
+        "delay scheduling: park decodes just above a tile boundary (PAPER.md 4)",
+        "mode: auto | tpot_first | e2e_first",
+    ),
 }
 
 
-def make_policies(spec: str, config: SchedulerConfig) -> tuple[ChunkPolicy, DecodeBalancer]:
+def make_policies(
+    spec: str, config: SchedulerConfig, profile: Profile | None = None
+) -> tuple[ChunkPolicy, DecodeBalancer]:
     """Build the (chunk policy, balancer) pair a spec like ``static:2048`` names."""
+    ctx = PolicyContext(config, profile)
     parts = [p.strip() for p in spec.split("+")]
     if not parts[0]:
         raise ValueError(f"empty policy spec {spec!r}")
-    chunk_policy = _build(POLICIES, "chunk policy", parts[0], config)
-    balancer = _build(BALANCERS, "balancer", parts[1], config) if len(parts) > 1 else NoBalancer()
+    chunk_policy = _build(POLICIES, "chunk policy", parts[0], ctx)
+    balancer = _build(BALANCERS, "balancer", parts[1], ctx) if len(parts) > 1 else NoBalancer()
     if len(parts) > 2:
         raise ValueError(f"policy spec {spec!r} has more than one '+'")
     return chunk_policy, balancer  # type: ignore[return-value]
 
 
-def _build(table: dict[str, PolicyInfo], kind: str, part: str, config: SchedulerConfig) -> object:
+def _build(table: dict[str, PolicyInfo], kind: str, part: str, ctx: PolicyContext) -> object:
     name, _, arg = part.partition(":")
     info = table.get(name)
     if info is None:
         raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
     if arg and not info.argument:
         raise ValueError(f"{kind} {name!r} takes no argument, got {arg!r}")
-    return info.build(arg or None, config)
+    return info.build(arg or None, ctx)
