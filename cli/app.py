@@ -50,7 +50,7 @@ def simulate(
     data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
-    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]")] = None,
     profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
@@ -161,15 +161,18 @@ def workloads(
 @app.command()
 def policies() -> None:
     """List the chunk policies and decode balancers a --policy spec can name."""
+    from rich.table import Table
+
     from fastpp.policies import BALANCERS, POLICIES
 
-    console.print("[bold]chunk policies[/] (spec: NAME or NAME:ARG, then optionally +BALANCER)")
-    for name, info in POLICIES.items():
-        arg = f":{info.argument.upper()}" if info.argument else ""
-        console.print(f"  {name + arg:<24} {info.summary}")
-    console.print("[bold]decode balancers[/]")
-    for name, info in BALANCERS.items():
-        console.print(f"  {name:<24} {info.summary}")
+    for title, table_src in (("chunk policies", POLICIES), ("decode balancers (after +)", BALANCERS)):
+        table = Table(title=title, title_justify="left")
+        for col in ("name", "what it is", "optional :ARG"):
+            table.add_column(col)
+        for name, info in table_src.items():
+            table.add_row(name, info.summary, info.argument or "-")
+        console.print(table)
+    console.print("spec: NAME[:ARG][+BALANCER[:ARG]], e.g. static:512, greedy:p90, predictive+ds")
 
 
 @app.command()

@@ -51,7 +51,8 @@ def summary_table(summaries: Sequence[Mapping], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("metric", no_wrap=True)
     for s in summaries:
-        table.add_column(f"{s.get('deployment', '?')} ({s.get('policy', '')})", justify="right")
+        table.add_column(f"{s.get('deployment', '?')}\n{s.get('policy', '')}", justify="right",
+                         overflow="fold")
     for label, key, fmt in SUMMARY_ROWS:
         table.add_row(label, *(_cell(s, key, fmt) for s in summaries))
     return table

@@ -17,8 +17,11 @@ Probe rules (``slo_goodput``):
 - Pooling: the request records of all seeds are pooled before the percentiles are taken.
 - Failures: rejected, aborted and unfinished requests count as TTFT = infinity in the P90 (and as
   misses in attainment), so more than 10% of them fail the P90 criterion outright.
-- Length: unless ``num_requests`` is given, each seed gets max(300, ceil(120 s x rate)) requests,
-  so every probe covers at least 120 s of arrivals and the queue has time to show its trend.
+- Length: unless ``num_requests`` is given, each seed gets max(300, ceil(span x rate)) requests
+  with span = max(120 s, LIFETIMES x mean output length x SLO TPOT): every probe covers at
+  least 120 s of arrivals, and several lifetimes of a request that decodes at the SLO's pace,
+  so that a decode-heavy load (CNN-Reversed: ~880 output tokens, 3 minutes per request at
+  200 ms) has filled its KV cache and shows its real queue before the halves are compared.
 - Steady state: per seed, split the requests by arrival order into halves and pool the halves
   over seeds. If the second half's median TTFT exceeds the first half's by more than
   ``STEADY_GROWTH_RATIO`` x first-half median + ``STEADY_SLACK_SLO_FRAC`` x TTFT SLO, the queue
@@ -43,6 +46,7 @@ from fastpp.types import SLO, FinishReason, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
 ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
+LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
 STEADY_GROWTH_RATIO = 0.5  # allowed rise of the second-half median TTFT, relative to the first
 STEADY_SLACK_SLO_FRAC = 0.1  # plus this share of the TTFT SLO (absolute floor against noise)
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
@@ -242,6 +246,14 @@ def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> Ste
     return SteadyState(med1, med2, stationary)
 
 
+def probe_span_s(workload: WorkloadConfig, slo: SLO, samples: int = 4000) -> float:
+    """Seconds of arrivals a probe covers: max(120 s, LIFETIMES x mean output x SLO TPOT), the
+    mean output estimated from ``samples`` lengths of the workload (seeded, deterministic)."""
+    lengths = replace(workload, rate=None, num_requests=samples, duration_s=None, seed=0)
+    mean_output = sum(r.output_len for r in lengths.requests()) / samples
+    return max(ARRIVAL_SPAN_S, LIFETIMES * mean_output * slo.tpot_s)
+
+
 def slo_goodput(
     workload: WorkloadConfig,
     deployment: DeploymentConfig,
@@ -262,7 +274,7 @@ def slo_goodput(
     judges the pooled records: ``"p90"`` = the paper's P90 TTFT and P90 TPOT test against
     ``deployment.slo``; ``"attainment"`` = at least ``attainment`` of all requests meet both
     objectives themselves. Arrivals follow ``workload.arrival`` (Poisson by default).
-    ``num_requests`` per seed; None = max(300, ceil(120 s x rate)).
+    ``num_requests`` per seed; None = the module's length rule (:func:`probe_span_s`).
     """
     if workload.replay is not None:
         raise ValueError("goodput needs synthetic arrivals at a chosen rate, not a replayed trace")
@@ -275,9 +287,10 @@ def slo_goodput(
     if num_requests is not None and num_requests < 2:
         raise ValueError(f"num_requests must be >= 2, got {num_requests}")
     slo = deployment.slo
+    span_s = probe_span_s(workload, slo)
 
     def judge(rate: float) -> ProbeResult:
-        n = num_requests or max(MIN_REQUESTS, math.ceil(ARRIVAL_SPAN_S * rate))
+        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
         runs = [
             run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
                            deployment, record_iterations=False).result.records

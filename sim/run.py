@@ -19,9 +19,10 @@ from fastpp.workloads import make_requests, replay_requests
 _DEPLOYMENT = re.compile(r"^(?:pp(?P<pp>\d+))?(?:tp(?P<tp>\d+))?$")
 
 # What `fastpp simulate` compares when no deployment is named: TP=4 and PP=4 at SGLang's default
-# chunk, and PP=4 with a smaller static chunk (the paper's point: untuned PP can lose to TP on
-# PCIe, a tuned PP beats it).
-DEFAULT_COMPARISON: tuple[str, ...] = ("tp4", "pp4", "pp4@static:512")
+# chunk, PP=4 with the best static chunk for this workload (512, found by
+# benchmarks/policy_goodput.py), and PP=4 with the predictive chunk policy. The paper's points:
+# untuned PP can lose to TP on PCIe, tuned PP beats it, the predictive policy cuts TPOT further.
+DEFAULT_COMPARISON: tuple[str, ...] = ("tp4", "pp4", "pp4@static:512", "pp4@predictive")
 
 
 def parse_deployment(text: str) -> tuple[int, int, str | None]:
