@@ -140,6 +140,60 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
 
 
 @app.command()
+def goodput(
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution. [default: azure-conv]")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment(s), e.g. pp4@predictive; repeat to compare. [default: pp4]")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]")] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per probe (0..N-1), records pooled.")] = 2,
+    precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
+    low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 0.5,
+    high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed per probe. [default: enough arrivals for a steady queue]")] = None,
+    attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
+    slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms.")] = 2000.0,
+    slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms.")] = 200.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
+    from fastpp.sim.goodput import slo_goodput
+    from fastpp.sim.output import _json_safe
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+    from fastpp.types import SLO
+
+    try:
+        wl = WorkloadConfig(**_given(WorkloadConfig, name=workload))
+        base = DeploymentConfig(**_given(DeploymentConfig, model=model, gpu=gpu, policy=policy),
+                                slo=SLO(slo_ttft_ms / 1e3, slo_tpot_ms / 1e3))
+        deployments = [base.with_parallel(*parse_deployment(d)) for d in (deploy or ["pp4"])]
+        if seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    results = []
+    for dep in deployments:
+        if not as_json:
+            err_console.print(f"[bold]{dep.label} {dep.policy}[/]: searching ...")
+        try:
+            res = slo_goodput(
+                wl, dep, seeds=tuple(range(seeds)), num_requests=num_requests, precision=precision,
+                low=low, high=high, criterion="p90" if attainment is None else "attainment",
+                attainment=attainment or 0.9,
+                progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
+            )
+        except ValueError as exc:
+            _fail(f"{dep.label}: {exc}")
+            return
+        results.append({"deployment": dep.label, "policy": dep.policy, **res.to_dict()})
+        if not as_json:
+            console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
+    if as_json:
+        console.print_json(json.dumps(_json_safe(results)))
+
+
+@app.command()
 def workloads(
     data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces.")] = None,
     samples: Annotated[int, typer.Option(help="Samples drawn per workload for the statistics.")] = 20000,

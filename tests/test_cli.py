@@ -94,3 +94,20 @@ def test_workloads_and_policies_listings():
     assert res.exit_code == 0 and "azure-conv" in res.output and "cnn-reversed-synthetic" in res.output
     res = invoke("policies")
     assert res.exit_code == 0 and "static" in res.output
+
+
+def test_goodput_command_reports_a_rate_and_its_probes():
+    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
+                 "--seeds", "1", "--precision", "2", "-n", "120", "--json")
+    assert res.exit_code == 0, res.output
+    (result,) = json.loads(res.stdout)
+    assert result["goodput"] > 0 and result["probes"]
+    assert result["policy"] == "static:512"
+
+
+def test_goodput_with_an_impossible_slo_reports_zero_and_why():
+    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
+                 "--seeds", "1", "-n", "60", "--slo-tpot-ms", "1", "--low", "1", "--json")
+    assert res.exit_code == 0, res.output
+    (result,) = json.loads(res.stdout)
+    assert result["goodput"] == 0 and "TPOT" in result["reason"]
