@@ -34,6 +34,7 @@ from fastpp.predictor_fit import (
     DEPLOYMENT_KEYS,
     PREDICTOR_SCHEMA_VERSION,
     alp_prior,
+    apply_params,
     as_features,
     as_targets,
     bottleneck_table,
@@ -167,20 +168,8 @@ class _OnlinePredictor:
         """Change constructor parameters; unknown names and invalid values raise ValueError and
         leave the predictor unchanged. Learned coefficients are kept (in unscaled units when
         the feature scales change, which also resets the covariance)."""
-        old = self.get_params()
-        unknown = sorted(set(params) - set(old))
-        if unknown:
-            raise ValueError(f"{type(self).__name__}: unknown parameter(s) {unknown}; "
-                             f"valid: {sorted(old)}")
         coef, scales = self._w, self._scales()
-        for key, value in params.items():
-            setattr(self, key, value)
-        try:
-            self._validate()
-        except ValueError:
-            for key, value in old.items():
-                setattr(self, key, value)
-            raise
+        apply_params(self, params)
         if self._scales() != scales:
             self._theta = [c / s for c, s in zip(coef, self._scales(), strict=True)]
             self.reset()
@@ -249,6 +238,15 @@ class _OnlinePredictor:
     def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
                   sum_dec_ctx: float, duration_s: float) -> float:
         raise NotImplementedError
+
+    def _screened(self, error: float, pred: float) -> float | None:
+        """The error to learn from: itself for an inlier (or with outlier="none"), else what
+        :meth:`_on_outlier` says."""
+        limit = self.outlier_ratio * (pred if pred > MIN_PREDICTION_S else MIN_PREDICTION_S)
+        if -limit <= error <= limit or self.outlier == "none":
+            self._outlier_run = 0
+            return error
+        return self._on_outlier(error, limit)
 
     def _on_outlier(self, error: float, limit: float) -> float | None:
         """Error to learn from for a sample with ``|error| > limit``: None to skip it, ``limit``
@@ -370,13 +368,9 @@ class ALPPredictor(_OnlinePredictor):
         t0, t1, t2, t3 = self._theta
         pred = self._table_at(num_tokens) + t0 * x0 + t1 * x1 + t2 * x2 + t3 * x3
         error = duration_s - pred
-        limit = self.outlier_ratio * (pred if pred > MIN_PREDICTION_S else MIN_PREDICTION_S)
-        if -limit <= error <= limit or self.outlier == "none":
-            e, self._outlier_run = error, 0
-        else:
-            e = self._on_outlier(error, limit)
-            if e is None:  # skipped
-                return error
+        e = self._screened(error, pred)
+        if e is None:  # skipped outlier
+            return error
         p00, p01, p02, p03, p11, p12, p13, p22, p23, p33 = self._P
         q0 = p00 * x0 + p01 * x1 + p02 * x2 + p03 * x3
         q1 = p01 * x0 + p11 * x1 + p12 * x2 + p13 * x3
@@ -437,13 +431,9 @@ class TokensOnlyPredictor(_OnlinePredictor):
             raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
         pred = self._table_at(num_tokens) + self._theta[0]
         error = duration_s - pred
-        limit = self.outlier_ratio * (pred if pred > MIN_PREDICTION_S else MIN_PREDICTION_S)
-        if -limit <= error <= limit or self.outlier == "none":
-            e, self._outlier_run = error, 0
-        else:
-            e = self._on_outlier(error, limit)
-            if e is None:
-                return error
+        e = self._screened(error, pred)
+        if e is None:  # skipped outlier
+            return error
         lam = self.forgetting_factor
         p = self._P[0]
         g = p / (lam + p)

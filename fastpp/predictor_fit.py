@@ -92,6 +92,24 @@ def solve_rls_batch(phi: np.ndarray, residual: np.ndarray, prior: np.ndarray,
     return theta, (cov + cov.T) / 2.0
 
 
+def apply_params(estimator: Any, params: dict[str, Any]) -> None:
+    """sklearn-style ``set_params``: reject unknown names, set the rest, and roll every value
+    back if the estimator's ``_validate()`` refuses the new combination."""
+    old = estimator.get_params()
+    unknown = sorted(set(params) - set(old))
+    if unknown:
+        raise ValueError(f"{type(estimator).__name__}: unknown parameter(s) {unknown}; "
+                         f"valid: {sorted(old)}")
+    for key, value in params.items():
+        setattr(estimator, key, value)
+    try:
+        estimator._validate()
+    except ValueError:
+        for key, value in old.items():
+            setattr(estimator, key, value)
+        raise
+
+
 # --------------------------------------------------------------------------- profile prior
 
 

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from fastpp.predictor_fit import as_features, as_targets
+from fastpp.predictor_fit import apply_params, as_features, as_targets
 from fastpp.profile import LinearTable
 from fastpp.types import IterationRecord
 
@@ -105,18 +105,7 @@ class SklearnPredictor:
     def set_params(self, **params: Any) -> Self:
         """Change parameters (unknown names raise ValueError). The fitted model is kept until
         the next (re)fit; the buffer keeps its newest samples if ``buffer_size`` shrinks."""
-        old = self.get_params()
-        unknown = sorted(set(params) - set(old))
-        if unknown:
-            raise ValueError(f"SklearnPredictor: unknown parameter(s) {unknown}; valid: {sorted(old)}")
-        for key, value in params.items():
-            setattr(self, key, value)
-        try:
-            self._validate()
-        except ValueError:
-            for key, value in old.items():
-                setattr(self, key, value)
-            raise
+        apply_params(self, params)
         self._buf_x = deque(self._buf_x, maxlen=self.buffer_size)
         self._buf_y = deque(self._buf_y, maxlen=self.buffer_size)
         return self
