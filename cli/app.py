@@ -254,6 +254,21 @@ def profile(
                   f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}")
 
 
+def _register_subcommands() -> None:
+    """Commands defined in their own modules add themselves to ``app`` on import."""
+    import importlib
+
+    for name in ("fastpp.cli.sweep_cmd", "fastpp.cli.plot_cmd"):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real missing dependency inside the module
+                raise
+
+
+_register_subcommands()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app()
