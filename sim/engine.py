@@ -18,6 +18,8 @@ Units: seconds of virtual time.
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -80,6 +82,8 @@ class PipelineSimulation:
         *,
         record_iterations: bool = True,
         max_time_s: float | None = None,
+        noise_cv: float = 0.0,
+        noise_seed: int = 0,
     ) -> None:
         if scheduler.config.num_slots != profile.pp:
             raise ValueError(
@@ -90,6 +94,12 @@ class PipelineSimulation:
         self.requests = sorted(requests, key=lambda r: (r.arrived_at, r.req_id))
         self.record_iterations = record_iterations
         self.max_time_s = max_time_s
+        if not 0.0 <= noise_cv < 1.0:
+            raise ValueError(f"noise_cv must be in [0, 1), got {noise_cv!r}")
+        # Real stage times jitter around the cost model; noise_cv > 0 multiplies each stage
+        # time by a mean-one lognormal factor of that coefficient of variation (seeded).
+        self._noise_sigma = math.sqrt(math.log1p(noise_cv * noise_cv))
+        self._noise = random.Random(noise_seed)
         self.env = simpy.Environment()
         scheduler.clock = lambda: self.env.now
         self.stages = [_Stage() for _ in profile.stages]
@@ -142,6 +152,10 @@ class PipelineSimulation:
                       plan.sum_dec_ctx)
             for st in self.profile.stages
         ]
+        sigma = self._noise_sigma
+        if sigma > 0:
+            gauss, mu = self._noise.gauss, -0.5 * sigma * sigma
+            costs = [c * math.exp(mu + sigma * gauss(0.0, 1.0)) for c in costs]
         self._enqueue(0, plan, self.env.now, costs)
 
     def _enqueue(self, i: int, plan: MicroBatchPlan, ready_at: float, costs: list[float]) -> None:

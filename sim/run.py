@@ -149,13 +149,14 @@ def run_simulation(
     record_iterations: bool = True,
     max_time_s: float | None = None,
     progress: ProgressFn | None = None,
+    noise_cv: float = 0.0,
 ) -> SimulationRun:
     """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
     reqs = workload.requests() if requests is None else requests
     profile = deployment.load_profile()
     scheduler = build_scheduler(profile, deployment)
     sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
-                             max_time_s=max_time_s)
+                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed)
     result = sim.run(progress)
     summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
                         request_rate=workload.rate if workload.replay is None else None)

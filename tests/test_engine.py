@@ -1,0 +1,63 @@
+"""The SimPy pipeline model: stage order, unequal stages, token return, noise, time limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_profile, make_requests, make_scheduler
+from fastpp.sim.engine import PipelineSimulation
+from fastpp.types import FinishReason, Request
+
+
+def simulate(pp=2, n=30, **kw):
+    profile = make_profile(pp=pp, num_layers=kw.pop("num_layers", 4))
+    sched = make_scheduler(None, num_slots=pp, kv_capacity_tokens=8192, default_chunk=64)
+    reqs = kw.pop("requests", None) or make_requests(n, prompt_len=40, output_len=6, gap_s=0.001)
+    return PipelineSimulation(profile, sched, reqs, **kw).run(), profile
+
+
+def test_a_microbatch_visits_stages_in_order_and_returns_after_the_token_hand_back():
+    result, profile = simulate(pp=3)
+    by_mb: dict[int, list] = {}
+    for it in result.iterations:
+        by_mb.setdefault(it.mb_id, []).append(it)
+    for its in by_mb.values():
+        assert [i.stage for i in its] == [0, 1, 2]
+        assert all(a.finished_at <= b.started_at for a, b in zip(its, its[1:], strict=False))
+    first = min(result.records, key=lambda r: r.first_token_at)
+    last_stage_end = min(i.finished_at for i in result.iterations if i.stage == 2)
+    assert first.first_token_at == pytest.approx(last_stage_end + profile.token_return_s)
+
+
+def test_uneven_layers_make_uneven_stages():
+    result, profile = simulate(pp=3, num_layers=7)
+    assert [s.num_layers for s in profile.stages] == [3, 2, 2]
+    assert result.stage_busy_s[0] > result.stage_busy_s[1]
+
+
+def test_single_stage_has_no_token_return_and_never_idles_between_back_to_back_batches():
+    result, profile = simulate(pp=1, requests=[Request(0, 0.0, 40, 3)])
+    (rec,) = result.records
+    its = sorted(result.iterations, key=lambda i: i.started_at)
+    assert rec.first_token_at == pytest.approx(its[0].finished_at)
+
+
+def test_noise_is_seeded_mean_one_and_changes_timing_not_tokens():
+    a, _ = simulate(noise_cv=0.05, noise_seed=1)
+    b, _ = simulate(noise_cv=0.05, noise_seed=1)
+    c, _ = simulate(noise_cv=0.0)
+    assert [r.token_times for r in a.records] == [r.token_times for r in b.records]
+    assert [r.token_times for r in a.records] != [r.token_times for r in c.records]
+    assert [r.num_generated for r in a.records] == [r.num_generated for r in c.records]
+    assert a.stage_busy_s[0] == pytest.approx(c.stage_busy_s[0], rel=0.1)
+    with pytest.raises(ValueError, match="noise_cv"):
+        simulate(noise_cv=1.5)
+
+
+def test_time_limit_aborts_what_is_left_with_a_reason():
+    result, _ = simulate(n=200, max_time_s=0.05)
+    reasons = {r.finish_reason for r in result.records}
+    assert FinishReason.ABORTED in reasons
+    aborted = [r for r in result.records if r.finish_reason is FinishReason.ABORTED]
+    assert all("time limit" in r.detail for r in aborted)
+    assert len(result.records) == 200 and result.notes
