@@ -16,9 +16,10 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from fastpp.decode_slots import DecodeSlots
 from fastpp.kv_pool import KVPool
 from fastpp.live_request import LiveRequest
-from fastpp.plan import BalancePlan, MicroBatchPlan, PrefillChunk
+from fastpp.plan import MicroBatchPlan, PrefillChunk
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
 from fastpp.scheduler_config import SchedulerConfig, Signals
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
@@ -48,9 +49,11 @@ class Scheduler:
         n = config.num_slots
         self.waiting: deque[LiveRequest] = deque()
         self.chunked: LiveRequest | None = None
-        self.running: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.slot_ctx_sum: list[int] = [0] * n  # sum of ctx_len over running[slot]
-        self.parked: dict[int, LiveRequest] = {}
+        self.slots = DecodeSlots(n)
+        # aliases of the slot structures (same objects), read on hot paths and by the view
+        self.running = self.slots.running
+        self.slot_ctx_sum = self.slots.ctx_sum  # sum of ctx_len over running[slot]
+        self.parked = self.slots.parked
         self.in_flight: list[MicroBatchPlan | None] = [None] * n
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
         self.live: dict[int, LiveRequest] = {}  # every admitted, unfinished request by id
@@ -131,7 +134,7 @@ class Scheduler:
         if not decodes and not prefill:
             if self.parked and not any(self.in_flight):
                 # liveness: parking must never leave the pipeline idle with requests held back
-                self._restore_parked(slot, budget)
+                self.slots.restore_longest_parked(slot, budget)
                 decodes = self._reserve_decode_kv(slot, self._pick_decodes(slot, budget))
             if not decodes:
                 return None
@@ -144,48 +147,11 @@ class Scheduler:
             plan = self.balancer.plan(self.view, slot)
             if plan.is_noop:
                 return
-            self._check_balance(plan, slot)
+            self.slots.check(plan, slot)
         except Exception as exc:  # a policy must never take the engine down
             self._policy_failed("balancer", exc)
             return
-        park = set(plan.park_ids)
-        if park:
-            keep = []
-            for r in self.running[slot]:
-                if r.req_id in park:
-                    r.parked_at = self.now
-                    r.rec.num_parked += 1
-                    r.slot = -1
-                    self.slot_ctx_sum[slot] -= r.ctx_len
-                    self.parked[r.req_id] = r
-                else:
-                    keep.append(r)
-            self.running[slot] = keep
-        for rid in plan.restore_ids:
-            self._unpark(self.parked[rid], slot)
-
-    def _unpark(self, r: LiveRequest, slot: int) -> None:
-        del self.parked[r.req_id]
-        r.parked_at = None
-        self._join_slot(r, slot)
-
-    def _restore_parked(self, slot: int, budget: int) -> None:
-        """Bring back up to ``budget`` parked requests, longest parked first."""
-        for r in list(self.parked.values())[:budget]:
-            self._unpark(r, slot)
-
-    def _check_balance(self, plan: BalancePlan, slot: int) -> None:
-        ids = {r.req_id for r in self.running[slot]}
-        for rid in plan.park_ids:
-            if rid not in ids:
-                raise ValueError(f"balancer parks request {rid}, not a decode of slot {slot}")
-        for rid in plan.restore_ids:
-            if rid not in self.parked:
-                raise ValueError(f"balancer restores request {rid}, which is not parked")
-        if len(set(plan.park_ids)) != len(plan.park_ids) or set(plan.park_ids) & set(
-            plan.restore_ids
-        ):
-            raise ValueError("balancer plan repeats a request")
+        self.slots.apply(plan, slot, self.now)
 
     def _choose_chunk(self) -> tuple[int, str]:
         try:
@@ -238,7 +204,7 @@ class Scheduler:
 
     def _retract(self, r: LiveRequest) -> None:
         """Free a running request's KV and queue it again at the front (recomputed later)."""
-        self._leave_slot(r)
+        self.slots.leave(r)
         self.kv.release(r.kv_tokens)
         r.kv_tokens = 0
         self.remaining_decode_tokens -= r.remaining_output
@@ -400,7 +366,7 @@ class Scheduler:
                 reason = FinishReason.STOP if c.req_id in stop_ids else FinishReason.LENGTH
                 self._finish(r, reason)
             else:
-                self._join_slot(r, slot)
+                self.slots.join(r, slot)
 
     def observe(self, rec: IterationRecord) -> None:
         """Forward an executor's stage-iteration record to the policies (errors contained)."""
@@ -411,21 +377,10 @@ class Scheduler:
                 self._policy_failed(f"{name}.observe", exc)
 
     # ------------------------------------------------------------------ state helpers
-    def _join_slot(self, r: LiveRequest, slot: int) -> None:
-        r.slot = slot
-        self.running[slot].append(r)
-        self.slot_ctx_sum[slot] += r.ctx_len
-
-    def _leave_slot(self, r: LiveRequest) -> None:
-        if r.slot >= 0:
-            self.running[r.slot].remove(r)
-            self.slot_ctx_sum[r.slot] -= r.ctx_len
-            r.slot = -1
-
     def _detach(self, r: LiveRequest) -> None:
         """Take ``r`` out of whichever structure holds it and free its KV."""
         if r.slot >= 0:
-            self._leave_slot(r)
+            self.slots.leave(r)
         elif r.req_id in self.parked:
             del self.parked[r.req_id]
         elif r is self.chunked:

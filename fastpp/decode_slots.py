@@ -1,0 +1,77 @@
+"""The D_p running decode sets of a pipeline, their ALP aggregates, and the parked set."""
+
+from __future__ import annotations
+
+from fastpp.live_request import LiveRequest
+from fastpp.plan import BalancePlan
+
+
+class DecodeSlots:
+    """Which slot each decoding request belongs to, and which are parked (held back).
+
+    Invariants: a request is in at most one running list or in ``parked``, never both;
+    ``ctx_sum[s]`` is the sum of ``ctx_len`` over ``running[s]`` (parked ones excluded);
+    ``r.slot`` is the index of the list holding ``r``, -1 otherwise. Each running list is in
+    join order (oldest first); ``parked`` is in parking order (longest parked first).
+    """
+
+    __slots__ = ("running", "ctx_sum", "parked")
+
+    def __init__(self, num_slots: int) -> None:
+        self.running: list[list[LiveRequest]] = [[] for _ in range(num_slots)]
+        self.ctx_sum: list[int] = [0] * num_slots
+        self.parked: dict[int, LiveRequest] = {}
+
+    def join(self, r: LiveRequest, slot: int) -> None:
+        r.slot = slot
+        self.running[slot].append(r)
+        self.ctx_sum[slot] += r.ctx_len
+
+    def leave(self, r: LiveRequest) -> None:
+        """Take a running request out of its slot (no-op when it has none)."""
+        if r.slot >= 0:
+            self.running[r.slot].remove(r)
+            self.ctx_sum[r.slot] -= r.ctx_len
+            r.slot = -1
+
+    def check(self, plan: BalancePlan, slot: int) -> None:
+        """Raise ValueError unless ``plan`` parks only decodes of ``slot`` and restores only
+        parked requests, each request at most once."""
+        ids = {r.req_id for r in self.running[slot]}
+        for rid in plan.park_ids:
+            if rid not in ids:
+                raise ValueError(f"balancer parks request {rid}, not a decode of slot {slot}")
+        for rid in plan.restore_ids:
+            if rid not in self.parked:
+                raise ValueError(f"balancer restores request {rid}, which is not parked")
+        park = set(plan.park_ids)
+        if len(park) != len(plan.park_ids) or park & set(plan.restore_ids):
+            raise ValueError("balancer plan repeats a request")
+
+    def apply(self, plan: BalancePlan, slot: int, now: float) -> None:
+        """Park and restore as a checked ``plan`` says; restored requests join ``slot``."""
+        park = set(plan.park_ids)
+        if park:
+            keep = []
+            for r in self.running[slot]:
+                if r.req_id in park:
+                    r.parked_at = now
+                    r.rec.num_parked += 1
+                    r.slot = -1
+                    self.ctx_sum[slot] -= r.ctx_len
+                    self.parked[r.req_id] = r
+                else:
+                    keep.append(r)
+            self.running[slot] = keep
+        for rid in plan.restore_ids:
+            self.unpark(self.parked[rid], slot)
+
+    def unpark(self, r: LiveRequest, slot: int) -> None:
+        del self.parked[r.req_id]
+        r.parked_at = None
+        self.join(r, slot)
+
+    def restore_longest_parked(self, slot: int, limit: int) -> None:
+        """Bring back up to ``limit`` parked requests into ``slot``, longest parked first."""
+        for r in list(self.parked.values())[:limit]:
+            self.unpark(r, slot)
