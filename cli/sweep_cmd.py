@@ -1,0 +1,155 @@
+"""``fastpp sweep``: run a grid of simulations or goodput searches into one tidy table.
+
+Axes come from repeatable options, each value also a comma list (``-r 1,2 -r 4``), and from a
+``--grid FILE.toml`` whose keys are the option names; an option given on the command line
+replaces that key of the file. Defaults live in ``SweepGrid`` and the executors.
+"""
+
+# ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from fastpp.cli.app import _fail, app, console, err_console
+
+if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
+    from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
+
+# Columns the result table shows per metric (all columns are in results.csv).
+_SHOWN = {
+    "simulate": ("p90_ttft_ms", "p90_tpot_ms", "output_throughput", "slo_attainment", "slo_met"),
+    "goodput": ("goodput", "margin", "attainment", "num_probes"),
+    "best-static": ("goodput", "margin", "attainment", "num_candidates"),
+}
+_AXES_SHOWN = ("metric", "workload", "model", "gpu", "deploy", "policy", "chunk", "slo_scale", "rate", "seeds")
+
+
+@app.command()
+def sweep(
+    workload: Annotated[list[str] | None, typer.Option("--workload", "-w", help="Workload axis (repeat or comma list). [default: azure-conv]")] = None,
+    policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Policy axis, e.g. static:512,predictive. [default: static:2048]")] = None,
+    rate: Annotated[list[str] | None, typer.Option("--rate", "-r", help="Rate axis, req/s (metric simulate only). [default: 4.0]")] = None,
+    chunk: Annotated[list[str] | None, typer.Option("--chunk", help="Static chunk axis: adds static:N policies; with --best-static, the candidates. [default for best-static: 128..2048 step 128]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment axis: pp4, tp4, pp2tp2 (pp4@POLICY pins a policy). [default: pp4]")] = None,
+    gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU axis. [default: A100-40GB-PCIe]")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model axis. [default: Qwen2.5-32B]")] = None,
+    slo_scale: Annotated[list[str] | None, typer.Option("--slo-scale", help="SLO scale axis: factors on the base SLO. [default: 1]")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="What each point computes: simulate, goodput or best-static. [default: simulate]")] = None,
+    best_static: Annotated[bool, typer.Option("--best-static", help="Find the static chunk with the highest goodput per workload/deployment/GPU/model/SLO scale.")] = False,
+    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds 0..N-1: one simulate row each, pooled per goodput probe. [default: 1 for simulate, 2 for goodput]")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed (per probe for goodput). [default: 1000 / the goodput length rule]")] = None,
+    precision: Annotated[float | None, typer.Option("--precision", help="Goodput bracket width, req/s. [default: 0.1]")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="Base TTFT SLO in ms, before --slo-scale. [default: 2000]")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="Base TPOT SLO in ms, before --slo-scale. [default: 200]")] = None,
+    grid: Annotated[Path | None, typer.Option("--grid", help="TOML file with any of these options as keys (lists for axes).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes for --executor process. [default: CPU count]")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="process, serial or ray.")] = "process",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join; 'auto' falls back to a local instance. [default: auto]")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")] = Path("runs/sweep"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result rows as JSON.")] = False,
+) -> None:
+    """Sweep a grid of points in parallel; resumes from the rows already in --out."""
+    from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
+
+    try:
+        values: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
+        values.update({k: v for k, v in {
+            "workload": _split(workload), "policy": _split(policy),
+            "rate": _split(rate, float, "--rate"), "chunk": _split(chunk, int, "--chunk"),
+            "deploy": _split(deploy), "gpu": _split(gpu), "model": _split(model),
+            "slo_scale": _split(slo_scale, float, "--slo-scale"), "metric": metric,
+            "best_static": best_static or None, "seeds": seeds, "num_requests": num_requests,
+            "precision": precision, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+        }.items() if v is not None})
+        runner = make_executor(executor, workers=workers, ray_address=ray_address)
+        plan = plan_sweep(grid_from_mapping(values), out)
+    except (ValueError, OSError, ImportError) as exc:
+        _fail(str(exc))
+        return
+    for note in plan.notes:
+        err_console.print(f"[yellow]{note}[/]")
+    try:
+        result = _execute(plan, runner, quiet=as_json or not sys.stderr.isatty())
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        from fastpp.sim.output import _json_safe
+
+        print(json.dumps(_json_safe({
+            "out_dir": str(out), "num_points": result.num_points, "num_run": result.num_run,
+            "num_skipped": result.num_skipped, "rows": result.rows,
+        })))
+        return
+    console.print(_results_table(result.rows, f"sweep: {result.num_points} points, "
+                                 f"{result.num_run} run, {result.num_skipped} resumed"))
+    for row in result.best_static:
+        group = f"{row['workload']} {row['model']} on {row['gpu']} {row['deploy']} SLO x{row['slo_scale']:g}"
+        if row["chunk"] is None:
+            console.print(f"best static chunk for {group}: none ({row['reason']})")
+        else:
+            console.print(f"best static chunk for {group}: [bold]{row['chunk']}[/] "
+                          f"(goodput {row['goodput']:.4g} req/s of {row['num_candidates']} candidates)")
+    console.print(f"table in {result.jsonl_path} and {result.csv_path}")
+
+
+def _split(values: list[str] | None, convert: Callable[[str], Any] = str, option: str = "") -> list[Any] | None:
+    """Repeated options and comma lists as one list (None when not given; [] when given empty)."""
+    if values is None:
+        return None
+    items = [v.strip() for text in values for v in text.split(",") if v.strip()]
+    try:
+        return [convert(v) for v in items]
+    except ValueError:
+        bad = next(v for v in items if not _converts(convert, v))
+        raise ValueError(f"{option} takes {convert.__name__} values, got {bad!r}") from None
+
+
+def _converts(convert: Callable[[str], Any], text: str) -> bool:
+    try:
+        convert(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _execute(plan: SweepPlan, runner: PointExecutor, *, quiet: bool) -> SweepResult:
+    """Run the plan under a progress bar over points (stderr; hidden when ``quiet``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpp.sim.sweep import execute_plan
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+        task = bar.add_task("sweep points", total=len(plan.todo))
+        return execute_plan(plan, runner, lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _results_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    """The axes that vary across ``rows`` and the key metrics of the metrics present."""
+    axes = [c for c in _AXES_SHOWN if len({str(r.get(c)) for r in rows}) > 1] or ["deploy", "policy"]
+    metrics = list(dict.fromkeys(c for m in dict.fromkeys(r["metric"] for r in rows) for c in _SHOWN[m]))
+    table = Table(title=title, title_justify="left")
+    for col in axes + metrics:
+        table.add_column(col, justify="left" if col in axes else "right", overflow="fold")
+    for row in rows:
+        style = "bold green" if row["metric"] == "best-static" else None
+        table.add_row(*(_fmt(row.get(c)) for c in axes + metrics), style=style)
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.4g}"
+    return str(value)
