@@ -1,0 +1,36 @@
+"""``fastpp plot``: figures of a simulate folder, a sweep table or goodput JSON (adds itself to
+the app on import; matplotlib is loaded only when the command runs)."""
+
+# ruff: noqa: E501  (Typer's Annotated option declarations read best one per line, as in app.py)
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fastpp.cli.app import _fail, app, console
+from fastpp.sim.plot_inputs import PlotKind
+
+
+@app.command()
+def plot(
+    results: Annotated[Path, typer.Argument(help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), or a `fastpp goodput --json` file.", show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: plots/ inside RESULTS, or beside a file).")] = None,
+    kind: Annotated[PlotKind, typer.Option("--kind", "-k", help="auto makes every figure the data supports. Sweeps and goodput JSON: goodput, rate, slo; simulate folders: cdf, chunk, timeline.")] = "auto",
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO line in ms (default: the data's slo_ttft_ms).")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO line in ms (default: the data's slo_tpot_ms).")] = None,
+) -> None:
+    """Draw paper-style figures (PNG and SVG) of simulation, sweep or goodput results."""
+    from fastpp.sim.plot_inputs import PlotInputError
+
+    try:
+        from fastpp.sim.plot_report import plot_results
+
+        paths = plot_results(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    except (PlotInputError, ImportError, OSError) as exc:
+        _fail(str(exc))
+        return
+    for path in paths:
+        console.print(str(path), soft_wrap=True, highlight=False, markup=False)

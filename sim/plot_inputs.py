@@ -1,0 +1,227 @@
+"""Reading results for plotting: simulate folders, sweep tables, goodput JSON, as plain row dicts.
+
+Scenario: ``fastpp plot`` (and notebooks) get a path and must know what it holds without the
+objects that wrote it. Three recognised inputs, found by their file layout, not their names:
+
+- a ``fastpp simulate`` folder: ``summary.json`` and/or ``<run_id>_summary.json`` per run, with
+  ``<run_id>_requests.jsonl`` (``RequestRecord.to_dict`` rows) and ``<run_id>_iterations.csv``;
+- a sweep table: ``results.jsonl`` or ``results.csv`` (one row per grid point: axis columns such
+  as workload, policy, deployment, rate, slo_scale and metric columns such as goodput,
+  p90_ttft_ms), or a folder holding one;
+- ``fastpp goodput --json`` output: a list of ``{deployment, policy, goodput, probes: [...]}``.
+
+Rows stay dicts so that columns added later pass through; every reader of a metric goes through
+:func:`num`, which turns a missing, empty or non-numeric cell into NaN. No matplotlib here.
+Units are those of the files: timestamps in seconds, latencies in ms.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Row = Mapping[str, Any]
+SourceKind = Literal["run_dir", "sweep", "goodput"]
+PlotKind = Literal["auto", "goodput", "rate", "cdf", "chunk", "timeline", "slo"]  # figure families
+
+# Columns that name a system (one bar / line each): simulate summaries and goodput JSON say
+# "deployment", sweep tables "deploy"; a row has one of the two.
+SERIES_KEYS = ("deployment", "deploy", "policy")
+RESULTS_NAMES = ("results.jsonl", "results.csv")  # what a sweep folder holds, in preference order
+
+
+class PlotInputError(ValueError):
+    """A path that holds no recognised result, or a plot kind its data cannot make."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    """One deployment of a ``fastpp simulate`` folder."""
+
+    run_id: str  # file prefix, e.g. ``pp4-static-512``
+    summary: dict[str, Any]
+    requests: list[dict[str, Any]] = field(default_factory=list)  # RequestRecord.to_dict rows
+    iterations: list[dict[str, Any]] = field(default_factory=list)  # IterationRecord rows
+
+    @property
+    def label(self) -> str:
+        return system_label(self.summary) or self.run_id
+
+
+# ---- cells and rows ------------------------------------------------------------------------------
+
+
+def num(row: Row, key: str) -> float:
+    """``row[key]`` as a float; NaN when missing, empty, boolean or not a number."""
+    value = row.get(key)
+    if value is None or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def system_label(row: Row, keys: Sequence[str] = SERIES_KEYS) -> str:
+    """The system a row belongs to: its ``system`` column, else the values of the given columns
+    joined (``pp4 static:512``); "" when it has none of them."""
+    if row.get("system") not in (None, ""):
+        return str(row["system"])
+    return " ".join(unique(str(row[k]) for k in keys if row.get(k) not in (None, "")))
+
+
+def unique(values: Iterable[Any]) -> list[Any]:
+    """Distinct values in order of first appearance (the order plots use for series)."""
+    return list(dict.fromkeys(values))
+
+
+def varies(rows: Sequence[Row], key: str) -> bool:
+    """True iff ``key`` takes more than one value over the rows that have it."""
+    return len({_hashable(r[key]) for r in rows if r.get(key) not in (None, "")}) > 1
+
+
+def has_values(rows: Sequence[Row], key: str) -> bool:
+    """True iff some row holds a number under ``key``."""
+    return any(not math.isnan(num(r, key)) for r in rows)
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell as the JSON reader would give it: None, bool, int, float or str."""
+    if text == "":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return [{k: _cell(v or "") for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PlotInputError(f"{path}:{i}: not a JSON line ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise PlotInputError(f"{path}:{i}: expected a JSON object per line")
+        rows.append(row)
+    return rows
+
+
+# ---- loaders -------------------------------------------------------------------------------------
+
+
+def load_results(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a sweep table: ``results.jsonl`` / ``results.csv``, any ``.jsonl``/``.csv``, or a
+    folder holding ``results.jsonl`` (preferred) or ``results.csv``. CSV cells are typed."""
+    path = Path(path)
+    if path.is_dir():
+        found = [path / n for n in RESULTS_NAMES if (path / n).is_file()]
+        if not found:
+            raise PlotInputError(f"{path}: no {' or '.join(RESULTS_NAMES)} in this folder")
+        path = found[0]
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path)
+    if path.suffix == ".csv":
+        return _read_csv(path)
+    raise PlotInputError(f"{path}: a results table is .jsonl or .csv")
+
+
+def load_goodput_json(path: str | Path) -> list[dict[str, Any]]:
+    """The results of ``fastpp goodput --json`` (a list, or one object), each with ``probes``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PlotInputError(f"{path}: not JSON ({exc.msg})") from exc
+    results = [data] if isinstance(data, dict) else data
+    if not (isinstance(results, list) and results
+            and all(isinstance(r, dict) and isinstance(r.get("probes"), list) for r in results)):
+        raise PlotInputError(f"{path}: not `fastpp goodput --json` output (no probes list)")
+    return results
+
+
+def load_run_dir(path: str | Path) -> list[RunData]:
+    """Every run of a ``fastpp simulate`` output folder, in ``summary.json`` order (runs it does
+    not list follow by file name). Requests and iterations are empty where the files are absent."""
+    path = Path(path)
+    per_run = {p.name.removesuffix("_summary.json"): p for p in sorted(path.glob("*_summary.json"))}
+    listed = path / "summary.json"
+    order = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else []
+    if not per_run and not order:
+        raise PlotInputError(f"{path}: no summary.json or *_summary.json: not a simulate folder")
+    summaries = {rid: json.loads(p.read_text(encoding="utf-8")) for rid, p in per_run.items()}
+    rank = {(s.get("deployment"), s.get("policy")): i for i, s in enumerate(order)}
+    run_ids = sorted(summaries, key=lambda rid: (
+        rank.get((summaries[rid].get("deployment"), summaries[rid].get("policy")), len(rank)), rid))
+    runs = []
+    for rid in run_ids:
+        requests = path / f"{rid}_requests.jsonl"
+        iterations = path / f"{rid}_iterations.csv"
+        runs.append(RunData(
+            rid, summaries[rid],
+            _read_jsonl(requests) if requests.is_file() else [],
+            _read_csv(iterations) if iterations.is_file() else [],
+        ))
+    if not runs:  # only summary.json: the summaries still plot as rows
+        runs = [RunData(system_label(s) or f"run{i}", s) for i, s in enumerate(order)]
+    return runs
+
+
+def detect(path: str | Path) -> tuple[SourceKind, Path]:
+    """What ``path`` holds and the path to read it from (a ``summary.json`` file maps to its
+    folder). Raises :class:`PlotInputError` naming the path when it is none of the three."""
+    path = Path(path)
+    if not path.exists():
+        raise PlotInputError(f"{path}: no such file or folder")
+    if path.is_dir():
+        if any((path / n).is_file() for n in RESULTS_NAMES):
+            return "sweep", path
+        if (path / "summary.json").is_file() or any(path.glob("*_summary.json")):
+            return "run_dir", path
+    elif path.suffix in (".jsonl", ".csv"):
+        return "sweep", path
+    elif path.suffix == ".json":
+        if path.name == "summary.json" or path.name.endswith("_summary.json"):
+            return "run_dir", path.parent
+        load_goodput_json(path)  # raises with the reason when it is not goodput output
+        return "goodput", path
+    raise PlotInputError(
+        f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a sweep "
+        f"results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)")
+
+
+def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:
+    """Goodput search results flattened to one row per probe (system columns copied in),
+    sorted by rate within each system. A failed probe's null P90 TTFT reads as inf: the search's
+    TTFT P90 counts failed requests as infinite, and JSON wrote that infinity as null."""
+    rows = []
+    for res in results:
+        probes = sorted(res.get("probes", []), key=lambda p: num(p, "rate"))
+        for p in probes:
+            row = {k: res.get(k) for k in ("deployment", "policy", "workload", "model", "gpu")}
+            row.update(p)
+            if row.get("p90_ttft_ms") is None and not row.get("ok", True):
+                row["p90_ttft_ms"] = math.inf
+            rows.append(row)
+    return rows

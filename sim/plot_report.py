@@ -1,0 +1,241 @@
+"""The figures a result path calls for, drawn into one folder: the library side of ``fastpp plot``.
+
+Scenario: a user points at what ``fastpp simulate``, a sweep or ``fastpp goodput --json`` wrote
+and gets the paper-style figures (PAPER.md section 5) without naming columns:
+
+- simulate folder: TTFT / TPOT / E2E CDFs across runs, chunk budget over time, and one stage
+  timeline per run (kinds ``cdf``, ``chunk``, ``timeline``);
+- sweep table: goodput bars when a goodput column has values, P90 latency against rate when the
+  rate varies, attainment (and goodput) against SLO scale when slo_scale varies (kinds
+  ``goodput``, ``rate``, ``slo``). Axes that vary but are not on the figure (model, gpu, ...)
+  split it into one file per value, named ``<figure>_<axis>-<value>...``;
+- goodput JSON: every probe's P90s against its rate (kind ``rate``), or goodput bars (``goodput``).
+
+``kind="auto"`` makes every figure the data supports; a named kind the data cannot make raises
+:class:`PlotInputError` saying why. SLO lines come from the data's ``slo_ttft_ms`` /
+``slo_tpot_ms`` columns unless given. Latencies in ms, rates in requests per second.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, get_args
+
+from fastpp.sim.plot_inputs import (
+    PlotInputError,
+    PlotKind,
+    Row,
+    RunData,
+    detect,
+    has_values,
+    load_goodput_json,
+    load_results,
+    load_run_dir,
+    num,
+    probe_rows,
+    unique,
+    varies,
+)
+from fastpp.sim.plots import (
+    FORMATS,
+    attainment_vs_slo_scale,
+    chunk_over_time,
+    goodput_bars,
+    latency_cdf,
+    latency_vs_rate,
+    stage_timeline,
+)
+
+PLOT_KINDS: tuple[str, ...] = get_args(PlotKind)
+KINDS_BY_SOURCE = {  # what each input can make, in the order auto makes them
+    "run_dir": ("cdf", "chunk", "timeline"),
+    "sweep": ("goodput", "rate", "slo"),
+    "goodput": ("rate", "goodput"),
+}
+_SOURCE_NAMES = {"run_dir": "`fastpp simulate` folder", "sweep": "sweep results table",
+                 "goodput": "`fastpp goodput --json` file"}
+FACET_KEYS = {  # axes that split a sweep figure into one file per value
+    "goodput": ("model", "gpu", "slo_scale"),
+    "rate": ("workload", "model", "gpu", "slo_scale"),
+    "slo": ("model", "gpu", "rate"),  # workloads are panels of one figure
+}
+PLOTS_DIR = "plots"  # default output folder, next to the result
+
+
+def plot_results(
+    path: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    kind: PlotKind = "auto",
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Draw the figures for the result at ``path`` into ``out_dir`` (default: a ``plots``
+    folder beside it or inside it) and return the files written."""
+    if kind not in PLOT_KINDS:
+        raise PlotInputError(f"kind must be one of {', '.join(PLOT_KINDS)}, got {kind!r}")
+    source, where = detect(path)
+    allowed = KINDS_BY_SOURCE[source]
+    if kind != "auto" and kind not in allowed:
+        raise PlotInputError(f"{path}: a {_SOURCE_NAMES[source]} makes {', '.join(allowed)} "
+                             f"plots, not {kind}")
+    out = Path(out_dir) if out_dir is not None else (
+        where if where.is_dir() else where.parent) / PLOTS_DIR
+    slo = (slo_ttft_ms, slo_tpot_ms)
+    wanted = allowed if kind == "auto" else (kind,)
+    if source == "run_dir":
+        paths = _run_dir(load_run_dir(where), out, wanted, slo, formats)
+    elif source == "sweep":
+        paths = _sweep(load_results(where), out, wanted, slo, formats)
+    else:
+        paths = _goodput(load_goodput_json(where), out, wanted, slo, formats)
+    if not paths:
+        raise PlotInputError(f"{path}: nothing to plot as {kind}: {_why_empty(source)}")
+    return paths
+
+
+def _why_empty(source: str) -> str:
+    if source == "run_dir":
+        return "no *_requests.jsonl or *_iterations.csv in the folder"
+    if source == "sweep":
+        return ("no goodput values, no varying rate with p90_ttft_ms / p90_tpot_ms, and no "
+                "varying slo_scale with slo_attainment or goodput")
+    return "no probes with a rate"
+
+
+def _common(rows: Sequence[Row], key: str) -> Any:
+    """The value every row that has ``key`` agrees on, else None."""
+    values = unique(r[key] for r in rows if r.get(key) not in (None, ""))
+    return values[0] if len(values) == 1 else None
+
+
+def _slo(rows: Sequence[Row], given: float | None, key: str) -> float | None:
+    if given is not None:
+        return given
+    value = _common(rows, key)
+    return None if value is None or math.isnan(num({key: value}, key)) else float(value)
+
+
+def _context(rows: Sequence[Row], skip: Sequence[str] = ()) -> str:
+    """``Qwen2.5-14B on A100-40GB-PCIe, sharegpt``: the setting the rows share, for titles."""
+    model, gpu, workload = (None if k in skip else _common(rows, k)
+                            for k in ("model", "gpu", "workload"))
+    where = " on ".join(str(v) for v in (model, gpu) if v is not None)
+    return ", ".join(s for s in (where, "" if workload is None else str(workload)) if s)
+
+
+def _facets(rows: Sequence[Row], keys: Sequence[str]) -> list[tuple[str, str, list[Row]]]:
+    """Split rows by the ``keys`` that vary: (file-name suffix, title part, rows) per value.
+    The title part names the setting of the group: model, gpu, workload, then the split keys."""
+    split = [k for k in keys if varies(rows, k)]
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in split), []).append(r)
+    facets = []
+    for values, group in groups.items():
+        pairs = list(zip(split, values, strict=True))
+        suffix = "".join("_" + re.sub(r"[^A-Za-z0-9.]+", "-", f"{k} {_fmt(v)}").strip("-")
+                         for k, v in pairs)
+        shown = [_FACET_TITLES.get(k, k + " {}").format(_fmt(v)) for k, v in pairs]
+        setting = _context(group, skip=split)
+        facets.append((suffix, ", ".join(p for p in (setting, *shown) if p), group))
+    return facets
+
+
+_FACET_TITLES = {"rate": "{} req/s", "slo_scale": "SLO x{}", "model": "{}", "gpu": "{}",
+                 "workload": "{}"}
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _title(head: str, *parts: str) -> str:
+    rest = ", ".join(p for p in parts if p)
+    return f"{head}\n{rest}" if rest else head
+
+
+# ---- per source ----------------------------------------------------------------------------------
+
+
+def _run_dir(runs: list[RunData], out: Path, wanted: Sequence[str],
+             slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
+    summaries = [r.summary for r in runs]
+    context = _context(summaries)
+    paths: list[Path] = []
+    if "cdf" in wanted and any(r.requests for r in runs):
+        requests = {r.label: r.requests for r in runs if r.requests}
+        for metric, slo_ms in (("ttft", _slo(summaries, slo[0], "slo_ttft_ms")),
+                               ("tpot", _slo(summaries, slo[1], "slo_tpot_ms")), ("e2e", None)):
+            paths += latency_cdf(requests, out / f"cdf_{metric}", metric=metric, slo_ms=slo_ms,
+                                 log_x=metric != "tpot", formats=formats,
+                                 title=_title(f"{metric.upper()} CDF", context))
+    with_iterations = [r for r in runs if r.iterations]
+    if "chunk" in wanted and with_iterations:
+        paths += chunk_over_time({r.label: r.iterations for r in with_iterations},
+                                 out / "chunk_over_time", formats=formats,
+                                 title=_title("Chunk budget (stage 0)", context))
+    if "timeline" in wanted:
+        for r in with_iterations:
+            pp = num(r.summary, "pp")
+            paths += stage_timeline(r.iterations, out / f"timeline_{r.run_id}", formats=formats,
+                                    num_stages=int(pp) if pp >= 1 else None,
+                                    title=_title(f"{r.label}: stages busy and idle", context))
+    return paths
+
+
+def _sweep(rows: list[dict[str, Any]], out: Path, wanted: Sequence[str],
+           slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
+    paths: list[Path] = []
+    if "goodput" in wanted:
+        have = [r for r in rows if not math.isnan(num(r, "goodput"))]
+        for suffix, shown, group in _facets(have, FACET_KEYS["goodput"]):
+            paths += goodput_bars(group, out / f"goodput{suffix}", formats=formats,
+                                  title=_title("Goodput", shown))
+    if "rate" in wanted:
+        have = [r for r in rows if math.isfinite(num(r, "rate"))
+                and (has_values([r], "p90_ttft_ms") or has_values([r], "p90_tpot_ms"))]
+        if len(wanted) == 1 or varies(have, "rate"):
+            paths += _latency_facets(have, out / "latency_vs_rate", "P90 latency vs rate", slo,
+                                     formats)
+    if "slo" in wanted:
+        have = [r for r in rows if math.isfinite(num(r, "slo_scale"))]
+        if len(wanted) == 1 or varies(have, "slo_scale"):
+            for metric, name in (("slo_attainment", "slo_scale"), ("goodput", "slo_scale_goodput")):
+                for suffix, shown, group in _facets(have, FACET_KEYS["slo"]):
+                    if has_values(group, metric):
+                        head = "SLO attainment" if metric == "slo_attainment" else "Goodput"
+                        paths += attainment_vs_slo_scale(
+                            group, out / f"{name}{suffix}", metric=metric, formats=formats,
+                            title=_title(f"{head} vs SLO scale", shown))
+    return paths
+
+
+def _latency_facets(rows: Sequence[Row], stem: Path, head: str,
+                    slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
+    paths: list[Path] = []
+    for suffix, shown, group in _facets(rows, FACET_KEYS["rate"]):
+        paths += latency_vs_rate(
+            group, stem.with_name(stem.name + suffix), formats=formats, log_ttft=True,
+            slo_ttft_ms=_slo(group, slo[0], "slo_ttft_ms"),
+            slo_tpot_ms=_slo(group, slo[1], "slo_tpot_ms"),
+            title=_title(head, shown))
+    return paths
+
+
+def _goodput(results: list[dict[str, Any]], out: Path, wanted: Sequence[str],
+             slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
+    paths: list[Path] = []
+    if "rate" in wanted:
+        rows = [r for r in probe_rows(results) if math.isfinite(num(r, "rate"))]
+        if rows:
+            paths += _latency_facets(rows, out / "goodput_probes", "Goodput search probes", slo,
+                                     formats)
+    if "goodput" in wanted:
+        paths += goodput_bars(results, out / "goodput", formats=formats,
+                              title=_title("Goodput", _context(results, ["workload"])))
+    return paths

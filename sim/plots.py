@@ -1,0 +1,501 @@
+"""Figures of FastPP results, after PAPER.md section 5: goodput bars per workload and system,
+P90 latency against rate, latency CDFs, chunk budget over time, per-stage busy/idle timelines,
+and SLO attainment against SLO scale.
+
+Every figure function takes plain data (row dicts; see ``fastpp.sim.plot_inputs`` for the
+loaders), an output path stem and options; it writes ``<stem>.<fmt>`` for each of ``formats``
+and returns those paths. ``fastpp.sim.plot_report.plot_results`` picks the figures a result
+path calls for (``fastpp plot``).
+
+matplotlib is the optional ``fastpp[plots]`` extra, imported only inside these functions, so the
+simulator and the CLI never load it. Figures are ``matplotlib.figure.Figure`` objects, never
+pyplot's: a Figure renders headless through its own Agg canvas, so there is no global figure list
+to leak and no need for ``matplotlib.use("Agg")``, which would switch a notebook's backend behind
+its back. Output is deterministic: matplotlib's default style whatever the user's matplotlibrc,
+a fixed SVG hash salt, and no date or software version in the files.
+Units: latencies in ms, run-clock times in seconds, rates in requests per second.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from fastpp.metrics import stage_busy_fraction
+from fastpp.sim.plot_inputs import (
+    SERIES_KEYS,
+    PlotInputError,
+    Row,
+    RunData,
+    load_goodput_json,
+    load_results,
+    load_run_dir,
+    num,
+    system_label,
+    unique,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [  # the loaders live in plot_inputs (no matplotlib there) and are re-exported here
+    "FORMATS", "PlotInputError", "RunData", "attainment_vs_slo_scale", "chunk_over_time",
+    "goodput_bars", "latency_cdf", "latency_vs_rate", "load_goodput_json", "load_results",
+    "load_run_dir", "request_latencies_ms", "rolling_median", "stage_timeline",
+]
+
+FORMATS: tuple[str, ...] = ("png", "svg")
+DPI = 150  # PNG resolution
+_METADATA: dict[str, dict[str, None]] = {  # drop dates and versions, so files are reproducible
+    "png": {"Software": None},
+    "svg": {"Date": None, "Creator": None},
+    "pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+}
+_RC = {
+    "svg.hashsalt": "fastpp",  # SVG element ids are hashes: a fixed salt makes them repeatable
+    "font.size": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+}
+PHASE_COLORS = {"prefill": "#4C72B0", "decode": "#55A868", "mixed": "#DD8452"}
+SLO_LINE = {"color": "0.35", "linestyle": "--", "linewidth": 1.0}
+CdfMetric = Literal["ttft", "tpot", "e2e"]
+_COMPLETED = ("length", "stop")  # finish reasons of requests that produced their output
+
+
+# ---- plumbing ------------------------------------------------------------------------------------
+
+
+def _matplotlib() -> ModuleType:
+    try:
+        import matplotlib
+        import matplotlib.style  # noqa: F401  (a subpackage: not loaded by `import matplotlib`)
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib, which the `fastpp[plots]` extra installs: "
+                          "pip install 'fastpp[plots]'") from exc
+    return matplotlib
+
+
+@contextmanager
+def _figure(figsize: tuple[float, float], nrows: int = 1, ncols: int = 1
+            ) -> Iterator[tuple[Figure, Any]]:
+    """A constrained-layout Figure and its axes grid, under FastPP's fixed style (the style must
+    still hold when saving, since the SVG hash salt is read then)."""
+    mpl = _matplotlib()
+    from matplotlib.figure import Figure
+
+    with mpl.style.context("default"), mpl.rc_context(_RC):
+        fig = Figure(figsize=figsize, layout="constrained")
+        yield fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def _save(fig: Figure, out: str | Path, formats: Sequence[str]) -> list[Path]:
+    stem = Path(out)
+    if stem.suffix in (".png", ".svg", ".pdf"):
+        stem = stem.with_suffix("")
+    if not formats:
+        raise ValueError("formats must name at least one of png, svg, pdf")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        if fmt not in _METADATA:
+            raise ValueError(f"format must be one of {', '.join(_METADATA)}, got {fmt!r}")
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        fig.savefig(path, format=fmt, dpi=DPI, metadata=_METADATA[fmt])
+        paths.append(path)
+        # The layout is in figure coordinates, the same for every format: keep it, don't redo it.
+        fig.set_layout_engine("none")
+    return paths
+
+
+def _suptitle(fig: Figure, title: str | None) -> None:
+    """The figure title, each line wrapped to the figure's width (long run descriptions)."""
+    if title:
+        width = max(30, int(fig.get_figwidth() * 12))  # characters per line at 10 pt
+        fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.splitlines()),
+                     fontsize=10)
+
+
+def _log_axis(ax: Axes, which: Literal["x", "y"]) -> None:
+    """Log scale labelled 100, 200, 500, 1000 ... (plain numbers read faster than 2 x 10^2)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if which == "x":
+        ax.set_xscale("log")
+        axis = ax.xaxis
+    else:
+        ax.set_yscale("log")
+        axis = ax.yaxis
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _colors(systems: Sequence[str]) -> dict[str, Any]:
+    colormaps = _matplotlib().colormaps
+    palette = colormaps["tab10"].colors if len(systems) <= 10 else colormaps["tab20"].colors
+    return {s: palette[i % len(palette)] for i, s in enumerate(systems)}
+
+
+def _legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+                   ncols=min(len(handles), 3))
+
+
+def _mean_by(rows: Sequence[Row], key: Callable[[Row], tuple], metric: str) -> dict[tuple, float]:
+    """Mean of ``metric`` per key over the rows where it is a number (repeated grid points, such
+    as seeds, average); an infinity stays infinite."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        v = num(r, metric)
+        if not math.isnan(v):
+            groups.setdefault(key(r), []).append(v)
+    return {k: float(np.mean(v)) for k, v in groups.items()}
+
+
+def _series(rows: Sequence[Row], x: str, metric: str, series: Sequence[str]
+            ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per system with any x value, the sorted x values and the mean metric at each (NaN where
+    none)."""
+    means = _mean_by(rows, lambda r: (system_label(r, series), num(r, x)), metric)
+    out = {}
+    for s in unique(system_label(r, series) for r in rows):
+        xs = sorted({v for r in rows if system_label(r, series) == s
+                     and math.isfinite(v := num(r, x))})
+        if xs:
+            out[s] = (np.array(xs), np.array([means.get((s, v), math.nan) for v in xs]))
+    return out
+
+
+# ---- figures -------------------------------------------------------------------------------------
+
+
+def goodput_bars(
+    rows: Sequence[Row],
+    out: str | Path,
+    *,
+    metric: str = "goodput",
+    group_by: str = "workload",
+    series: Sequence[str] = SERIES_KEYS,
+    ylabel: str = "goodput (req/s)",
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Grouped bars like the paper's Figure 9: one group per ``group_by`` value (workload), one
+    bar per system, height = ``metric``. A zero bar is marked "0"; a missing one is left out."""
+    groups = unique(str(r.get(group_by) or "") for r in rows)
+    systems = unique(system_label(r, series) for r in rows)
+    values = _mean_by(rows, lambda r: (str(r.get(group_by) or ""), system_label(r, series)), metric)
+    colors = _colors(systems)
+    width = 0.8 / max(1, len(systems))
+    with _figure((max(5.0, 1.1 + len(groups) * (0.5 + 0.28 * len(systems))), 3.6)) as (fig, axs):
+        ax = axs[0, 0]
+        for j, s in enumerate(systems):
+            offset = (j - (len(systems) - 1) / 2) * width
+            pts = [(i + offset, values[(g, s)]) for i, g in enumerate(groups) if (g, s) in values]
+            if not pts:
+                continue
+            xs, hs = zip(*pts, strict=True)
+            ax.bar(xs, hs, width * 0.95, label=s or "all", color=colors[s])
+            for x, h in pts:
+                if h == 0:
+                    ax.text(x, 0, "0", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_xlim(-0.5, len(groups) - 0.5)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, None if any(v > 0 for v in values.values()) else 1.0)
+        ax.grid(axis="x", visible=False)
+        _suptitle(fig, title)
+        _legend_below(fig, [ax])
+        return _save(fig, out, formats)
+
+
+def latency_vs_rate(
+    rows: Sequence[Row],
+    out: str | Path,
+    *,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    x: str = "rate",
+    ttft_key: str = "p90_ttft_ms",
+    tpot_key: str = "p90_tpot_ms",
+    log_ttft: bool = False,
+    series: Sequence[str] = SERIES_KEYS,
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Two panels, P90 TTFT and P90 TPOT against arrival rate, one line per system, the SLOs as
+    dashed lines. An infinite P90 (too many failed requests) is a triangle on the top edge.
+    Rows with a boolean ``ok`` column (goodput probes) draw infeasible points hollow."""
+    systems = unique(system_label(r, series) for r in rows)
+    colors = _colors(systems)
+    with _figure((9.0, 3.6), 1, 2) as (fig, axs):
+        panels = ((axs[0, 0], ttft_key, slo_ttft_ms, "TTFT"), (axs[0, 1], tpot_key, slo_tpot_ms, "TPOT"))
+        for ax, key, slo, name in panels:
+            for s, (xs, ys) in _series(rows, x, key, series).items():
+                finite = np.where(np.isfinite(ys), ys, np.nan)
+                ax.plot(xs, finite, marker="o", markersize=4, color=colors[s], label=s or "all")
+                off = xs[np.isinf(ys)]
+                if off.size:
+                    ax.plot(off, np.full(off.size, 0.98), marker="^", linestyle="none",
+                            color=colors[s], transform=ax.get_xaxis_transform(), clip_on=False)
+                hollow = [(num(r, x), num(r, key)) for r in rows if r.get("ok") is False
+                          and system_label(r, series) == s and math.isfinite(num(r, key))]
+                if hollow:
+                    ax.plot(*zip(*hollow, strict=True), marker="o", markersize=7, linestyle="none",
+                            markerfacecolor="white", markeredgecolor=colors[s])
+            if slo is not None and math.isfinite(slo):
+                ax.axhline(slo, **SLO_LINE, label=f"{name} SLO {slo:g} ms")
+            ax.set_xlabel("arrival rate (req/s)")
+            ax.set_ylabel(f"P90 {name} (ms)")
+            if key == ttft_key and log_ttft and any(
+                    0 < num(r, key) < math.inf for r in rows):  # a log axis needs a positive value
+                _log_axis(ax, "y")
+            else:
+                ax.set_ylim(bottom=0)
+        notes = (["hollow: infeasible probe"] if any(r.get("ok") is False for r in rows) else []) + (
+            ["▲: infinite P90 (failed requests)"] if any(
+                math.isinf(num(r, k)) for r in rows for k in (ttft_key, tpot_key)) else [])
+        if notes:
+            fig.text(0.99, 0.01, "; ".join(notes), ha="right", fontsize=7, color="0.4")
+        _suptitle(fig, title)
+        _legend_below(fig, [axs[0, 0], axs[0, 1]])
+        return _save(fig, out, formats)
+
+
+def request_latencies_ms(requests: Sequence[Row], metric: CdfMetric) -> np.ndarray:
+    """Per request of ``RequestRecord.to_dict`` rows, its TTFT, TPOT or E2E in ms; inf for one
+    that did not complete; TPOT leaves out outputs of fewer than two tokens (undefined)."""
+    values = []
+    for r in requests:
+        done = r.get("finish_reason") in _COMPLETED
+        if metric == "ttft":
+            values.append((num(r, "first_token_at") - num(r, "arrived_at")) * 1e3 if done
+                          else math.inf)
+        elif metric == "e2e":
+            values.append((num(r, "finished_at") - num(r, "arrived_at")) * 1e3 if done
+                          else math.inf)
+        elif not done:  # tpot
+            values.append(math.inf)
+        elif num(r, "num_generated") >= 2 and r.get("itl_ms"):  # else TPOT is undefined
+            values.append(sum(r["itl_ms"]) / (num(r, "num_generated") - 1))
+    return np.array(values, float)
+
+
+def latency_cdf(
+    requests_by_system: Mapping[str, Sequence[Row]],
+    out: str | Path,
+    *,
+    metric: CdfMetric = "ttft",
+    slo_ms: float | None = None,
+    log_x: bool = False,
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Empirical CDF of per-request TTFT, TPOT or E2E latency, one line per system, over all its
+    requests: failed ones never arrive, so a curve that stops below 1 shows the failed share.
+    With ``slo_ms``, a dashed vertical line, and each legend entry gives the share within it."""
+    if metric not in ("ttft", "tpot", "e2e"):
+        raise ValueError(f"metric must be ttft, tpot or e2e, got {metric!r}")
+    colors = _colors(list(requests_by_system))
+    with _figure((6.0, 3.8)) as (fig, axs):
+        ax = axs[0, 0]
+        for s, requests in requests_by_system.items():
+            v = np.sort(request_latencies_ms(requests, metric))
+            if v.size == 0:
+                continue
+            finite = v[np.isfinite(v)]
+            label = f"{s} (n={v.size}"
+            if finite.size < v.size:
+                label += f", {v.size - finite.size} failed"
+            if slo_ms is not None:
+                label += f", {np.mean(v <= slo_ms):.0%} within SLO"
+            xs = np.concatenate([finite[:1], finite])
+            ys = np.arange(finite.size + 1) / v.size
+            ax.plot(xs, ys, drawstyle="steps-post", color=colors[s], label=label + ")")
+        if slo_ms is not None:
+            ax.axvline(slo_ms, **SLO_LINE, label=f"SLO {slo_ms:g} ms")
+        ax.set_xlabel(f"{metric.upper()} (ms)")
+        ax.set_ylabel("share of requests")
+        ax.set_ylim(0, 1.02)
+        if log_x:
+            _log_axis(ax, "x")
+        _suptitle(fig, title or f"{metric.upper()} CDF")
+        ax.legend(loc="lower right", fontsize=8)
+        return _save(fig, out, formats)
+
+
+def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """Median of the ``window`` values centred on each (shorter at the ends)."""
+    half = max(1, window) // 2
+    return np.array([np.median(values[max(0, i - half): i + half + 1]) for i in range(values.size)])
+
+
+def chunk_over_time(
+    iterations_by_system: Mapping[str, Sequence[Row]],
+    out: str | Path,
+    *,
+    stage: int = 0,
+    window: int = 25,
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """The chunk budget the policy chose for each microbatch (rows of ``stage``, where it is
+    decided) against its start time: thin steps per microbatch, a bold rolling median over
+    ``window`` microbatches, one colour per system."""
+    colors = _colors(list(iterations_by_system))
+    with _figure((7.0, 3.6)) as (fig, axs):
+        ax = axs[0, 0]
+        for s, its in iterations_by_system.items():
+            pts = sorted((num(r, "started_at"), num(r, "chunk_budget")) for r in its
+                         if num(r, "stage") == stage)
+            if not pts:
+                continue
+            t, c = (np.array(a) for a in zip(*pts, strict=True))
+            ax.plot(t, c, drawstyle="steps-post", color=colors[s], alpha=0.25, linewidth=0.8)
+            ax.plot(t, rolling_median(c, window), color=colors[s], linewidth=1.8, label=s)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("chunk budget (tokens)")
+        ax.set_ylim(bottom=0)
+        _suptitle(fig, title or "Chunk budget per microbatch")
+        ax.text(1.0, 1.01, f"bold: rolling median of {window}", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, color="0.4")
+        _legend_below(fig, [ax])
+        return _save(fig, out, formats)
+
+
+def _phase(row: Row) -> str:
+    """Which phases a microbatch holds (as in the Chrome-trace timeline)."""
+    prefill, decode = num(row, "num_prefill_tokens") > 0, num(row, "num_decode_reqs") > 0
+    return "mixed" if prefill and decode else "prefill" if prefill else "decode"
+
+
+def _default_window(its: Sequence[Row], num_microbatches: int) -> tuple[float, float]:
+    """The ``num_microbatches`` consecutive stage-0 microbatches carrying the most prefill tokens
+    (the earliest such run on ties): where prefill and decode meet and bubbles form. A quiet
+    decode-only tail, which the middle of a run often is, would show little."""
+    first = sorted((num(r, "started_at"), num(r, "finished_at"), num(r, "num_prefill_tokens"))
+                   for r in its if num(r, "stage") == 0) or sorted(
+        (num(r, "started_at"), num(r, "finished_at"), num(r, "num_prefill_tokens")) for r in its)
+    k = min(len(first), max(1, num_microbatches))
+    prefill = np.nan_to_num(np.array([p for _, _, p in first], float))
+    sums = np.convolve(prefill, np.ones(k), mode="valid")  # sums[i]: microbatches i .. i+k-1
+    i0 = int(np.argmax(sums))
+    return first[i0][0], first[i0 + k - 1][1]
+
+
+def stage_timeline(
+    iterations: Sequence[Row],
+    out: str | Path,
+    *,
+    num_stages: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    num_microbatches: int = 40,
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Gantt chart of what each pipeline stage ran over [start, end] (run-clock seconds),
+    microbatches coloured prefill / decode / mixed, each stage's idle share in its label.
+    The window defaults to the ``num_microbatches`` consecutive stage-0 microbatches with the
+    most prefill tokens."""
+    its = [r for r in iterations
+           if math.isfinite(num(r, "started_at")) and math.isfinite(num(r, "finished_at"))]
+    if not its:
+        raise ValueError("stage_timeline needs at least one iteration row")
+    n = num_stages or int(max(num(r, "stage") for r in its)) + 1
+    w0, w1 = _default_window(its, num_microbatches)
+    start = w0 if start is None else start
+    end = start + (w1 - w0) if end is None else end
+    if not end > start:
+        raise ValueError(f"the window must have end > start, got {start:g} .. {end:g} s")
+    shown = [r for r in its if num(r, "finished_at") > start and num(r, "started_at") < end]
+    spans = [SimpleNamespace(stage=int(num(r, "stage")), started_at=num(r, "started_at"),
+                             finished_at=num(r, "finished_at")) for r in its]
+    idle = [1.0 - b for b in stage_busy_fraction(spans, n, start, end)]
+    with _figure((8.0, 1.4 + 0.45 * n)) as (fig, axs):
+        from matplotlib.patches import Patch
+
+        ax = axs[0, 0]
+        for k in range(n):
+            for phase, color in PHASE_COLORS.items():
+                bars = [(t0, t1 - t0) for t0, t1 in (
+                    ((max(num(r, "started_at"), start) - start) * 1e3,
+                     (min(num(r, "finished_at"), end) - start) * 1e3)
+                    for r in shown if num(r, "stage") == k and _phase(r) == phase)]
+                if bars:
+                    ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color, edgecolors="white",
+                                   linewidths=0.4)
+        ax.set_yticks(range(n), [f"stage {k}  (idle {idle[k]:.0%})" for k in range(n)])
+        ax.set_ylim(n - 0.5, -0.5)  # stage 0 on top
+        ax.set_xlim(0, (end - start) * 1e3)
+        ax.set_xlabel(f"ms since t = {start:.3f} s")
+        ax.grid(axis="y", visible=False)
+        _suptitle(fig, title)
+        phases = unique(_phase(r) for r in shown)
+        fig.legend([Patch(color=PHASE_COLORS[p]) for p in PHASE_COLORS if p in phases],
+                   [p for p in PHASE_COLORS if p in phases], loc="outside lower center", ncols=3)
+        return _save(fig, out, formats)
+
+
+def attainment_vs_slo_scale(
+    rows: Sequence[Row],
+    out: str | Path,
+    *,
+    metric: str = "slo_attainment",
+    x: str = "slo_scale",
+    panel_by: str | None = "workload",
+    series: Sequence[str] = SERIES_KEYS,
+    title: str | None = None,
+    formats: Sequence[str] = FORMATS,
+) -> list[Path]:
+    """Per system, ``metric`` (per-request SLO attainment, or goodput) against the SLO scale,
+    read from loose (1.0) on the left to strict (0.2) on the right; one panel per value of
+    ``panel_by`` (workload), sharing the y axis."""
+    is_share = metric.endswith("attainment")
+    systems = unique(system_label(r, series) for r in rows)
+    colors = _colors(systems)
+    panels = unique(str(r.get(panel_by) or "") for r in rows) if panel_by else [""]
+    ncols = min(len(panels), 4)
+    nrows = math.ceil(len(panels) / ncols)
+    with _figure((1.0 + 3.2 * ncols, 0.9 + 2.9 * nrows), nrows, ncols) as (fig, axs):
+        flat = list(axs.flat)
+        for ax, panel in zip(flat, panels, strict=False):
+            group = [r for r in rows if not panel_by or str(r.get(panel_by) or "") == panel]
+            for s, (xs, ys) in _series(group, x, metric, series).items():
+                ax.plot(xs, ys * 100 if is_share else ys, marker="o", markersize=4,
+                        color=colors[s], label=s or "all", clip_on=False)  # zeros on the axis
+            ax.invert_xaxis()
+            ax.set_xlabel("SLO scale")
+            if panel:
+                ax.set_title(panel, fontsize=9)
+            if is_share:
+                ax.set_ylim(0, 102)
+        top = max((num(r, metric) for r in rows if math.isfinite(num(r, metric))), default=0.0)
+        for i, ax in enumerate(flat):
+            if i >= len(panels):
+                ax.set_visible(False)
+            elif not is_share:
+                ax.set_ylim(0, top * 1.05 if top > 0 else 1.0)
+            if i % ncols == 0:
+                ax.set_ylabel("requests within SLO (%)" if is_share else
+                              "goodput (req/s)" if metric == "goodput" else metric)
+        _suptitle(fig, title)
+        _legend_below(fig, flat[:len(panels)])
+        return _save(fig, out, formats)
