@@ -155,6 +155,7 @@ def goodput(
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms.")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms.")] = 200.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
     from fastpp.sim.goodput import slo_goodput
@@ -191,6 +192,13 @@ def goodput(
             console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
     if as_json:
         console.print_json(json.dumps(_json_safe(results)))
+    if plot is not None:
+        from fastpp.cli.plot_cmd import draw
+        from fastpp.sim.output import write_json
+
+        plot.mkdir(parents=True, exist_ok=True)
+        draw(write_json(results, plot / "goodput.json"), plot, slo_ttft_ms=slo_ttft_ms,
+             slo_tpot_ms=slo_tpot_ms)
 
 
 @app.command()

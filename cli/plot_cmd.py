@@ -23,6 +23,12 @@ def plot(
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO line in ms (default: the data's slo_tpot_ms).")] = None,
 ) -> None:
     """Draw paper-style figures (PNG and SVG) of simulation, sweep or goodput results."""
+    draw(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+
+
+def draw(results: Path, out: Path | None = None, *, kind: PlotKind = "auto",
+         slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> None:
+    """Plot ``results`` and print the files written (also used by `sweep --plot`, `goodput --plot`)."""
     from fastpp.sim.plot_inputs import PlotInputError
 
     try:

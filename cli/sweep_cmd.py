@@ -56,6 +56,7 @@ def sweep(
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join; 'auto' falls back to a local instance. [default: auto]")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")] = Path("runs/sweep"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the result rows as JSON.")] = False,
+    plot: Annotated[bool, typer.Option("--plot", help="Also draw the figures (PNG and SVG) into OUT/plots.")] = False,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
@@ -100,6 +101,10 @@ def sweep(
             console.print(f"best static chunk for {group}: [bold]{row['chunk']}[/] "
                           f"(goodput {row['goodput']:.4g} req/s of {row['num_candidates']} candidates)")
     console.print(f"table in {result.jsonl_path} and {result.csv_path}")
+    if plot:
+        from fastpp.cli.plot_cmd import draw
+
+        draw(result.jsonl_path)
 
 
 def _split(values: list[str] | None, convert: Callable[[str], Any] = str, option: str = "") -> list[Any] | None:

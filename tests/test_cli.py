@@ -111,3 +111,15 @@ def test_goodput_with_an_impossible_slo_reports_zero_and_why():
     assert res.exit_code == 0, res.output
     (result,) = json.loads(res.stdout)
     assert result["goodput"] == 0 and "TPOT" in result["reason"]
+
+
+def test_goodput_and_sweep_can_plot_directly(tmp_path):
+    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
+                 "--seeds", "1", "--precision", "4", "-n", "60", "--plot", str(tmp_path / "g"))
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "g" / "goodput.json").exists() and (tmp_path / "g" / "goodput_probes.png").exists()
+    res = invoke("sweep", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
+                 "--chunk", "256,512", "-r", "2,4", "-n", "30", "--executor", "serial",
+                 "-o", str(tmp_path / "s"), "--plot")
+    assert res.exit_code == 0, res.output
+    assert list((tmp_path / "s" / "plots").glob("latency_vs_rate*.png"))
