@@ -23,6 +23,7 @@ Changes from the reference (reference notes sections 2 and 7): the table holds n
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
@@ -75,7 +76,7 @@ class LatencyPredictor(Protocol):
 
 
 @dataclass(slots=True, eq=False)
-class _OnlinePredictor:
+class _OnlinePredictor(ABC):
     """Shared part of the RLS predictors: parameters, batch fit, vectorised predict, reset and
     persistence. Subclasses implement the unrolled hot path (``predict_one``, ``learn_one``)."""
 
@@ -101,16 +102,18 @@ class _OnlinePredictor:
     _outlier_run: int = field(default=0, init=False, repr=False)
 
     # ---------------------------------------------------------------- subclass hooks
+    @abstractmethod
     def _scales(self) -> tuple[float, ...]:
-        raise NotImplementedError
+        """Scale of each feature the subclass learns (the last one is the bias value)."""
 
+    @abstractmethod
     def _phi(self, X: np.ndarray) -> np.ndarray:
         """Scaled feature matrix [n, k] of validated raw features ``X`` [n, 4]."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def _profile_prior(profile: Profile) -> tuple[float, ...]:
-        raise NotImplementedError
+        """Unscaled starting coefficients for ``profile``'s deployment."""
 
     # ---------------------------------------------------------------- construction
     def __post_init__(self) -> None:
@@ -235,9 +238,10 @@ class _OnlinePredictor:
         self.learn_one(rec.num_tokens, rec.sum_past_x_pre, rec.sum_pre_sq, rec.sum_dec_ctx,
                        rec.duration_s)
 
+    @abstractmethod
     def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
                   sum_dec_ctx: float, duration_s: float) -> float:
-        raise NotImplementedError
+        """One online step from a measured beat; returns the error before the step."""
 
     def _screened(self, error: float, pred: float) -> float | None:
         """The error to learn from: itself for an inlier (or with outlier="none"), else what
