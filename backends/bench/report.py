@@ -1,0 +1,98 @@
+"""Reporting a bench run: sglang's console block and its JSONL line (``--output-file``).
+
+The JSONL record leads with sglang's keys in sglang's order (``backend, dataset_name,
+request_rate, max_concurrency, server_info``, then every key ``fastpp.metrics.summarize``
+produces), followed by FastPP's bench keys. NaN and inf are written as null, as elsewhere in
+FastPP (so ``request_rate`` is null both for "all at once" and for a replay; ``dataset_name``
+tells them apart). ``--output-details`` adds sglang's per-request lists in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fastpp.backends.bench.runner import BenchResult
+from fastpp.metrics import format_summary
+from fastpp.types import FinishReason
+
+_COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def format_result(result: BenchResult) -> str:
+    """sglang's console block, with its "Max request concurrency" line that the shared
+    ``format_summary`` leaves out (it knows no client limit)."""
+    lines = format_summary(result.summary).splitlines()
+    limit = result.config.max_concurrency
+    row = "{:<40} {:<10}".format("Max request concurrency:", "not set" if limit is None else limit)
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Traffic request rate:")), 1)
+    lines.insert(at, row)
+    return "\n".join(lines)
+
+
+def failure_lines(result: BenchResult, limit: int = 3) -> list[str]:
+    """A short account of failed requests: the count and the most common reasons."""
+    reasons = Counter(r.detail for r in result.records if r.finish_reason not in _COMPLETED)
+    if not reasons:
+        return []
+    lines = [f"{sum(reasons.values())} of {len(result.records)} sent requests failed:"]
+    lines += [f"  {n} x {reason}" for reason, n in reasons.most_common(limit)]
+    if len(reasons) > limit:
+        lines.append(f"  ... and {len(reasons) - limit} other reasons")
+    return lines
+
+
+def jsonl_record(result: BenchResult, *, details: bool = False) -> dict[str, Any]:
+    """The run as one JSON-ready dict (see the module docstring for the key order)."""
+    cfg = result.config
+    record: dict[str, Any] = {
+        "backend": result.summary["backend"],
+        "dataset_name": cfg.dataset_name,
+        "request_rate": result.summary["request_rate"],
+        "max_concurrency": cfg.max_concurrency,
+        "server_info": result.server_info,
+    }
+    record.update((k, v) for k, v in result.summary.items() if k not in record)
+    record.update(
+        model=result.model,
+        base_url=cfg.base_url,
+        seed=cfg.seed,
+        num_prompts=len(result.requests),
+        num_not_sent=result.num_not_sent,
+        interrupted=result.is_interrupted,
+    )
+    if details:  # sglang's lists, one entry per sent request, seconds
+        recs = result.records
+        ok = [r.finish_reason in _COMPLETED for r in recs]
+        record.update(
+            input_lens=[r.prompt_len for r in recs],
+            output_lens=[r.num_generated for r in recs],
+            ttfts=[r.ttft_s if is_ok else None for r, is_ok in zip(recs, ok, strict=True)],
+            itls=[[b - a for a, b in zip(r.token_times, r.token_times[1:], strict=False)] if is_ok else []
+                  for r, is_ok in zip(recs, ok, strict=True)],
+            errors=[r.detail for r in recs],
+        )
+    return _json_safe(record)
+
+
+def append_jsonl(result: BenchResult, path: str | Path, *, details: bool = False) -> Path:
+    """Append the run's record as one line to ``path`` (created with its folders if missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(jsonl_record(result, details=details)) + "\n")
+    return path

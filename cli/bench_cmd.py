@@ -1,0 +1,143 @@
+"""``fastpp bench``: load an OpenAI-compatible server with a FastPP workload, report like sglang.
+
+Options mirror ``sglang.benchmark.serving`` where one exists (``--backend``, ``--base-url`` or
+``--host``/``--port``, ``--num-prompts``, ``--request-rate``, ``--max-concurrency``, ``--seed``,
+``--goodput ttft:MS tpot:MS``, ``--output-file``, ``--output-details``); the workload options are
+``fastpp simulate``'s. Defaults live in ``BenchConfig``.
+"""
+
+# ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
+
+import typer
+
+from fastpp.cli.app import _fail, _given, app, err_console
+
+if TYPE_CHECKING:  # the bench package needs httpx: imported when the command runs
+    from fastpp.backends.bench import BenchConfig, BenchResult
+    from fastpp.types import SLO
+
+_EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
+
+
+_HELP = (
+    "Benchmark an OpenAI-compatible server (FastPP, SGLang, vLLM) with a FastPP workload.\n\n"
+    "Prompts are random common words, about one token each (no --tokenizer yet); every request asks "
+    "for exactly its workload output length (max_tokens with ignore_eos). Ctrl-C stops the run, "
+    "cancels what is in flight and still reports what finished."
+)
+
+
+@app.command(help=_HELP, context_settings={"allow_extra_args": True})
+def bench(
+    ctx: typer.Context,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:30000]")] = None,
+    host: Annotated[str | None, typer.Option(help="Server host, instead of --base-url. [default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="Server port, instead of --base-url. [default: 30000]")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="openai (/v1/completions) or openai-chat (/v1/chat/completions). [default: openai]")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to send. [default: the first of GET /v1/models]")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")] = None,
+    num_prompts: Annotated[int | None, typer.Option("--num-prompts", "-n", help="Requests to send. [default: 1000; a replay: its whole window]")] = None,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", "-r", help="Arrival rate, requests/s; inf sends all at once. [default: inf]")] = None,
+    arrival: Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")] = None,
+    cv: Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")] = None,
+    replay: Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")] = None,
+    replay_start: Annotated[float | None, typer.Option(help="Replay from this second of the trace.")] = None,
+    replay_window: Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")] = None,
+    replay_speed: Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload and prompt seed. [default: 0]")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight at once. [default: no limit]")] = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Per-request limit, seconds; a request past it is aborted. [default: 300]")] = None,
+    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="SLO as sglang writes it: --goodput ttft:500 tpot:50 (ms).")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms (instead of --goodput).")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms (instead of --goodput).")] = None,
+    output_file: Annotated[Path | None, typer.Option("--output-file", "-o", help="Append the run as one JSON line (sglang's keys) to this file.")] = None,
+    output_details: Annotated[bool, typer.Option("--output-details", help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
+) -> None:
+    """Benchmark an OpenAI-compatible server; ``_HELP`` is the user-facing text."""
+    try:
+        from fastpp.backends.bench import BenchConfig, BenchError
+    except ModuleNotFoundError as exc:
+        if exc.name != "httpx":
+            raise
+        _fail("fastpp bench needs httpx: pip install 'fastpp[bench]'")
+        return
+    try:
+        config = BenchConfig(**_given(
+            BenchConfig, base_url=_base_url(base_url, host, port, BenchConfig().base_url),
+            backend=backend, model=model, workload=workload, num_prompts=num_prompts,
+            request_rate=request_rate, arrival=arrival, cv=cv, replay=replay,
+            replay_start_s=replay_start, replay_window_s=replay_window, replay_speed=replay_speed,
+            data_dir=data_dir, seed=seed, max_concurrency=max_concurrency, timeout_s=timeout_s,
+            slo=_slo(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
+        ))
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    try:
+        result = _run(config, quiet=quiet or not sys.stderr.isatty())
+    except BenchError as exc:
+        _fail(str(exc))
+        return
+    _report(result, output_file, output_details, quiet)
+
+
+def _base_url(base_url: str | None, host: str | None, port: int | None, default: str) -> str | None:
+    if host is None and port is None:
+        return base_url
+    if base_url is not None:
+        _fail("give --base-url or --host/--port, not both")
+    parts = urlsplit(default)
+    return f"http://{host or parts.hostname}:{port or parts.port}"
+
+
+def _slo(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | None,
+         slo_tpot_ms: float | None) -> SLO | None:
+    """The SLO from --goodput (its extra words too: sglang's ``--goodput ttft:500 tpot:50``
+    leaves ``tpot:50`` as a stray argument) or from --slo-ttft-ms/--slo-tpot-ms."""
+    from fastpp.backends.bench.config import make_slo, parse_goodput
+
+    if extra_args and goodput is None:
+        _fail(f"unexpected arguments: {' '.join(extra_args)}")
+    if goodput is not None:
+        if slo_ttft_ms is not None or slo_tpot_ms is not None:
+            _fail("give --goodput or --slo-ttft-ms/--slo-tpot-ms, not both")
+        return parse_goodput([*goodput, *extra_args])
+    return make_slo(slo_ttft_ms, slo_tpot_ms)
+
+
+def _run(config: BenchConfig, *, quiet: bool) -> BenchResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpp.backends.bench import run_bench
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+        task = bar.add_task(f"bench {config.base_url}", total=None)  # the count is known once the workload is drawn
+        return run_bench(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _report(result: BenchResult, output_file: Path | None, output_details: bool, quiet: bool) -> None:
+    from fastpp.backends.bench import append_jsonl, format_result
+    from fastpp.backends.bench.report import failure_lines
+
+    typer.echo(format_result(result))
+    if not quiet:
+        for line in failure_lines(result):
+            err_console.print(line, markup=False, highlight=False)
+    if output_file is not None:
+        append_jsonl(result, output_file, details=output_details)
+        if not quiet:
+            err_console.print(f"appended the run to {output_file}", markup=False, highlight=False)
+    if result.is_interrupted:
+        err_console.print(f"[yellow]interrupted:[/] {len(result.records)} sent, "
+                          f"{result.num_not_sent} not sent")
+        raise typer.Exit(_EXIT_INTERRUPTED)

@@ -1,0 +1,333 @@
+"""``fastpp bench`` against a fake OpenAI-compatible server on 127.0.0.1 (see fake_openai_server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from fake_openai_server import FakeBehaviour, FakeOpenAIServer
+from typer.testing import CliRunner
+
+import fastpp.cli.bench_cmd  # noqa: F401  (registers `bench` until cli/app.py lists it)
+from fastpp.backends.bench import (
+    BenchConfig,
+    BenchError,
+    append_jsonl,
+    format_result,
+    jsonl_record,
+    parse_goodput,
+    run_bench,
+    run_bench_async,
+)
+from fastpp.backends.bench.prompts import WORDS, synthetic_prompt
+from fastpp.cli.app import app
+from fastpp.types import SLO, FinishReason, Request
+
+SGLANG_KEYS = {
+    "backend", "dataset_name", "request_rate", "max_concurrency", "server_info", "duration",
+    "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "input_throughput", "output_throughput", "total_throughput", "concurrency",
+    "max_output_tokens_per_s", "max_concurrent_requests",
+    *(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p95", "p99")
+      for m in ("e2e_latency", "ttft", "tpot", "itl")),
+}
+DETAIL_KEYS = {"input_lens", "output_lens", "ttfts", "itls", "errors"}
+
+
+@pytest.fixture
+def serve():
+    """``serve(**behaviour)`` starts a fake server; all are stopped after the test."""
+    servers: list[FakeOpenAIServer] = []
+
+    def start(**behaviour) -> FakeOpenAIServer:
+        srv = FakeOpenAIServer(FakeBehaviour(**behaviour)).__enter__()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.__exit__(None, None, None)
+
+
+def reqs(n: int, prompt_len: int = 12, output_len: int = 4, gap_s: float = 0.0) -> list[Request]:
+    return [Request(i, i * gap_s, prompt_len, output_len) for i in range(n)]
+
+
+def bench(srv: FakeOpenAIServer, requests: list[Request], **config) -> object:
+    return run_bench(BenchConfig(base_url=srv.url, **config), requests=requests)
+
+
+# ---- requests and token counts --------------------------------------------------------------
+
+
+def test_every_request_completes_with_the_workload_lengths_and_payload(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    requests = [Request(i, 0.0, 10 + i, 3 + i) for i in range(6)]
+    res = bench(srv, requests)
+    assert res.model == "fake-model"  # from GET /v1/models
+    assert [r.finish_reason for r in res.records] == [FinishReason.LENGTH] * 6
+    assert [r.num_generated for r in res.records] == [3 + i for i in range(6)]
+    assert [len(r.token_times) for r in res.records] == [3 + i for i in range(6)]
+    assert srv.stats.paths == ["/v1/completions"] * 6
+    body = min(srv.stats.bodies, key=lambda b: b["max_tokens"])
+    assert body["model"] == "fake-model" and body["max_tokens"] == 3 and body["ignore_eos"] is True
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0 and len(body["prompt"].split()) == 10
+    assert sorted(b["max_tokens"] for b in srv.stats.bodies) == [3 + i for i in range(6)]
+    s = res.summary
+    assert s["completed"] == 6 and s["num_aborted"] == 0
+    assert s["total_output_tokens"] == sum(3 + i for i in range(6))
+    assert s["total_input_tokens"] == sum(10 + i for i in range(6))
+    assert s["total_input_tokens_server"] == s["total_input_tokens"] + 6  # the fake's BOS
+
+
+def test_multi_token_chunks_take_the_output_length_from_usage(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002, tokens_per_chunk=3)
+    res = bench(srv, reqs(3, output_len=7))
+    assert all(r.num_generated == 7 and len(r.token_times) == 3 for r in res.records)
+    assert res.summary["total_output_tokens"] == 21
+
+
+def test_chat_backend_sends_messages_and_skips_the_empty_role_chunk(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    res = bench(srv, reqs(3, prompt_len=5, output_len=4), backend="openai-chat", model="my-model")
+    assert srv.stats.paths == ["/v1/chat/completions"] * 3
+    body = srv.stats.bodies[0]
+    assert body["model"] == "my-model" and "prompt" not in body
+    assert body["messages"][0]["role"] == "user" and len(body["messages"][0]["content"].split()) == 5
+    assert all(r.num_generated == 4 and len(r.token_times) == 4 for r in res.records)
+
+
+def test_latencies_match_the_servers_sleeps(serve):
+    ttft_s, itl_s, n_out = 0.05, 0.02, 6
+    srv = serve(ttft_s=ttft_s, itl_s=itl_s)
+    res = bench(srv, reqs(6, output_len=n_out), max_concurrency=3)
+    s = res.summary
+    ttfts = [r.ttft_s for r in res.records]
+    assert min(ttfts) >= ttft_s - 1e-3  # never earlier than the server's first write
+    assert s["median_ttft_ms"] == pytest.approx(ttft_s * 1e3, abs=35)  # client + GIL overhead
+    assert s["median_itl_ms"] == pytest.approx(itl_s * 1e3, abs=6)
+    assert s["mean_tpot_ms"] == pytest.approx(itl_s * 1e3, abs=6)
+    for r in res.records:  # E2E = TTFT + (n-1) chunk gaps + the usage/[DONE] tail
+        assert r.e2e_s == pytest.approx(r.ttft_s + (n_out - 1) * itl_s, abs=0.03)
+        assert len(r.token_times) == n_out and r.token_times == sorted(r.token_times)
+
+
+def test_summary_and_jsonl_have_sglangs_keys_and_append(serve, tmp_path):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    res = bench(srv, reqs(4), slo=SLO(0.5, 0.05))
+    out = tmp_path / "runs" / "bench.jsonl"
+    append_jsonl(res, out)
+    append_jsonl(res, out, details=True)
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert set(first) >= SGLANG_KEYS and not DETAIL_KEYS & set(first)
+    assert list(first)[:5] == ["backend", "dataset_name", "request_rate", "max_concurrency", "server_info"]
+    assert first["dataset_name"] == "azure-conv" and first["backend"] == "openai"
+    assert first["request_rate"] is None  # inf is not JSON: written as null
+    assert first["server_info"]["version"] == "fake-0.1"
+    assert first["slo_met"] is True and first["slo_attainment"] == 1.0
+    assert first["num_prompts"] == 4 and first["interrupted"] is False
+    assert set(second) >= DETAIL_KEYS
+    assert second["input_lens"] == [12] * 4 and second["output_lens"] == [4] * 4
+    assert second["errors"] == [""] * 4 and all(0 < t < 1 for t in second["ttfts"])
+    assert [len(itl) for itl in second["itls"]] == [3] * 4
+    text = format_result(res)
+    assert "Serving Benchmark Result" in text and "Max request concurrency:" in text
+    assert "Mean TTFT (ms):" in text and "SLO attainment (%):" in text
+
+
+def test_server_info_is_null_where_the_server_has_none(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002, has_server_info=False)
+    res = bench(srv, reqs(1))
+    assert res.server_info is None and jsonl_record(res)["server_info"] is None
+
+
+# ---- failures --------------------------------------------------------------------------------
+
+
+def test_http_errors_are_recorded_and_counted_not_raised(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002, fail_every=3)
+    res = bench(srv, reqs(9), max_concurrency=1)  # one at a time: requests 3, 6, 9 fail
+    failed = [r for r in res.records if r.finish_reason == FinishReason.ABORTED]
+    assert [r.req_id for r in failed] == [2, 5, 8]
+    assert all(r.detail == f"HTTP 400: fake failure of request {r.req_id + 1}" for r in failed)
+    assert res.summary["completed"] == 6 and res.summary["num_aborted"] == 3
+    details = jsonl_record(res, details=True)
+    assert details["errors"][2].startswith("HTTP 400") and details["ttfts"][2] is None
+    assert "Aborted requests:                        3" in format_result(res)
+
+
+def test_a_dropped_connection_is_an_error_with_the_partial_output(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002, drop_every=2)
+    res = bench(srv, reqs(4, output_len=8), max_concurrency=1)
+    dropped = [r for r in res.records if r.finish_reason == FinishReason.ABORTED]
+    assert len(dropped) == 2 and res.summary["completed"] == 2
+    assert all("RemoteProtocolError" in r.detail for r in dropped)
+    assert all(0 < r.num_generated < 8 for r in dropped)
+
+
+def test_a_request_past_its_timeout_is_aborted(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.02)
+    t0 = time.perf_counter()
+    res = bench(srv, reqs(2, output_len=50), timeout_s=0.15)
+    assert time.perf_counter() - t0 < 1.0
+    assert all(r.finish_reason == FinishReason.ABORTED and r.detail == "timed out after 0.15 s"
+               for r in res.records)
+
+
+def test_no_server_and_no_model_is_a_clear_error():
+    with FakeOpenAIServer() as srv:  # started then stopped: its port refuses connections
+        url = srv.url
+    with pytest.raises(BenchError, match="pass --model"):
+        run_bench(BenchConfig(base_url=url), requests=reqs(1))
+    res = run_bench(BenchConfig(base_url=url, model="m"), requests=reqs(2))
+    assert all("ConnectError" in r.detail for r in res.records) and res.summary["completed"] == 0
+
+
+# ---- scheduling --------------------------------------------------------------------------------
+
+
+def test_max_concurrency_is_respected(serve):
+    srv = serve(ttft_s=0.03, itl_s=0.01)
+    res = bench(srv, reqs(9), max_concurrency=3)
+    assert srv.stats.peak_streams == 3 and res.summary["max_concurrent_requests"] <= 3
+    unlimited = serve(ttft_s=0.03, itl_s=0.01)
+    bench(unlimited, reqs(9))
+    assert unlimited.stats.peak_streams > 3
+
+
+def test_requests_are_sent_at_their_arrival_times(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    requests = reqs(5, gap_s=0.06)
+    progress: list[tuple[int, int]] = []
+    res = run_bench(BenchConfig(base_url=srv.url), requests=requests,
+                    progress=lambda done, total: progress.append((done, total)))
+    for req, rec in zip(requests, res.records, strict=True):
+        assert 0 <= rec.arrived_at - req.arrived_at < 0.03
+    assert progress[0] == (0, 5) and progress[-1] == (5, 5)
+    assert res.summary["duration"] >= requests[-1].arrived_at
+
+
+def test_workload_requests_come_from_the_registry_with_the_seed():
+    cfg = BenchConfig(workload="cnn-dailymail-synthetic", num_prompts=20, request_rate=5.0, seed=3)
+    first, again = cfg.requests(), cfg.requests()
+    assert first == again and len(first) == 20 and first[-1].arrived_at > 0
+    assert BenchConfig(num_prompts=7).requests()[-1].arrived_at == 0.0  # inf: all at once
+    gamma = BenchConfig(num_prompts=50, request_rate=5.0, arrival="gamma", cv=2.0).requests()
+    assert len(gamma) == 50
+
+
+def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
+    behaviour = FakeBehaviour(ttft_s=0.01, itl_s=0.02)
+    with FakeOpenAIServer(behaviour) as srv:
+        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.perf_counter()
+        timer.start()
+        res = run_bench(BenchConfig(base_url=srv.url, max_concurrency=2), requests=reqs(6, output_len=60))
+        elapsed = time.perf_counter() - t0
+        timer.join()
+    assert elapsed < 1.0  # each request alone would take 1.2 s
+    assert res.is_interrupted and len(res.records) == 2 and res.num_not_sent == 4
+    assert all(r.finish_reason == FinishReason.ABORTED and "cancelled" in r.detail for r in res.records)
+    assert res.summary["completed"] == 0 and res.summary["num_aborted"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert jsonl_record(res)["interrupted"] is True
+
+
+def test_ctrl_c_between_arrivals_keeps_what_finished():
+    with FakeOpenAIServer(FakeBehaviour(ttft_s=0.005, itl_s=0.002)) as srv:
+        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        res = run_bench(BenchConfig(base_url=srv.url), requests=reqs(3, gap_s=10.0))
+        timer.join()
+    assert res.is_interrupted and res.num_not_sent == 2
+    assert res.summary["completed"] == 1 and res.records[0].finish_reason == FinishReason.LENGTH
+
+
+def test_a_stop_before_the_first_request_is_an_error(serve):
+    srv = serve()
+
+    async def stopped_at_once():
+        stop = asyncio.Event()
+        stop.set()
+        return await run_bench_async(BenchConfig(base_url=srv.url), requests=reqs(2), stop=stop)
+
+    with pytest.raises(BenchError, match="interrupted before any request was sent"):
+        asyncio.run(stopped_at_once())
+    assert srv.stats.num_requests == 0
+
+
+# ---- configuration and prompts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"backend": "vllm"}, "backend must be one of openai, openai-chat"),
+    ({"base_url": "localhost:8000"}, "must start with http"),
+    ({"workload": "nope"}, "unknown workload 'nope'"),
+    ({"replay": "azure-conv", "request_rate": 2.0}, "do not apply to a replay"),
+    ({"request_rate": 0.0}, "request_rate must be > 0"),
+    ({"max_concurrency": 0}, "max_concurrency must be >= 1"),
+    ({"timeout_s": float("inf")}, "timeout_s must be a positive"),
+    ({"arrival": "uniform"}, "arrival must be one of poisson, gamma"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**kwargs)
+
+
+def test_goodput_parses_sglangs_form():
+    assert parse_goodput(["ttft:500", "tpot:50"]) == SLO(0.5, 0.05)
+    assert parse_goodput(["ttft:500 tpot:50"]) == parse_goodput(["ttft:500,tpot:50"])
+    assert parse_goodput(["tpot:40"]) == SLO(SLO().ttft_s, 0.04)
+    with pytest.raises(ValueError, match="ttft or tpot"):
+        parse_goodput(["e2el:1000"])
+    with pytest.raises(ValueError, match="look like"):
+        parse_goodput(["ttft=500"])
+
+
+def test_prompts_have_one_word_per_token_and_differ_per_request():
+    text = synthetic_prompt(300, seed=0, req_id=1)
+    assert len(text.split()) == 300 and set(text.split()) <= set(WORDS)
+    assert text == synthetic_prompt(300, seed=0, req_id=1)
+    assert text != synthetic_prompt(300, seed=0, req_id=2) != synthetic_prompt(300, seed=1, req_id=1)
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_end_to_end_writes_the_block_and_the_jsonl_line(serve, tmp_path):
+    srv = serve(ttft_s=0.002, itl_s=0.001)
+    out = tmp_path / "bench.jsonl"
+    args = ["bench", "--base-url", srv.url, "-w", "cnn-dailymail-synthetic", "-n", "5", "-r", "50",
+            "--seed", "1", "--max-concurrency", "2", "--goodput", "ttft:500", "tpot:50",
+            "-o", str(out), "--output-details"]
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "Serving Benchmark Result" in res.stdout and "Successful requests:" in res.stdout
+    assert "Max request concurrency:                 2" in res.stdout
+    assert "appended the run to" in res.stderr and "Serving" not in res.stderr
+    (line,) = out.read_text().splitlines()
+    record = json.loads(line)
+    assert set(record) >= SGLANG_KEYS | DETAIL_KEYS
+    assert record["completed"] == 5 and record["max_concurrency"] == 2 and record["request_rate"] == 50
+    assert record["slo_ttft_ms"] == 500 and record["slo_tpot_ms"] == 50
+    expected = BenchConfig(workload="cnn-dailymail-synthetic", num_prompts=5, request_rate=50, seed=1)
+    assert record["output_lens"] == [r.output_len for r in expected.requests()]
+    assert sorted(b["max_tokens"] for b in srv.stats.bodies) == sorted(record["output_lens"])
+
+
+def test_cli_rejects_bad_options_on_stderr(serve):
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "--backend", "grpc"])
+    assert res.exit_code == 2 and "backend must be one of" in res.stderr
+    res = runner.invoke(app, ["bench", "stray"])
+    assert res.exit_code == 2 and "unexpected arguments: stray" in res.stderr
+    res = runner.invoke(app, ["bench", "--goodput", "ttft:5", "--slo-tpot-ms", "5"])
+    assert res.exit_code == 2 and "not both" in res.stderr
+    res = runner.invoke(app, ["bench", "--base-url", "http://127.0.0.1:1", "--port", "2"])
+    assert res.exit_code == 2 and "not both" in res.stderr
