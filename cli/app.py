@@ -123,9 +123,9 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
     summaries = [r.summary for r in runs]
     write_json(summaries, out / "summary.json")
     if as_json:
-        from fastpp.sim.output import _json_safe
+        from fastpp.metrics import json_safe
 
-        console.print_json(json.dumps(_json_safe(summaries)))
+        console.print_json(json.dumps(json_safe(summaries)))
         return
     first = runs[0]
     title = (f"{first.profile.model.name} on {first.profile.gpu} ({first.profile.interconnect}), "
@@ -158,8 +158,8 @@ def goodput(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
+    from fastpp.metrics import json_safe
     from fastpp.sim.goodput import slo_goodput
-    from fastpp.sim.output import _json_safe
     from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
     from fastpp.types import SLO
 
@@ -191,7 +191,7 @@ def goodput(
         if not as_json:
             console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
     if as_json:
-        console.print_json(json.dumps(_json_safe(results)))
+        console.print_json(json.dumps(json_safe(results)))
     if plot is not None:
         from fastpp.cli.plot_cmd import draw
         from fastpp.sim.output import write_json

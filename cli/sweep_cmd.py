@@ -84,9 +84,9 @@ def sweep(
         _fail(str(exc))
         return
     if as_json:
-        from fastpp.sim.output import _json_safe
+        from fastpp.metrics import json_safe
 
-        print(json.dumps(_json_safe({
+        print(json.dumps(json_safe({
             "out_dir": str(out), "num_points": result.num_points, "num_run": result.num_run,
             "num_skipped": result.num_skipped, "rows": result.rows,
         })))

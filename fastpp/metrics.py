@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -350,6 +351,17 @@ def format_summary(summary: Mapping, title: str = "Serving Benchmark Result") ->
 
 
 # ---- files ---------------------------------------------------------------------------------------
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None, recursively: they are not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def write_records_jsonl(records: Iterable[RequestRecord], path: str | Path) -> Path:

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from fastpp.metrics import write_iterations_csv, write_records_jsonl
+from fastpp.metrics import json_safe, write_iterations_csv, write_records_jsonl
 from fastpp.sim.run import SimulationRun
 from fastpp.sim.timeline import write_chrome_trace
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def write_json(obj: Any, path: Path) -> Path:
-    path.write_text(json.dumps(_json_safe(obj), indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(obj), indent=2) + "\n")
     return path
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from fastpp.sim.output import _json_safe
+from fastpp.metrics import json_safe
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
@@ -52,7 +52,7 @@ def read_rows(path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 def row_line(row: dict[str, Any]) -> str:
     """One JSONL line (with its newline); NaN and infinities become null."""
-    return json.dumps(_json_safe(row), allow_nan=False) + "\n"
+    return json.dumps(json_safe(row), allow_nan=False) + "\n"
 
 
 def rewrite_rows(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
@@ -84,7 +84,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path, preferred: Sequence[st
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
-            safe = _json_safe(row)
+            safe = json_safe(row)
             writer.writerow([_cell(safe.get(c)) for c in columns])
     os.replace(tmp, path)
     return path

@@ -10,27 +10,15 @@ tells them apart). ``--output-details`` adds sglang's per-request lists in secon
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from fastpp.backends.bench.runner import BenchResult
-from fastpp.metrics import format_summary
+from fastpp.metrics import format_summary, json_safe
 from fastpp.types import FinishReason
 
 _COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def format_result(result: BenchResult) -> str:
@@ -86,7 +74,7 @@ def jsonl_record(result: BenchResult, *, details: bool = False) -> dict[str, Any
                   for r, is_ok in zip(recs, ok, strict=True)],
             errors=[r.detail for r in recs],
         )
-    return _json_safe(record)
+    return json_safe(record)
 
 
 def append_jsonl(result: BenchResult, path: str | Path, *, details: bool = False) -> Path:
