@@ -13,6 +13,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from fastpp.cli.options import (
+    ArrivalOpt,
+    CvOpt,
+    DataDirOpt,
+    ReplayOpt,
+    ReplaySpeedOpt,
+    ReplayStartOpt,
+    ReplayWindowOpt,
+    WorkloadOpt,
+)
 from fastpp.cli.render import summary_table, workloads_table
 
 app = typer.Typer(
@@ -37,17 +47,17 @@ def _fail(message: str) -> None:
 
 @app.command()
 def simulate(
-    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")] = None,
+    workload: WorkloadOpt = None,
     rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 4.0]")] = None,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")] = None,
-    arrival: Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")] = None,
-    cv: Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")] = None,
-    replay: Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")] = None,
-    replay_start: Annotated[float | None, typer.Option(help="Replay from this second of the trace.")] = None,
-    replay_window: Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")] = None,
-    replay_speed: Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")] = None,
-    data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = None,
+    replay: ReplayOpt = None,
+    replay_start: ReplayStartOpt = None,
+    replay_window: ReplayWindowOpt = None,
+    replay_speed: ReplaySpeedOpt = None,
+    data_dir: DataDirOpt = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
     deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]")] = None,

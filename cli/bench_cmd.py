@@ -18,6 +18,16 @@ from urllib.parse import urlsplit
 import typer
 
 from fastpp.cli.app import _fail, _given, app, err_console
+from fastpp.cli.options import (
+    ArrivalOpt,
+    CvOpt,
+    DataDirOpt,
+    ReplayOpt,
+    ReplaySpeedOpt,
+    ReplayStartOpt,
+    ReplayWindowOpt,
+    WorkloadOpt,
+)
 
 if TYPE_CHECKING:  # the bench package needs httpx: imported when the command runs
     from fastpp.backends.bench import BenchConfig, BenchResult
@@ -42,16 +52,16 @@ def bench(
     port: Annotated[int | None, typer.Option(help="Server port, instead of --base-url. [default: 30000]")] = None,
     backend: Annotated[str | None, typer.Option("--backend", help="openai (/v1/completions) or openai-chat (/v1/chat/completions). [default: openai]")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to send. [default: the first of GET /v1/models]")] = None,
-    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")] = None,
+    workload: WorkloadOpt = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", "-n", help="Requests to send. [default: 1000; a replay: its whole window]")] = None,
     request_rate: Annotated[float | None, typer.Option("--request-rate", "-r", help="Arrival rate, requests/s; inf sends all at once. [default: inf]")] = None,
-    arrival: Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")] = None,
-    cv: Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")] = None,
-    replay: Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")] = None,
-    replay_start: Annotated[float | None, typer.Option(help="Replay from this second of the trace.")] = None,
-    replay_window: Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")] = None,
-    replay_speed: Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")] = None,
-    data_dir: Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")] = None,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = None,
+    replay: ReplayOpt = None,
+    replay_start: ReplayStartOpt = None,
+    replay_window: ReplayWindowOpt = None,
+    replay_speed: ReplaySpeedOpt = None,
+    data_dir: DataDirOpt = None,
     seed: Annotated[int | None, typer.Option(help="Workload and prompt seed. [default: 0]")] = None,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight at once. [default: no limit]")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Per-request limit, seconds; a request past it is aborted. [default: 300]")] = None,

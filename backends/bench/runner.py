@@ -95,8 +95,10 @@ def run_bench(
             try:
                 loop.add_signal_handler(signal.SIGINT, stop.set)
                 installed = True
-            except (NotImplementedError, RuntimeError):  # no signal support in this loop
-                pass
+            except (NotImplementedError, RuntimeError):
+                # this event loop takes no signal handlers (e.g. not the main loop on some
+                # platforms): Ctrl-C then raises KeyboardInterrupt, handled by the caller
+                installed = False
         try:
             return await run_bench_async(config, requests=requests, progress=progress, stop=stop)
         finally:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from fastpp.predictor import ALPPredictor, LatencyPredictor
@@ -150,7 +150,7 @@ class PredictiveChunkPolicy:
         overhead = profile.host_overhead_s + (profile.token_return_s if profile.pp > 1 else 0.0)
         base = config or PredictiveConfig()
         if config is None or config.round_overhead_s == 0.0:
-            base = PredictiveConfig(**{**_fields(base), "round_overhead_s": overhead + links})
+            base = replace(base, round_overhead_s=overhead + links)
         policy = cls(ALPPredictor.from_profile(profile), base, candidates)
         policy._num_stages = profile.pp
         return policy
@@ -295,6 +295,3 @@ class PredictiveChunkPolicy:
             self.predictor.learn_one(r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx,
                                      entry[0])
 
-
-def _fields(cfg: PredictiveConfig) -> dict:
-    return {name: getattr(cfg, name) for name in PredictiveConfig.__slots__}

@@ -1,0 +1,18 @@
+"""Option declarations shared by several commands (one help text per option)."""
+
+# ruff: noqa: E501  (Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")]
+ArrivalOpt = Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")]
+CvOpt = Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")]
+ReplayOpt = Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")]
+ReplayStartOpt = Annotated[float | None, typer.Option(help="Replay from this second of the trace.")]
+ReplayWindowOpt = Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")]
+ReplaySpeedOpt = Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")]
+DataDirOpt = Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")]
