@@ -208,7 +208,13 @@ class Scheduler:
         self.kv.release(r.kv_tokens)
         r.kv_tokens = 0
         self.remaining_decode_tokens -= r.remaining_output
-        r.fill_len = r.prompt_len + r.num_generated
+        fill = r.prompt_len + r.num_generated
+        if self.kv.round_up(fill + 1) > self.kv.capacity:
+            # recomputed, it could never take another step: it would block the queue's head forever
+            self._end(r, FinishReason.LENGTH, f"stopped after {r.num_generated} tokens: its context of "
+                      f"{fill} tokens no longer fits the KV pool of {self.kv.capacity}")
+            return
+        r.fill_len = fill
         r.num_computed = 0
         r.rec.num_retractions += 1
         self.num_retractions += 1

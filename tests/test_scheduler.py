@@ -126,6 +126,24 @@ def test_decode_growth_retracts_newest_and_recomputes_it():
     assert len(r1.token_times) == 20 and r1.token_times == sorted(set(r1.token_times))
 
 
+def test_a_request_that_outgrows_the_whole_pool_ends_instead_of_blocking_the_queue():
+    # alone, request 0 grows past the 40-token pool; requeued it could never be admitted again
+    clock = FakeClock()
+    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=40, default_chunk=256, new_token_ratio=0.0)
+    sched.add_request(Request(0, 0.0, 30, 50))
+    sched.add_request(Request(1, 0.0, 5, 3))
+    rounds = 0
+    while sched.has_work and rounds < 200:
+        run_round(sched, clock)
+        rounds += 1
+    r0, r1 = sched.records[0], sched.records[1]
+    assert not sched.has_work
+    assert r0.finish_reason == FinishReason.LENGTH and r0.num_generated == 11  # 30 + 10 cached + 1
+    assert "no longer fits the KV pool of 40" in r0.detail
+    assert r1.finish_reason == FinishReason.LENGTH and r1.num_generated == 3
+    assert sched.kv.used == 0
+
+
 def test_abort_frees_kv_in_every_state():
     clock = FakeClock()
     sched = make_scheduler(clock, num_slots=2, default_chunk=16)

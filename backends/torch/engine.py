@@ -1,0 +1,441 @@
+"""The CPU pipeline-parallel engine: the shared Scheduler driving P stage processes.
+
+Threads of the engine's process (which is also stage 0's)::
+
+    callers (HTTP server) --submit/abort--> inbox <--results-- receiver thread <-- last stage
+                                              |
+                                     engine thread: Scheduler.schedule -> stage 0 forward ->
+                                     send to stage 1; on a result: Scheduler.update, events out
+
+The engine thread is the only one that touches the Scheduler, the policies and stage 0's cache.
+Up to D_p = P microbatches are in flight, one per slot. The Scheduler, ChunkPolicy and
+DecodeBalancer are the objects the simulator uses; the engine feeds them measured
+IterationRecords, one per stage and microbatch. Callers get :class:`EngineEvent` callbacks (from
+the engine thread) with each request's new tokens and, once, its finish reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent
+from fastpp.backends.torch.layout import BatchLayout
+from fastpp.backends.torch.sampling import SamplingParams, sample_tokens
+from fastpp.backends.torch.stage_procs import StageProcesses, free_port
+from fastpp.backends.torch.stage_runtime import StageRunner, StageSpec, make_meta
+from fastpp.backends.torch.weights import ModelWeights
+from fastpp.backends.torch.weights_source import WeightsSource
+from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_STOP, Channel
+from fastpp.plan import MicroBatchPlan
+from fastpp.policies import make_policies
+from fastpp.policies.base import ChunkPolicy, DecodeBalancer
+from fastpp.profile import Profile
+from fastpp.scheduler import Scheduler
+from fastpp.scheduler_config import SchedulerConfig
+from fastpp.types import SLO, IterationRecord, Request
+
+log = logging.getLogger(__name__)
+
+CPU_CHUNK_CANDIDATES: tuple[int, ...] = tuple(range(32, 1025, 32))
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped (a stage died or it was shut down); it takes no more requests."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to run the engine. ``ValueError`` on an impossible setting (names the field)."""
+
+    num_stages: int = 2
+    kv_blocks: int = 1024  # per stage; every stage holds the same requests
+    block_size: int = 16  # tokens per KV block = the scheduler's page size
+    policy: str = "static:256"  # chunk policy [+ balancer], as ``fastpp policies`` lists them
+    slo: SLO = field(default_factory=SLO)
+    profile: Profile | None = None  # needed by predictive policies
+    chunk_candidates: tuple[int, ...] = CPU_CHUNK_CANDIDATES
+    max_running_requests: int | None = None
+    new_token_ratio: float = 0.1  # share of running requests' remaining output kept free at admission
+    dtype: str = "float32"
+    threads: int = 1  # intra-op threads per stage
+    seed: int = 0
+    eos_token_id: int | None = None  # the tokenizer's; ends a request unless it sets ignore_eos
+    load_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_stages", "kv_blocks", "block_size", "threads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+class PipelineEngine:
+    """Serve generation requests on ``config.num_stages`` CPU stages. ``start()``, then ``submit``."""
+
+    def __init__(self, source: WeightsSource, config: EngineConfig, weights: ModelWeights | None = None,
+                 chunk_policy: ChunkPolicy | None = None, balancer: DecodeBalancer | None = None) -> None:
+        """``weights``: stage 0's tensors if already loaded; ``chunk_policy`` / ``balancer``:
+        objects to use instead of those ``config.policy`` names (tests inject their own)."""
+        self.source = source
+        self.config = config
+        self.model_config = source.config() if weights is None else weights.config
+        if config.num_stages > self.model_config.num_layers:
+            raise ValueError(f"num_stages {config.num_stages} exceeds the model's "
+                             f"{self.model_config.num_layers} layers")
+        self._weights = weights  # stage 0's (loaded in start() when None)
+        self.spec = StageSpec(source, config.num_stages, config.kv_blocks, config.block_size, config.dtype,
+                              config.threads, port=0, seed=config.seed)
+        self.scheduler_config = SchedulerConfig(
+            num_slots=config.num_stages,
+            kv_capacity_tokens=config.kv_blocks * config.block_size,
+            page_size=config.block_size,
+            max_context=self.model_config.max_context,
+            chunk_candidates=config.chunk_candidates,
+            default_chunk=256,
+            max_running_requests=config.max_running_requests,
+            new_token_ratio=config.new_token_ratio,
+            token_step=config.profile.token_step if config.profile is not None else 0,
+            slo=config.slo,
+        )
+        if chunk_policy is None or balancer is None:
+            named_chunk, named_balancer = make_policies(config.policy, self.scheduler_config, config.profile)
+            chunk_policy = chunk_policy or named_chunk
+            balancer = balancer or named_balancer
+        self._epoch = time.perf_counter()
+        self.scheduler = Scheduler(self.scheduler_config, self._clock, chunk_policy, balancer)
+        self.counters = EngineCounters(config.num_stages)
+        self.error: str | None = None
+        self.final_free_blocks: list[int] | None = None  # per stage, reported at shutdown
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._active: dict[int, ActiveRequest] = {}
+        self._cached: set[int] = set()  # requests holding KV blocks on the stages
+        self._pending_frees: list[int] = []
+        self._inflight: dict[int, tuple[MicroBatchPlan, tuple[int, ...]]] = {}
+        self._submitted = 0
+        self._ended = 0
+        self._lock = threading.Lock()
+        self._procs: StageProcesses | None = None
+        self._stage0: StageRunner | None = None
+        self._to_next: Channel | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._closing = False  # shutdown asked: abort everything, then stop the stages
+        self._failure_callbacks: list[Callable[[str], None]] = []
+        self._generator = torch.Generator().manual_seed(config.seed)
+
+    def _clock(self) -> float:
+        return time.perf_counter() - self._epoch
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> PipelineEngine:
+        """Spawn stages 1..P-1, load stage 0, connect the pipeline, start the engine thread."""
+        cfg = self.config
+        torch.set_num_threads(cfg.threads)
+        if cfg.num_stages > 1:
+            port = free_port()
+            self.spec = StageSpec(**{**{f: getattr(self.spec, f) for f in StageSpec.__slots__}, "port": port})
+            self._procs = StageProcesses(self.spec)
+            self._procs.spawn(cfg.load_timeout_s)
+        weights = self._weights if self._weights is not None else self.source.load(self.spec.torch_dtype)
+        self._stage0 = StageRunner(self.spec, 0, weights)
+        self._weights = None  # stage 0 keeps only its own tensors
+        if cfg.num_stages > 1:
+            assert self._procs is not None
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{self.spec.port}", rank=0,
+                                    world_size=cfg.num_stages, timeout=timedelta(days=7))
+            d = self.model_config.hidden_size
+            self._to_next = Channel(1, FORWARD, d, self.spec.torch_dtype)
+            from_last = Channel(cfg.num_stages - 1, BACKWARD)
+            threading.Thread(target=self._receive, args=(from_last,), name="fastpp-receiver",
+                             daemon=True).start()
+            self._procs.watch(lambda msg: self._inbox.put(("dead", msg)))
+        self._thread = threading.Thread(target=self._run, name="fastpp-engine", daemon=True)
+        self._thread.start()
+        log.info("engine started: %s on %d stage(s), %d KV blocks of %d tokens, policy %s",
+                 self.source.served_name, cfg.num_stages, cfg.kv_blocks, cfg.block_size, cfg.policy)
+        return self
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Abort what is running, stop every stage, and wait for them. Safe to call twice."""
+        if self._thread is not None and self._thread.is_alive():
+            self._closing = True
+            self._inbox.put(("stop",))
+            self._thread.join(timeout_s)
+        if self._procs is not None:
+            self._procs.stopping()
+            self._procs.join(timeout_s if self.error is None else 1.0)
+        if self.config.num_stages > 1 and dist.is_initialized() and self.error is None:
+            dist.destroy_process_group()
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(message)`` (from an engine thread) if a stage dies or the engine fails."""
+        self._failure_callbacks.append(callback)
+
+    def __enter__(self) -> PipelineEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ requests (any thread)
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+               on_event: Callable[[EngineEvent], None]) -> int:
+        """Queue a request and return its id; ``ValueError`` says why a request can never run."""
+        if self.error is not None or self._stopped.is_set() or self._closing:
+            raise EngineDeadError(self.error or "engine is shut down")
+        self.check_prompt(prompt_ids)
+        with self._lock:
+            self._submitted += 1
+            rid = next(self._ids)
+        self._inbox.put(("add", rid, list(prompt_ids), params, on_event))
+        return rid
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """``ValueError`` naming the problem if ``prompt_ids`` can never be served."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{vocab - 1}")
+        limit = self.model_config.max_context
+        if n >= limit:
+            raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
+                             "(prompt + at least one output token)")
+        kv = self.scheduler_config.kv_capacity_tokens
+        bs = self.config.block_size
+        if -(-(n + 1) // bs) * bs > kv:
+            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of {kv} tokens")
+
+    def abort(self, req_id: int) -> None:
+        """End ``req_id`` early and free its KV (no-op if it already ended)."""
+        self._inbox.put(("abort", req_id))
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests submitted and not yet ended."""
+        return self._submitted - self._ended
+
+    @property
+    def num_queued(self) -> int:
+        """Requests submitted and not yet admitted (waiting for KV or a chunk budget)."""
+        admitted = len(self.scheduler.live) - len(self.scheduler.waiting)
+        return max(0, self.num_unfinished - admitted)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stage0_free_blocks(self) -> int:
+        assert self._stage0 is not None
+        return self._stage0.cache.num_free_blocks
+
+    # ------------------------------------------------------------------ engine thread
+    def _receive(self, channel: Channel) -> None:
+        try:
+            while True:
+                kind, payload, _ = channel.recv()
+                self._inbox.put(("stopped", payload) if kind == KIND_STOP else ("result", payload))
+                if kind == KIND_STOP:
+                    return
+        except Exception as exc:
+            if not self._stopped.is_set():
+                self._inbox.put(("dead", f"lost the last stage: {exc}"))
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            self._fail(f"engine thread failed:\n{traceback.format_exc()}")
+        finally:
+            self._stopped.set()
+
+    def _loop(self) -> None:
+        stop_sent = False
+        while True:
+            idle = not self._inflight and not self.scheduler.has_work
+            try:
+                item = self._inbox.get(timeout=None if idle else 1.0)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                kind = item[0]
+                if kind == "dead":
+                    self._fail(item[1])
+                    return
+                if kind == "stopped":
+                    self.final_free_blocks = item[1]["free_blocks"]
+                    return
+                if kind == "stop":
+                    self._closing = True
+                    for rid in list(self._active):
+                        self.scheduler.abort(rid, "engine shut down")
+                else:
+                    self._handle(item)
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            self._reconcile()
+            if self._closing:
+                if not self._inflight and not stop_sent:
+                    stop_sent = True
+                    self._send_stop()
+                    if self._to_next is None:
+                        return
+                continue
+            self._launch_free_slots()
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "add":
+            _, rid, prompt, params, on_event = item
+            req = Request(rid, self._clock(), len(prompt), params.max_tokens)
+            eos = self.config.eos_token_id
+            stops = set(params.stop_token_ids)
+            if eos is not None and not params.ignore_eos:
+                stops.add(eos)
+            self._active[rid] = ActiveRequest(rid, prompt, len(prompt), params, frozenset(stops), on_event)
+            self.counters.prompt_tokens += len(prompt)
+            self.scheduler.add_request(req)
+            if self._closing:
+                self.scheduler.abort(rid, "engine shut down")
+        elif kind == "abort":
+            if item[1] in self._active:
+                self.scheduler.abort(item[1])
+        elif kind == "result":
+            self._complete(item[1])
+        else:
+            raise RuntimeError(f"unknown engine message {kind!r}")
+
+    def _launch_free_slots(self) -> None:
+        sched = self.scheduler
+        for slot in range(self.scheduler_config.num_slots):
+            if sched.in_flight[slot] is not None:
+                continue
+            plan = sched.schedule(slot)
+            if plan is not None:
+                self._reconcile()  # schedule() may have retracted requests: free their blocks first
+                self._launch(plan)
+
+    def _launch(self, plan: MicroBatchPlan) -> None:
+        assert self._stage0 is not None
+        layout = BatchLayout.from_plan(plan)
+        live = self.scheduler.live
+        allocs: list[tuple[int, int]] = []
+        ids: list[int] = []
+        rows: list[tuple] = []
+        for s in layout.seqs:
+            a = self._active[s.req_id]
+            target = live[s.req_id].kv_tokens
+            if target != a.kv_tokens:
+                allocs.append((s.req_id, target))
+                a.kv_tokens = target
+                self._cached.add(s.req_id)
+            if len(a.tokens) < s.context_len:
+                raise RuntimeError(f"request {s.req_id}: microbatch needs {s.context_len} tokens, "
+                                   f"engine has {len(a.tokens)}")
+            ids.extend(a.tokens[s.num_cached_tokens:s.context_len])
+            if s.samples:
+                rows.append(a.params.row(len(a.tokens) - a.prompt_len))
+        frees, self._pending_frees = self._pending_frees, []
+        meta = make_meta(plan.mb_id, layout, frees, allocs, rows, [])
+        out = self._stage0.run(meta, torch.tensor(ids, dtype=torch.int64))
+        self._inflight[plan.mb_id] = (plan, layout.sample_req_ids)
+        if self._to_next is None:  # a single stage: it is also the last
+            tokens = sample_tokens(out, rows, self._generator)
+            self._inbox.put(("result", {"mb": plan.mb_id, "tokens": tokens, "times": meta["times"]}))
+        else:
+            self._to_next.send(KIND_BATCH, meta, out)
+
+    def _complete(self, result: dict) -> None:
+        plan, sample_ids = self._inflight.pop(result["mb"])
+        sched = self.scheduler
+        new: dict[int, int] = {}
+        stopped = []
+        for rid, tok in zip(sample_ids, result["tokens"], strict=True):
+            live = sched.live.get(rid)
+            a = self._active.get(rid)
+            if live is None or live.aborted or a is None:
+                continue
+            a.tokens.append(tok)
+            a.unsent.append(tok)
+            new[rid] = tok
+            if tok in a.stop_ids:
+                stopped.append(rid)
+        sched.update(plan, stopped)
+        self.counters.generated_tokens += len(new)
+        self.counters.microbatches += 1
+        for rank, t0, t1 in result["times"]:
+            rec = IterationRecord(plan.mb_id, rank, plan.slot, t0 - self._epoch, t1 - self._epoch,
+                                  plan.num_tokens, plan.num_prefill_tokens, len(plan.decode_req_ids),
+                                  plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx, plan.chunk_budget,
+                                  plan.reason)
+            self.counters.stage_busy_s[rank] += t1 - t0
+            sched.observe(rec)
+        for rid in new:
+            a = self._active[rid]
+            if not sched.records[rid].is_finished:  # else _reconcile sends it with the finish
+                a.on_event(EngineEvent(rid, tuple(a.unsent)))
+                a.unsent.clear()
+
+    def _reconcile(self) -> None:
+        """Free the blocks of requests that ended or were retracted; send each end once."""
+        sched = self.scheduler
+        for rid in list(self._cached):
+            live = sched.live.get(rid)
+            a = self._active.get(rid)
+            if live is None or a is None or live.rec.num_retractions != a.retractions:
+                self._cached.discard(rid)
+                self._pending_frees.append(rid)
+                if a is not None:
+                    a.kv_tokens = 0
+                    if live is not None:
+                        a.retractions = live.rec.num_retractions
+        if self._stage0 is not None:
+            for rid in self._pending_frees:
+                if rid in self._stage0.cache:
+                    self._stage0.cache.free(rid)
+        for rid in [r for r, a in self._active.items() if sched.records[r].is_finished]:
+            a = self._active.pop(rid)
+            rec = sched.records[rid]
+            self._ended += 1
+            reason = str(rec.finish_reason)
+            self.counters.count_end(reason, rec)
+            a.on_event(EngineEvent(rid, tuple(a.unsent), reason, rec.detail))
+
+    def _send_stop(self) -> None:
+        assert self._stage0 is not None
+        frees, self._pending_frees = self._pending_frees, []
+        free_blocks = [self._stage0.cache.num_free_blocks]
+        if self._to_next is None:
+            self.final_free_blocks = free_blocks
+            return
+        self._to_next.send(KIND_STOP, {"frees": frees, "free_blocks": free_blocks})
+
+    def _fail(self, message: str) -> None:
+        self.error = message
+        log.error("engine stopped: %s", message)
+        for rid, a in list(self._active.items()):
+            a.on_event(EngineEvent(rid, (), "error", message))
+        self._ended += len(self._active)
+        self._active.clear()
+        for cb in self._failure_callbacks:
+            try:
+                cb(message)
+            except Exception:
+                log.exception("failure callback raised")

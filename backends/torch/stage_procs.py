@@ -1,0 +1,125 @@
+"""Stage processes 1..P-1: spawn them, wait until each has loaded, and watch for deaths."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import socket
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+from fastpp.backends.torch.stage_runtime import StageSpec, stage_main
+
+log = logging.getLogger(__name__)
+
+
+class StageStartError(RuntimeError):
+    """A stage process failed to start (load error, early exit, or load timeout)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now (for the gloo rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StageProcesses:
+    """Processes of stages 1..P-1 (none when P = 1)."""
+
+    def __init__(self, spec: StageSpec) -> None:
+        self.spec = spec
+        self.procs: list[mp.process.BaseProcess] = []
+        self._stopping = threading.Event()
+
+    def spawn(self, load_timeout_s: float) -> None:
+        """Start every stage and return once all have loaded their weights.
+
+        Raises :class:`StageStartError` (with the stage's own message) if one fails or exits.
+        """
+        ctx = mp.get_context("spawn")  # fork would copy stage 0's torch threads and locks
+        conns = {}
+        for rank in range(1, self.spec.num_stages):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=stage_main, args=(rank, self.spec, child), name=f"fastpp-stage-{rank}",
+                               daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            conns[parent] = rank
+        deadline = time.monotonic() + load_timeout_s
+        waiting = dict(conns)
+        sentinels = {p.sentinel: i + 1 for i, p in enumerate(self.procs)}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.terminate()
+                raise StageStartError(f"stages {sorted(waiting.values())} did not load within "
+                                      f"{load_timeout_s:.0f} s")
+            for ready in wait(list(waiting) + list(sentinels), timeout=left):
+                if ready in sentinels:
+                    rank = sentinels[ready]
+                    if any(r == rank for r in waiting.values()):
+                        msg = self._drain_error(conns, rank)
+                        self.terminate()
+                        raise StageStartError(msg or f"stage {rank} exited with code "
+                                              f"{self.procs[rank - 1].exitcode} while loading")
+                    continue
+                try:
+                    kind, value = ready.recv()  # type: ignore[union-attr]
+                except EOFError:
+                    continue  # its sentinel reports the exit
+                if kind == "error":
+                    self.terminate()
+                    raise StageStartError(value)
+                del waiting[ready]
+
+    @staticmethod
+    def _drain_error(conns: dict, rank: int) -> str:
+        for conn, r in conns.items():
+            if r == rank and conn.poll():
+                try:
+                    kind, value = conn.recv()
+                except EOFError:
+                    return ""
+                if kind == "error":
+                    return value
+        return ""
+
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        """Call ``on_death(message)`` from a daemon thread if a stage exits before :meth:`stop`."""
+        if not self.procs:
+            return
+
+        def run() -> None:
+            by_sentinel = {p.sentinel: (i + 1, p) for i, p in enumerate(self.procs)}
+            wait(list(by_sentinel))
+            if self._stopping.is_set():
+                return
+            for rank, proc in by_sentinel.values():
+                if not proc.is_alive():
+                    on_death(f"stage {rank} process (pid {proc.pid}) exited with code {proc.exitcode}")
+                    return
+
+        threading.Thread(target=run, name="fastpp-stage-watch", daemon=True).start()
+
+    def stopping(self) -> None:
+        """Say that exits from now on are expected."""
+        self._stopping.set()
+
+    def join(self, timeout_s: float) -> None:
+        for p in self.procs:
+            p.join(timeout_s)
+        self.terminate()
+
+    def terminate(self) -> None:
+        self._stopping.set()
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()

@@ -1,0 +1,147 @@
+"""One pipeline stage at run time: its layers, its paged KV cache, and the loop of a stage process.
+
+Stage 0 runs inside the engine's process (``PipelineEngine``); stages 1..P-1 run
+:func:`stage_main` in processes of their own. Every stage applies the same KV frees and
+allocations, carried by each microbatch, before computing it, so all caches hold the same
+requests. A microbatch's metadata (a plain dict, see :func:`make_meta`) travels with its hidden
+states and collects each stage's (rank, start, end) times on ``time.perf_counter``'s clock,
+which is CLOCK_MONOTONIC and so comparable across processes on one machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fastpp.backends.torch.layout import BatchLayout
+from fastpp.backends.torch.model import StageModel, split_layers
+from fastpp.backends.torch.sampling import sample_tokens
+from fastpp.backends.torch.weights import ModelWeights
+from fastpp.backends.torch.weights_source import WeightsSource
+from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_RESULT, KIND_STOP, Channel
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# p2p receives wait this long before gloo gives up; an idle server must not time out
+PROCESS_GROUP_TIMEOUT = timedelta(days=7)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """Everything a stage process needs, picklable (it crosses a spawn)."""
+
+    weights: WeightsSource
+    num_stages: int
+    kv_blocks: int
+    block_size: int
+    dtype: str = "float32"
+    threads: int = 1  # intra-op threads per stage
+    port: int = 0  # rendezvous port on 127.0.0.1
+    seed: int = 0  # the sampler's seed for requests without one
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("num_stages", "kv_blocks", "block_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def make_meta(mb_id: int, layout: BatchLayout, frees: list[int], allocs: list[tuple[int, int]],
+              rows: list[tuple], times: list[tuple[int, float, float]]) -> dict[str, Any]:
+    """The plain-data description of one microbatch that travels down the pipeline."""
+    seqs = [(s.req_id, s.num_new_tokens, s.num_cached_tokens, s.samples) for s in layout.seqs]
+    return {"mb": mb_id, "seqs": seqs, "frees": frees, "allocs": allocs, "rows": rows, "times": times}
+
+
+class StageRunner:
+    """A loaded stage and its cache; ``run`` applies a microbatch's KV changes, then computes it."""
+
+    def __init__(self, spec: StageSpec, rank: int, weights: ModelWeights) -> None:
+        config = weights.config
+        ranges = split_layers(config.num_layers, spec.num_stages)
+        self.rank = rank
+        self.is_last = rank == spec.num_stages - 1
+        self.model = StageModel(config, ranges[rank], has_embedding=rank == 0, has_lm_head=self.is_last,
+                                dtype=spec.torch_dtype)
+        self.model.load_weights(weights)
+        self.cache = self.model.make_kv_cache(spec.kv_blocks, spec.block_size)
+
+    def apply_kv(self, frees: list[int], allocs: list[tuple[int, int]]) -> None:
+        for rid in frees:
+            if rid in self.cache:
+                self.cache.free(rid)
+        for rid, target in allocs:
+            grow = target - self.cache.num_tokens(rid)
+            if grow > 0:
+                self.cache.allocate(rid, grow)
+
+    def run(self, meta: dict[str, Any], inputs: torch.Tensor) -> torch.Tensor:
+        self.apply_kv(meta["frees"], meta["allocs"])
+        layout = BatchLayout.build(meta["seqs"])
+        t0 = time.perf_counter()
+        out = self.model(inputs, layout, self.cache)
+        meta["times"].append((self.rank, t0, time.perf_counter()))
+        return out
+
+
+def stage_main(rank: int, spec: StageSpec, conn: Any) -> None:
+    """Body of stage process ``rank`` >= 1: load, report ready on ``conn``, then serve microbatches.
+
+    Exits 0 after a STOP message; on any error logs it and exits 1, which closes its sockets, so
+    its neighbours' receives fail too and the engine learns of the death.
+    """
+    logging.basicConfig(level=logging.INFO, format=f"[stage {rank}] %(levelname)s %(message)s")
+    torch.set_num_threads(spec.threads)
+    try:
+        runner = StageRunner(spec, rank, spec.weights.load(spec.torch_dtype))
+    except Exception as exc:  # report why, then die: the engine prints it
+        conn.send(("error", f"stage {rank} failed to load: {exc!r}\n{traceback.format_exc()}"))
+        os._exit(1)
+    conn.send(("ready", rank))
+    conn.close()
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+                                world_size=spec.num_stages, timeout=PROCESS_GROUP_TIMEOUT)
+        serve_stage(runner, spec)
+        dist.destroy_process_group()
+    except Exception:
+        log.error("stage %d stopped on an error:\n%s", rank, traceback.format_exc())
+        os._exit(1)
+
+
+def serve_stage(runner: StageRunner, spec: StageSpec) -> None:
+    """Receive, compute, pass on, until STOP. The last stage samples and returns tokens to stage 0."""
+    hidden_size = runner.model.config.hidden_size
+    inbox = Channel(runner.rank - 1, FORWARD, hidden_size, spec.torch_dtype)
+    outbox = Channel(0, BACKWARD) if runner.is_last else \
+        Channel(runner.rank + 1, FORWARD, hidden_size, spec.torch_dtype)
+    generator = torch.Generator().manual_seed(spec.seed)
+    while True:
+        kind, meta, hidden = inbox.recv()
+        if kind == KIND_STOP:
+            runner.apply_kv(meta["frees"], [])
+            meta["free_blocks"].append(runner.cache.num_free_blocks)
+            outbox.send(KIND_STOP, meta)
+            outbox.flush()
+            return
+        assert hidden is not None
+        out = runner.run(meta, hidden)
+        if runner.is_last:
+            tokens = sample_tokens(out, meta["rows"], generator)
+            outbox.send(KIND_RESULT, {"mb": meta["mb"], "tokens": tokens, "times": meta["times"]})
+        else:
+            outbox.send(KIND_BATCH, meta, out)
