@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`). [default: azure-conv]")]
+WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`), or random:IN:OUT[:RATIO] for uniform lengths like sglang's random dataset. [default: azure-conv]")]
 ArrivalOpt = Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")]
 CvOpt = Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")]
 ReplayOpt = Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")]

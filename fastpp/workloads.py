@@ -33,6 +33,8 @@ from fastpp.length_tables import (
     read_length_csv,
 )
 from fastpp.types import Request
+from fastpp.uniform_lengths import PREFIX as UNIFORM_PREFIX
+from fastpp.uniform_lengths import UniformLengths
 
 __all__ = [
     "DEFAULT_WORKLOAD", "WORKLOADS", "EmpiricalLengths", "LengthSampler", "LengthTable",
@@ -264,6 +266,8 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 def _sampler(workload: str | LengthSampler, data_dir: str | Path | None) -> LengthSampler:
     if not isinstance(workload, str):
         return workload
+    if workload.startswith(UNIFORM_PREFIX):
+        return UniformLengths.parse(workload)
     spec = WORKLOADS.get(workload)
     if spec is None:
         raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")

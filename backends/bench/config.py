@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fastpp.types import SLO, Request
+from fastpp.uniform_lengths import UniformLengths
 from fastpp.workloads import (
     ARRIVALS,
     DEFAULT_WORKLOAD,
@@ -90,6 +91,8 @@ class BenchConfig:
             # a trace brings its own arrival times: a rate or arrival process would be ignored
             if math.isfinite(self.request_rate) or self.arrival != "poisson" or self.cv != 1.0:
                 raise ValueError("request_rate, arrival and cv do not apply to a replay; use replay_speed")
+        elif self.workload.startswith("random:"):
+            UniformLengths.parse(self.workload)  # raises naming the bad part
         elif self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
 

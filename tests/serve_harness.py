@@ -1,0 +1,94 @@
+"""Run ``fastpp serve`` as a subprocess on a free port, for tests that talk to it over loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``with ServerProcess([...extra args]) as srv:`` -> ``srv.url``; logs in ``srv.log()``."""
+
+    def __init__(self, *args: str, start_timeout_s: float = 180.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # not `-m fastpp.cli.app`: as __main__ the app module would be a second copy without the
+        # subcommands that register themselves on fastpp.cli.app
+        launch = "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()"
+        self.args = [sys.executable, "-c", launch, "serve", "--port", str(self.port), *args]
+        self.start_timeout_s = start_timeout_s
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (lives with the server)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server not healthy within {self.start_timeout_s} s:\n{self.log()}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """Ctrl-C the server and wait for it; returns its exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        self._log.flush()
+        with open(self._log.name) as f:
+            return f.read()
+
+    def stage_pids(self) -> list[int]:
+        """PIDs of the stage processes (spawned children; not multiprocessing's resource tracker)."""
+        assert self.proc is not None
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        pids = []
+        for pid in map(int, out.stdout.split()):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    pids.append(pid)
+        return pids
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` samples by full name with labels (model_name label dropped)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line:
+                continue
+            name, value = line.rsplit(" ", 1)
+            name = name.replace('model_name="random-tiny",', "").replace('{model_name="random-tiny"}', "")
+            values[name] = float(value)
+        return values
