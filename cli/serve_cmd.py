@@ -55,7 +55,8 @@ def serve(
     from fastpp.profile import load_profile
     from fastpp.types import SLO
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)  # main() configured WARNING already
     try:
         source = WeightsSource.parse(model, seed=seed or 0)
         slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)

@@ -59,6 +59,7 @@ def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
     e.one("kv_cache_usage_ratio", "gauge", "Share of KV reserved.", sched.kv.used / sched.kv.capacity)
     e.one("kv_blocks_total", "gauge", "KV blocks per stage.", cfg.kv_blocks)
     e.one("kv_blocks_free", "gauge", "Free KV blocks on stage 0.", engine.stage0_free_blocks)
+    e.one("requests_received_total", "counter", "Requests passed to the engine.", engine.num_received)
     e.one("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", c.prompt_tokens)
     e.one("generation_tokens_total", "counter", "Output tokens generated.", c.generated_tokens)
     e.one("microbatches_total", "counter", "Microbatches completed.", c.microbatches)

@@ -40,6 +40,8 @@ def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0
              config.num_stages, config.policy)
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
+        pass
     finally:
         engine.shutdown()
         if engine.final_free_blocks is not None:

@@ -230,6 +230,11 @@ class PipelineEngine:
         return self._submitted - self._ended
 
     @property
+    def num_received(self) -> int:
+        """Requests submitted so far."""
+        return self._submitted
+
+    @property
     def num_queued(self) -> int:
         """Requests submitted and not yet admitted (waiting for KV or a chunk budget)."""
         admitted = len(self.scheduler.live) - len(self.scheduler.waiting)
