@@ -257,9 +257,11 @@ class PipelineEngine:
                 self._inbox.put(("stopped", payload) if kind == KIND_STOP else ("result", payload))
                 if kind == KIND_STOP:
                     return
-        except Exception as exc:
-            if not self._stopped.is_set():
-                self._inbox.put(("dead", f"lost the last stage: {exc}"))
+        except Exception as exc:  # a stage died: its neighbours' sockets closed
+            if not self._stopped.is_set() and not self._closing:
+                dead = self._procs.deaths(wait_s=2.0) if self._procs is not None else ""
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self._inbox.put(("dead", dead or f"lost the last stage: {first_line}"))
 
     def _run(self) -> None:
         try:

@@ -94,16 +94,22 @@ class StageProcesses:
             return
 
         def run() -> None:
-            by_sentinel = {p.sentinel: (i + 1, p) for i, p in enumerate(self.procs)}
-            wait(list(by_sentinel))
+            wait([p.sentinel for p in self.procs])
             if self._stopping.is_set():
                 return
-            for rank, proc in by_sentinel.values():
-                if not proc.is_alive():
-                    on_death(f"stage {rank} process (pid {proc.pid}) exited with code {proc.exitcode}")
-                    return
+            on_death(self.deaths(wait_s=1.0))
 
         threading.Thread(target=run, name="fastpp-stage-watch", daemon=True).start()
+
+    def deaths(self, wait_s: float = 0.0) -> str:
+        """Which stages have exited, and how ("" if none); waits up to ``wait_s`` for one to."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [f"stage {i + 1} process (pid {p.pid}) exited with code {p.exitcode}"
+                    for i, p in enumerate(self.procs) if p.exitcode is not None]
+            if dead or time.monotonic() >= deadline:
+                return "; ".join(dead)
+            time.sleep(0.05)
 
     def stopping(self) -> None:
         """Say that exits from now on are expected."""
