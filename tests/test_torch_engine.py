@@ -109,6 +109,24 @@ def test_random_chunks_parking_and_retraction_do_not_change_outputs():
     check_no_leak(engine)
 
 
+@pytest.mark.slow
+def test_three_stages_with_a_middle_stage_match_the_reference():
+    source = WeightsSource.parse("random:tiny4")
+    weights = random_weights("tiny4")
+    engine = PipelineEngine(source, EngineConfig(num_stages=3, kv_blocks=128, block_size=4,
+                                                 policy="static:32")).start()
+    got = Collector()
+    try:
+        reqs = workload(11, 8, 120, 10)
+        ids = {engine.submit(p, SamplingParams(max_tokens=n), got): (p, n) for p, n in reqs}
+        got.wait(len(ids))
+    finally:
+        engine.shutdown()
+    for rid, (prompt, n) in ids.items():
+        assert got.tokens[rid] == reference_generate(weights, prompt, n), rid
+    check_no_leak(engine)
+
+
 def test_single_stage_engine_runs_in_process():
     engine = PipelineEngine(SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=16,
                                                  policy="static:48")).start()

