@@ -1,6 +1,6 @@
 """Goodput of the chunk policies in simulation (PAPER.md section 5, the policies issue's checks).
 
-    python benchmarks/policy_goodput.py                 # both experiments, ~10 min on 2 cores
+    python benchmarks/policy_goodput.py                 # both experiments, ~10-15 min on 2 cores
     python benchmarks/policy_goodput.py --only azure    # or --only cnnr
 
 Deployment: Qwen2.5-32B (BF16) on 4 x A100-40GB over PCIe 4.0, PP=4, analytic profile; SLO P90
@@ -10,7 +10,10 @@ TTFT <= 2 s and P90 TPOT <= 200 ms; Poisson arrivals; seeds 0 and 1 pooled; good
 1. azure: goodput of static chunks 256..2048 ("best static" = PP_static of the paper), of greedy,
    predictive and upstream; then, at the best static chunk's goodput rate, P90 TPOT (and mean
    E2E) of the best static chunk and of the predictive policy on the same requests.
-2. cnnr: goodput of predictive and predictive+ds on CNN-Reversed (synthetic, 65 in / 884 out).
+2. cnnr: goodput of predictive and predictive+ds on CNN-Reversed (synthetic, 65 in / 884 out), and
+   of the best static chunk for this workload (256, docs/RESULTS.md) with and without DS; then, at
+   the goodput rate of each policy with DS (seed 0), what delay scheduling could act on: the
+   share of microbatches holding more decodes than one 128-token tile, and KV use of the running set.
 """
 
 from __future__ import annotations
@@ -59,11 +62,36 @@ def azure() -> None:
               f"{m['mean_bubble_fraction']:.1%}", flush=True)
 
 
+def tile_use(workload: WorkloadConfig, policy: str, rate: float) -> None:
+    """What DS could act on at ``rate`` (seed 0, arrivals after the first 30% of the span):
+    microbatches (stage 0) whose decode count exceeds one tile, the largest, parks, KV use."""
+    n = max(300, int(probe_span_s(workload, DeploymentConfig().slo) * rate))
+    run = run_simulation(replace(workload, rate=rate, seed=0, num_requests=n),
+                         DeploymentConfig(policy=policy))
+    step, cap = run.profile.token_step, run.profile.kv_capacity_tokens
+    last_arrival = max(r.arrived_at for r in run.result.records)
+    mbs = [i for i in run.result.iterations if i.stage == 0]
+    steady = [k for k, i in enumerate(mbs) if 0.3 * last_arrival < i.started_at < last_arrival]
+    over = sum(mbs[k].num_decode_reqs > step for k in steady) / len(steady)
+    # the running set is spread over the D_p slots: D_p consecutive microbatches hold all of it
+    pp = run.profile.pp
+    windows = [mbs[k - pp + 1:k + 1] for k in steady if k >= pp - 1]
+    running = sum(sum(i.num_decode_reqs for i in w) for w in windows) / len(windows)
+    kv = sum(sum(i.sum_dec_ctx + i.num_decode_reqs for i in w) for w in windows) / len(windows) / cap
+    print(f"  {policy:<16} at {rate:.2f} req/s: microbatches with > {step} decodes {over:6.1%}, "
+          f"max {max(mbs[k].num_decode_reqs for k in steady)}; running {running:.0f} requests, "
+          f"their KV {kv:.0%} of {cap:,} tokens; parks {sum(r.num_parked for r in run.result.records)}",
+          flush=True)
+
+
 def cnnr() -> None:
     wl = WorkloadConfig(name="cnn-reversed-synthetic")
     print("cnn-reversed-synthetic (65 in / 884 out), Qwen2.5-32B PP=4, A100-40GB PCIe")
-    for policy in ("predictive", "predictive+ds"):
-        goodput(wl, policy)
+    rates = {policy: goodput(wl, policy)
+             for policy in ("predictive", "predictive+ds", "static:256", "static:256+ds")}
+    print("what DS could act on, at the goodput rate of the policy with DS (seed 0):")
+    for policy in ("predictive", "predictive+ds", "static:256", "static:256+ds"):
+        tile_use(wl, policy, rates[policy.removesuffix("+ds") + "+ds"])
 
 
 def main() -> None:
