@@ -74,6 +74,7 @@ def load_text(source: WeightsSource) -> tuple[Tokenizer, ChatTemplate]:
         from fastpp.backends.torch.tokenizer import ByteBPETokenizer
 
         return ByteBPETokenizer.from_gguf(smollm2_gguf_path()), ChatTemplate(True, SMOLLM2_SYSTEM)
-    raise ValueError(f"serving {source.path}: reading a tokenizer from a Hugging Face directory is not "
-                     "supported yet (weights load; tokenizer.json does not); use --model smollm2 or "
-                     "random:<config>")
+    from fastpp.backends.torch.hf_tokenizer import load_hf_tokenizer
+
+    tokenizer = load_hf_tokenizer(source.path)
+    return tokenizer, ChatTemplate(chatml="<|im_start|>" in tokenizer.vocab)

@@ -44,10 +44,13 @@ class ByteBPETokenizer:
     """
 
     def __init__(self, tokens: Sequence[str], merges: Iterable[str], special_ids: Iterable[int],
-                 eos_token_id: int, pre: str) -> None:
+                 eos_token_id: int | None, pre: str, pattern: str | None = None) -> None:
+        """``pre`` names a known pre-tokenizer; ``pattern``, if given, replaces its split regex
+        (Hugging Face ``Split`` pre-tokenizers carry their own, e.g. Qwen2's)."""
         if pre not in PRE_TOKENIZERS:
             raise ValueError(f"pre-tokenizer {pre!r} not supported; known: {sorted(PRE_TOKENIZERS)}")
-        self.split_digits, pattern = PRE_TOKENIZERS[pre]
+        self.split_digits, known = PRE_TOKENIZERS[pre]
+        pattern = pattern or known
         self._pattern = regex.compile(pattern)
         self.tokens = list(tokens)
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
