@@ -15,10 +15,10 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
-from serve_harness import ServerProcess  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from fastpp.backends.bench.config import BenchConfig  # noqa: E402
+from fastpp.backends.openai_server.launcher import ServerProcess  # noqa: E402
 from fastpp.backends.torch import random_weights, reference_generate  # noqa: E402
 from fastpp.cli.app import app  # noqa: E402
 

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
-from serve_harness import ServerProcess  # noqa: E402
 
+from fastpp.backends.openai_server.launcher import ServerProcess  # noqa: E402
 from fastpp.backends.torch import random_weights, reference_generate  # noqa: E402
 
 SOAK_S = float(os.environ.get("FASTPP_SOAK_S", "40"))

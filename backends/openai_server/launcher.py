@@ -1,8 +1,10 @@
-"""Run ``fastpp serve`` as a subprocess on a free port, for tests that talk to it over loopback."""
+"""Run ``fastpp serve`` as a subprocess on a free port: for tests and benchmarks that talk to it
+over loopback (needs httpx)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -11,6 +13,11 @@ import tempfile
 import time
 
 import httpx
+
+# `fastpp` in this interpreter. Not `-m fastpp.cli.app`: as __main__ the app module would be a
+# second copy, without the subcommands that register themselves on fastpp.cli.app.
+FASTPP_COMMAND = (sys.executable, "-c",
+                  "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()")
 
 
 def free_port() -> int:
@@ -25,10 +32,7 @@ class ServerProcess:
     def __init__(self, *args: str, start_timeout_s: float = 180.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # not `-m fastpp.cli.app`: as __main__ the app module would be a second copy without the
-        # subcommands that register themselves on fastpp.cli.app
-        launch = "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()"
-        self.args = [sys.executable, "-c", launch, "serve", "--port", str(self.port), *args]
+        self.args = [*FASTPP_COMMAND, "serve", "--port", str(self.port), *args]
         self.start_timeout_s = start_timeout_s
         self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (lives with the server)
         self.proc: subprocess.Popen | None = None
@@ -89,6 +93,6 @@ class ServerProcess:
             if line.startswith("#") or not line:
                 continue
             name, value = line.rsplit(" ", 1)
-            name = name.replace('model_name="random-tiny",', "").replace('{model_name="random-tiny"}', "")
+            name = re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")
             values[name] = float(value)
         return values
