@@ -247,36 +247,11 @@ def policies() -> None:
     console.print("spec: NAME[:ARG][+BALANCER[:ARG]], e.g. static:512, greedy:p90, predictive+ds")
 
 
-@app.command()
-def profile(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model name.")] = "Qwen2.5-32B",
-    gpu: Annotated[str, typer.Option(help="GPU name.")] = "A100-40GB-PCIe",
-    deploy: Annotated[str, typer.Option("--deploy", "-d", help="pp4, tp4, pp2tp2 ...")] = "pp4",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the JSON.")] = None,
-) -> None:
-    """Write an analytic profile (roofline model calibrated on measured GPU tables)."""
-    from fastpp.profile import save_profile
-    from fastpp.sim.analytic import analytic_profile
-    from fastpp.sim.run import parse_deployment
-
-    try:
-        pp, tp, _ = parse_deployment(deploy)
-        prof = analytic_profile(model, gpu, pp, tp)
-    except ValueError as exc:
-        _fail(str(exc))
-        return
-    path = out or Path(f"{prof.name}.json")
-    save_profile(prof, path)
-    st = prof.stages
-    console.print(f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "
-                  f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}")
-
-
 def _register_subcommands() -> None:
     """Commands defined in their own modules add themselves to ``app`` on import."""
     import importlib
 
-    for name in ("fastpp.cli.sweep_cmd", "fastpp.cli.plot_cmd", "fastpp.cli.bench_cmd"):
+    for name in ("fastpp.cli.sweep_cmd", "fastpp.cli.plot_cmd", "fastpp.cli.bench_cmd", "fastpp.cli.profile_cmd"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:

@@ -92,7 +92,7 @@ class DeploymentConfig:
     gpu: str = "A100-40GB-PCIe"
     pp: int = 4
     tp: int = 1
-    profile_path: str | None = None  # overrides model/gpu/pp/tp when set
+    profile_path: str | None = None  # overrides model/gpu/pp/tp when set (runs report the file's)
     policy: str = "static:2048"
     slo: SLO = field(default_factory=SLO)
     max_context: int | None = None  # default: the model's context length
@@ -154,6 +154,8 @@ def run_simulation(
     """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
     reqs = workload.requests() if requests is None else requests
     profile = deployment.load_profile()
+    if deployment.profile_path is not None:  # the file says how the deployment is split
+        deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
     scheduler = build_scheduler(profile, deployment)
     sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
                              max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed)

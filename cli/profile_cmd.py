@@ -1,0 +1,122 @@
+"""``fastpp profile``: write a deployment profile, analytic (a named GPU and model) or measured on
+the CPU engine (``--backend torch``, which also writes a fitted ALPPredictor beside it).
+
+Defaults live in ``TorchProfileConfig`` / ``ProfileGrid`` and ``analytic_profile``; an option left
+unset takes theirs.
+"""
+
+# ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fastpp.cli.app import _fail, _given, app, console, err_console
+
+BACKENDS = ("analytic", "torch")
+ANALYTIC_MODEL, ANALYTIC_GPU, ANALYTIC_DEPLOY = "Qwen2.5-32B", "A100-40GB-PCIe", "pp4"
+
+
+@app.command()
+def profile(
+    backend: Annotated[str, typer.Option(help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine.")] = "analytic",
+    model: Annotated[str | None, typer.Option("--model", "-m", help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m]")] = None,
+    gpu: Annotated[str | None, typer.Option(help=f"GPU name (analytic only). [default: {ANALYTIC_GPU}]")] = None,
+    deploy: Annotated[str | None, typer.Option("--deploy", "-d", help=f"pp4, tp4, pp2tp2 ... (torch: ppN only). [default: {ANALYTIC_DEPLOY}; torch: pp2]")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (instead of --deploy).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the JSON. [default: ./<profile name>.json]")] = None,
+    weights: Annotated[str | None, typer.Option(help="torch: random (seeded, no download) or smollm2 (the real SmolLM2-135M weights). [default: random]")] = None,
+    dtype: Annotated[str | None, typer.Option(help="torch: float32 or bfloat16. [default: float32]")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch: intra-op threads per stage, as the engine runs. [default: 1]")] = None,
+    kv_tokens: Annotated[int | None, typer.Option(help="torch: KV pool per stage written into the profile, tokens. [default: 16384]")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="torch: a coarse grid (fewer shapes, 2 repeats), about 4x faster.")] = False,
+    max_tokens: Annotated[int | None, typer.Option(help="torch: largest microbatch of the linear table, tokens. [default: 1024]")] = None,
+    repeats: Annotated[int | None, typer.Option(help="torch: timed runs per shape at least (median kept). [default: 3]")] = None,
+    no_link: Annotated[bool, typer.Option("--no-link", help="torch: skip the gloo link measurement (an assumed link is written and said so).")] = False,
+    predictor_out: Annotated[Path | None, typer.Option(help="torch: where to write the fitted ALPPredictor. [default: OUT with .predictor.json]")] = None,
+) -> None:
+    """Write a profile: analytic (roofline calibrated on measured GPU tables) or measured on the CPU engine."""
+    if backend not in BACKENDS:
+        _fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if deploy is not None and pp is not None:
+        _fail("give --deploy or --pp, not both")
+    if backend == "analytic":
+        torch_only = {"--weights": weights, "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens,
+                      "--max-tokens": max_tokens, "--repeats": repeats, "--predictor-out": predictor_out,
+                      "--quick": quick or None, "--no-link": no_link or None}
+        given = [name for name, value in torch_only.items() if value is not None]
+        if given:
+            _fail(f"{', '.join(given)} apply to --backend torch only")
+        _analytic(model or ANALYTIC_MODEL, gpu or ANALYTIC_GPU, deploy or (f"pp{pp}" if pp else ANALYTIC_DEPLOY), out)
+        return
+    if gpu is not None:
+        _fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
+    _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
+           predictor_out)
+
+
+def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
+    from fastpp.profile import save_profile
+    from fastpp.sim.analytic import analytic_profile
+    from fastpp.sim.run import parse_deployment
+
+    try:
+        pp, tp, _ = parse_deployment(deploy)
+        prof = analytic_profile(model, gpu, pp, tp)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    path = out or Path(f"{prof.name}.json")
+    save_profile(prof, path)
+    st = prof.stages
+    console.print(f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "
+                  f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}")
+
+
+def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
+           predictor_out) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpp.sim.run import parse_deployment
+
+    try:
+        from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig
+        from fastpp.backends.torch.profiler import profile_torch, write_torch_profile
+    except ImportError as exc:
+        _fail(f"--backend torch needs torch (pip install -e '.[torch]'): {exc}")
+        return
+    try:
+        if deploy is not None:
+            pp, tp, policy = parse_deployment(deploy)
+            if tp != 1 or policy is not None:
+                raise ValueError(f"--backend torch profiles pipeline stages only (ppN), got {deploy!r}")
+        grid = ProfileGrid.quick() if quick else ProfileGrid()
+        if max_tokens is not None:
+            grid = grid.with_max_tokens(max_tokens)
+        if repeats is not None:
+            grid = replace(grid, repeats=repeats)
+        config = TorchProfileConfig(**_given(
+            TorchProfileConfig, model=model, pp=pp, weights=weights, dtype=dtype, num_threads=threads,
+            kv_capacity_tokens=kv_tokens, measure_link=False if no_link else None), grid=grid)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("profiling", total=None)
+        try:
+            result = profile_torch(config, progress=lambda what, done, total: bar.update(
+                task, description=f"profiling {what}", completed=done, total=total))
+        except (ValueError, RuntimeError, OSError) as exc:
+            _fail(str(exc))
+            return
+    path = out or Path(f"{result.profile.name}.json")
+    path, pred_path = write_torch_profile(result, path, predictor_out)
+    for line in result.summary_lines():
+        console.print(line)
+    console.print(f"wrote {path} and {pred_path}; simulate with: fastpp simulate --profile {path}")
