@@ -251,7 +251,8 @@ def _register_subcommands() -> None:
     """Commands defined in their own modules add themselves to ``app`` on import."""
     import importlib
 
-    for name in ("fastpp.cli.sweep_cmd", "fastpp.cli.plot_cmd", "fastpp.cli.bench_cmd", "fastpp.cli.profile_cmd"):
+    for name in ("fastpp.cli.sweep_cmd", "fastpp.cli.plot_cmd", "fastpp.cli.bench_cmd", "fastpp.cli.profile_cmd",
+                 "fastpp.cli.serve_cmd"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
