@@ -95,8 +95,16 @@ def simulate(
             DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
             policy=f"static:{chunk}" if chunk is not None else policy,
         ), slo=slo)
-        if profile is not None:
+        if profile is not None:  # the file fixes pp/tp: -d may only name policies, on the file's shape
+            shape = base.load_profile()
             deployments = [base]
+            if deploy:
+                deployments = []
+                for d in deploy:
+                    pp, tp, pol = parse_deployment(d)
+                    if (pp, tp) != (shape.pp, shape.tp):
+                        raise ValueError(f"-d {d}: the profile {profile} is for pp{shape.pp}tp{shape.tp}")
+                    deployments.append(base.with_parallel(pp, tp, pol))
         else:
             specs = deploy or list(DEFAULT_COMPARISON)
             deployments = [base.with_parallel(*parse_deployment(d)) for d in specs]

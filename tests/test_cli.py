@@ -81,6 +81,13 @@ def test_profile_round_trip_and_a_profile_missing_a_field(tmp_path):
     res = invoke("simulate", "--profile", str(path), "-n", "20", "--json", "-o", str(tmp_path))
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)[0]["model"] == "Qwen2.5-14B"
+    # -d names policies on the file's shape; another shape is refused
+    res = invoke("simulate", "--profile", str(path), "-n", "20", "--json", "-o", str(tmp_path),
+                 "-d", "pp2@static:256", "-d", "pp2@predictive")
+    assert res.exit_code == 0, res.output
+    assert [r["policy"] for r in json.loads(res.output)] == ["static:256", "predictive"]
+    res = invoke("simulate", "--profile", str(path), "-n", "20", "-d", "pp4", "-o", str(tmp_path))
+    assert res.exit_code == 2 and "is for pp2tp1" in " ".join(res.output.split())
     doc = json.loads(path.read_text())
     del doc["stages"][1]["attn_pre_sq_s"]
     path.write_text(json.dumps(doc))
