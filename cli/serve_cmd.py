@@ -72,6 +72,8 @@ def serve(
     try:
         code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
+            if profile is None and "needs the deployment's profile" in str(exc) else ""
+        _fail(f"{exc}{hint}")
         return
     raise typer.Exit(code)

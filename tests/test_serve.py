@@ -163,3 +163,17 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
         srv.proc.wait(60)  # exits by itself: no hang
         assert srv.proc.returncode == 1
         assert f"stage 1 process (pid {stage1}) exited with code -9" in srv.log()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "random:nope"], "unknown model config 'nope'"),
+    (["--model", "/no/such/dir"], "expected 'smollm2', 'random:<config>'"),
+    (["--backend", "sglang"], "--backend sglang is not available"),
+    (["--model", "random:tiny", "--pp", "3"], "num_stages 3 exceeds the model's 2 layers"),
+    (["--model", "random:tiny", "--policy", "predictive"], "pass --profile FILE"),
+    (["--model", "random:tiny", "--policy", "nope"], "unknown chunk policy 'nope'"),
+])
+def test_serve_refuses_bad_options_before_starting(args, message):
+    res = CliRunner().invoke(app, ["serve", *args])
+    assert res.exit_code == 2
+    assert message in " ".join(res.output.split()), res.output
