@@ -52,7 +52,16 @@ def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
         done = subprocess.run(bench, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"bench against {spec} failed:\n{done.stdout}\n{done.stderr}")
-    return json.loads(out.read_text().splitlines()[-1])
+        metrics = srv.metrics()
+    rec = json.loads(out.read_text().splitlines()[-1])
+    prefix = 'fastpp_chunk_budget_microbatches_total{chunk_budget="'
+    budgets = {int(k[len(prefix):-2]): v for k, v in metrics.items() if k.startswith(prefix)}
+    total = sum(budgets.values()) or 1
+    rec["chunk_budgets"] = " ".join(f"{c}:{n / total:.0%}" for c, n in sorted(budgets.items())
+                                    if n / total >= 0.05)
+    busy = [v for k, v in metrics.items() if k.startswith("fastpp_stage_busy_seconds_total")]
+    rec["stage_busy_s"] = busy
+    return rec
 
 
 def main() -> None:
@@ -71,7 +80,7 @@ def main() -> None:
     print(f"# {args.model}, {args.workload}, Poisson {args.rate} req/s, {args.num_prompts} requests, seed "
           f"{args.seed}; SLO TTFT {args.slo_ttft_ms:.0f} ms / TPOT {args.slo_tpot_ms:.0f} ms", flush=True)
     header = ("deployment", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms",
-              "E2E mean s", "SLO attainment", "wall s")
+              "E2E mean s", "SLO attainment", "chunk budgets (>= 5%)", "wall s")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,6 +94,7 @@ def main() -> None:
             cells = [f"{rec[c]:.2f}" if c.endswith("throughput") else f"{rec[c]:.0f}" for c in COLUMNS[:-1]]
             cells.append(f"{rec['mean_e2e_latency_ms'] / 1e3:.1f}")
             cells.append(f"{rec['slo_attainment']:.0%}")
+            cells.append(rec["chunk_budgets"])
             cells.append(f"{wall:.0f}")
             if rec["completed"] != args.num_prompts:
                 cells[-1] += f" ({rec['completed']}/{args.num_prompts} completed)"

@@ -120,7 +120,9 @@ def test_fastpp_bench_drives_the_server(server, tmp_path):
     assert record["completed"] == 16
     assert record["output_lens"] == [r.output_len for r in expected]
     assert record["total_output_tokens"] == sum(r.output_len for r in expected)
-    wait_idle(server)
+    m = wait_idle(server)
+    assert m['fastpp_chunk_budget_microbatches_total{chunk_budget="64"}'] == m["fastpp_microbatches_total"]
+    assert m["fastpp_generation_tokens_total"] >= record["total_output_tokens"]
 
 
 def test_queue_over_the_limit_answers_503_and_admitted_requests_finish(server):

@@ -66,6 +66,8 @@ def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
     e.one("num_retractions_total", "counter", "KV freed and recomputed.", sched.num_retractions)
     e.family("request_success_total", "counter", "Requests ended, by finish reason.",
              [({"finished_reason": k}, v) for k, v in sorted(c.ended.items())])
+    e.family("chunk_budget_microbatches_total", "counter", "Microbatches by the chunk budget C chosen.",
+             [({"chunk_budget": k}, v) for k, v in sorted(dict(c.chunk_budgets).items())])
     e.family("stage_busy_seconds_total", "counter", "Compute time per pipeline stage.",
              [({"stage": i}, s) for i, s in enumerate(c.stage_busy_s)])
     e.family("http_responses_total", "counter", "HTTP responses of the generation endpoints, by status.",

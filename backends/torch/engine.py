@@ -387,6 +387,8 @@ class PipelineEngine:
         sched.update(plan, stopped)
         self.counters.generated_tokens += len(new)
         self.counters.microbatches += 1
+        budgets = self.counters.chunk_budgets
+        budgets[plan.chunk_budget] = budgets.get(plan.chunk_budget, 0) + 1
         for rank, t0, t1 in result["times"]:
             rec = IterationRecord(plan.mb_id, rank, plan.slot, t0 - self._epoch, t1 - self._epoch,
                                   plan.num_tokens, plan.num_prefill_tokens, len(plan.decode_req_ids),

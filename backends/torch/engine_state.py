@@ -50,6 +50,7 @@ class EngineCounters:
     ttft_s: list[float] = field(default_factory=list)  # of completed requests, for histograms
     tpot_s: list[float] = field(default_factory=list)
     stage_busy_s: list[float] = field(default_factory=list)
+    chunk_budgets: dict[int, int] = field(default_factory=dict)  # C the policy chose -> microbatches
 
     def __post_init__(self) -> None:
         if not self.stage_busy_s:
