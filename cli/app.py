@@ -15,6 +15,7 @@ from rich.console import Console
 
 from fastpp.cli.options import (
     ArrivalOpt,
+    ChunkCandidatesOpt,
     CvOpt,
     DataDirOpt,
     ReplayOpt,
@@ -64,6 +65,7 @@ def simulate(
     profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
+    chunk_candidates: ChunkCandidatesOpt = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
@@ -73,6 +75,7 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
 ) -> None:
     """Simulate a deployment serving a workload; compare PP and TP side by side."""
+    from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.sim.run import DEFAULT_COMPARISON, DeploymentConfig, WorkloadConfig, parse_deployment
     from fastpp.types import SLO
 
@@ -94,6 +97,7 @@ def simulate(
         base = DeploymentConfig(**_given(
             DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
             policy=f"static:{chunk}" if chunk is not None else policy,
+            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
         ), slo=slo)
         if profile is not None:  # the file fixes pp/tp: -d may only name policies, on the file's shape
             shape = base.load_profile()

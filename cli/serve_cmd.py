@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from fastpp.cli.app import _fail, _given, app
+from fastpp.cli.options import ChunkCandidatesOpt
 
 
 @app.command()
@@ -26,6 +27,7 @@ def serve(
     profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`); predictive policies need one.")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms, for SLO-aware policies. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms, for SLO-aware policies. [default: 200]")] = None,
+    chunk_candidates: ChunkCandidatesOpt = None,
     kv_blocks: Annotated[int | None, typer.Option(help="KV cache blocks per stage. [default: 1024]")] = None,
     block_size: Annotated[int | None, typer.Option(help="Tokens per KV block. [default: 16]")] = None,
     max_running_requests: Annotated[int | None, typer.Option(help="Cap on admitted requests. [default: KV-bound only]")] = None,
@@ -53,6 +55,7 @@ def serve(
               "pip install -e '.[torch,weights,serve]'")
         return
     from fastpp.profile import load_profile
+    from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.types import SLO
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -61,8 +64,10 @@ def serve(
         source = WeightsSource.parse(model, seed=seed or 0)
         slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
         loaded = load_profile(profile) if profile else None
+        candidates = parse_chunk_candidates(chunk_candidates) if chunk_candidates else None
         config = EngineConfig(**_given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
+            chunk_candidates=candidates,
             profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed))
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))

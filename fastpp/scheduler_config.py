@@ -11,6 +11,22 @@ DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(128, 2049, 128))
 SIGNAL_HISTORY = 4096  # samples kept per signal; policies window them further by time
 
 
+def parse_chunk_candidates(text: str) -> tuple[int, ...]:
+    """``START:STOP:STEP`` (STOP included) or a comma list ``64,128,256``; ``ValueError`` otherwise."""
+    try:
+        if ":" in text:
+            start, stop, step = (int(x) for x in text.split(":"))
+            values = tuple(range(start, stop + 1, step)) if step > 0 else ()
+        else:
+            values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"chunk candidates {text!r}: expected START:STOP:STEP or a comma list of integers") \
+            from None
+    if not values or any(v < 1 for v in values) or list(values) != sorted(set(values)):
+        raise ValueError(f"chunk candidates {text!r}: need positive, strictly ascending values")
+    return values
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """How one engine-neutral PP scheduler behaves. Read-only after construction."""

@@ -11,7 +11,7 @@ from fastpp.metrics import summarize
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
 from fastpp.scheduler import Scheduler
-from fastpp.scheduler_config import SchedulerConfig
+from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
 from fastpp.sim.engine import PipelineSimulation, ProgressFn, SimResult
 from fastpp.types import SLO, Request
 from fastpp.workloads import make_requests, replay_requests
@@ -97,6 +97,7 @@ class DeploymentConfig:
     slo: SLO = field(default_factory=SLO)
     max_context: int | None = None  # default: the model's context length
     page_size: int | None = None  # default: the profile's
+    chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
 
     @property
     def label(self) -> str:
@@ -136,6 +137,7 @@ def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler
         max_context=deployment.max_context or profile.model.max_context,
         slo=deployment.slo,
         token_step=profile.token_step,
+        chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
     )
     chunk_policy, balancer = make_policies(deployment.policy, config, profile)
     return Scheduler(config, lambda: 0.0, chunk_policy, balancer)

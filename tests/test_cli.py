@@ -130,3 +130,18 @@ def test_goodput_and_sweep_can_plot_directly(tmp_path):
                  "-o", str(tmp_path / "s"), "--plot")
     assert res.exit_code == 0, res.output
     assert list((tmp_path / "s" / "plots").glob("latency_vs_rate*.png"))
+
+
+def test_chunk_candidates_option(tmp_path):
+    from fastpp.scheduler_config import parse_chunk_candidates
+
+    assert parse_chunk_candidates("32:128:32") == (32, 64, 96, 128)
+    assert parse_chunk_candidates("64,256") == (64, 256)
+    for bad in ("5:1", "256,64", "0,64", "a:b:c", "64:32:32"):
+        with pytest.raises(ValueError, match="chunk candidates"):
+            parse_chunk_candidates(bad)
+    res = invoke("simulate", "-n", "20", "-d", "pp4@predictive", "--chunk-candidates", "64:512:64", "--json",
+                 "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    res = invoke("simulate", "-n", "20", "--chunk-candidates", "512,64", "-o", str(tmp_path))
+    assert res.exit_code == 2 and "strictly ascending" in " ".join(res.output.split())
