@@ -23,12 +23,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from fastpp.backends.torch.engine_config import EngineConfig, EngineDeadError
 from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.sampling import SamplingParams, sample_tokens
@@ -40,45 +40,13 @@ from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_STOP,
 from fastpp.plan import MicroBatchPlan
 from fastpp.policies import make_policies
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
-from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import SchedulerConfig
-from fastpp.types import SLO, IterationRecord, Request
+from fastpp.types import IterationRecord, Request
 
 log = logging.getLogger(__name__)
 
-CPU_CHUNK_CANDIDATES: tuple[int, ...] = tuple(range(32, 1025, 32))
-
-
-class EngineDeadError(RuntimeError):
-    """The engine stopped (a stage died or it was shut down); it takes no more requests."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How to run the engine. ``ValueError`` on an impossible setting (names the field)."""
-
-    num_stages: int = 2
-    kv_blocks: int = 1024  # per stage; every stage holds the same requests
-    block_size: int = 16  # tokens per KV block = the scheduler's page size
-    policy: str = "static:256"  # chunk policy [+ balancer], as ``fastpp policies`` lists them
-    slo: SLO = field(default_factory=SLO)
-    profile: Profile | None = None  # needed by predictive policies
-    chunk_candidates: tuple[int, ...] = CPU_CHUNK_CANDIDATES
-    max_running_requests: int | None = None
-    new_token_ratio: float = 0.1  # share of running requests' remaining output kept free at admission
-    dtype: str = "float32"
-    threads: int = 1  # intra-op threads per stage
-    seed: int = 0
-    eos_token_id: int | None = None  # the tokenizer's; ends a request unless it sets ignore_eos
-    load_timeout_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        for name in ("num_stages", "kv_blocks", "block_size", "threads"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-
+__all__ = ["EngineConfig", "EngineDeadError", "PipelineEngine"]
 
 class PipelineEngine:
     """Serve generation requests on ``config.num_stages`` CPU stages. ``start()``, then ``submit``."""
@@ -215,10 +183,9 @@ class PipelineEngine:
         if n >= limit:
             raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
                              "(prompt + at least one output token)")
-        kv = self.scheduler_config.kv_capacity_tokens
-        bs = self.config.block_size
-        if -(-(n + 1) // bs) * bs > kv:
-            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of {kv} tokens")
+        pool = self.scheduler.kv  # its capacity and page size only: safe from any thread
+        if pool.round_up(n + 1) > pool.capacity:
+            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of {pool.capacity} tokens")
 
     def abort(self, req_id: int) -> None:
         """End ``req_id`` early and free its KV (no-op if it already ended)."""
