@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -155,6 +156,13 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_kv(server):
     m = wait_idle(server)
     assert m['fastpp_request_success_total{finished_reason="aborted"}'] == before + 1
     assert m["fastpp_generation_tokens_total"] > 0
+    # a non-streamed request whose client gives up while tokens keep coming is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", timeout=1.0,
+                   json={"prompt": "z" * 100, "max_tokens": 400, "ignore_eos": True})
+    m = wait_idle(server)
+    assert m['fastpp_request_success_total{finished_reason="aborted"}'] == before + 2
+    assert m['fastpp_http_responses_total{code="499"}'] >= 1
 
 
 def test_a_dead_stage_is_reported_and_the_server_exits():
@@ -176,6 +184,12 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
     (["--model", "random:tiny", "--policy", "nope"], "unknown chunk policy 'nope'"),
 ])
 def test_serve_refuses_bad_options_before_starting(args, message):
-    res = CliRunner().invoke(app, ["serve", *args])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        res = CliRunner().invoke(app, ["serve", *args])
+    finally:  # serve configures logging onto CliRunner's stream, which closes after the call
+        root.handlers[:] = handlers
+        root.setLevel(level)
     assert res.exit_code == 2
     assert message in " ".join(res.output.split()), res.output

@@ -70,6 +70,16 @@ async def malformed(client: httpx.AsyncClient, rng: random.Random, tally: Counte
 
 
 async def disconnecting(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -> None:
+    if rng.random() < 0.3:  # non-streamed: give up waiting
+        try:
+            r = await client.post("/v1/completions", timeout=rng.uniform(0.05, 0.5),
+                                  json={"prompt": prompt(rng), "max_tokens": 200, "ignore_eos": True})
+        except httpx.TimeoutException:
+            tally["disconnected"] += 1
+            return
+        assert r.status_code in (200, 503), r.text  # it finished (or was refused) before the timeout
+        tally["503" if r.status_code == 503 else "completed"] += 1
+        return
     body = {"prompt": prompt(rng), "max_tokens": 200, "ignore_eos": True, "stream": True}
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code == 503:

@@ -15,13 +15,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fastpp.backends.openai_server.generation import Delta, Generation
+from fastpp.backends.openai_server.generation import ClientDisconnected, Delta, Generation
 from fastpp.backends.openai_server.metrics import render
 from fastpp.backends.openai_server.protocol import APIError, GenerationRequest, parse_chat, parse_completion
 from fastpp.backends.torch.engine import EngineDeadError
 from fastpp.backends.torch.text import ChatTemplate, Tokenizer
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": logged for a non-streamed request whose client left
 
 
 @dataclass
@@ -127,6 +129,9 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
             finish = d.finish_reason
     except EngineDeadError as exc:
         raise APIError(503, f"engine stopped: {exc}", type_="server_error") from None
+    except ClientDisconnected:
+        state.count(CLIENT_CLOSED)
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the request was aborted
     state.count(200)
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if chat:

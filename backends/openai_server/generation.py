@@ -18,7 +18,11 @@ from fastpp.backends.torch.engine_state import EngineEvent
 from fastpp.backends.torch.sampling import SamplingParams
 from fastpp.backends.torch.text import Tokenizer
 
-IDLE_CHECK_S = 0.5  # how often a silent request checks that its client is still there
+IDLE_CHECK_S = 0.5  # how often a non-streamed request checks that its client is still there
+
+
+class ClientDisconnected(Exception):
+    """The client of a non-streamed request closed its connection; the request was aborted."""
 
 
 @dataclass(slots=True)
@@ -41,6 +45,7 @@ class Generation:
         self.completion_tokens = 0
         self.req_id: int | None = None
         self._done = False
+        self._checked_at = 0.0  # event-loop time of the last disconnect check
 
     def params(self) -> SamplingParams:
         r = self.req
@@ -81,12 +86,17 @@ class Generation:
                 self.engine.abort(self.req_id)
 
     async def _next(self, events: asyncio.Queue[EngineEvent]) -> EngineEvent:
+        """The next event; every ``IDLE_CHECK_S`` (busy or not) checks that the client is there."""
+        loop = asyncio.get_running_loop()
         while True:
+            if self.is_disconnected is not None and loop.time() - self._checked_at >= IDLE_CHECK_S:
+                self._checked_at = loop.time()
+                if await self.is_disconnected():
+                    raise ClientDisconnected(f"request {self.req_id}: the client went away")
             try:
                 return await asyncio.wait_for(events.get(), IDLE_CHECK_S)
             except TimeoutError:
-                if self.is_disconnected is not None and await self.is_disconnected():
-                    raise asyncio.CancelledError("client disconnected") from None
+                continue
 
     def _find_stop(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self.req.stop) if i >= 0]
