@@ -7,7 +7,9 @@ Engine defaults live in ``EngineConfig``; only the options the user sets overrid
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +38,7 @@ def serve(
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (slower on AVX2-only CPUs). [default: float32]")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
@@ -68,17 +71,38 @@ def serve(
         config = EngineConfig(**_given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
             chunk_candidates=candidates,
-            profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed))
+            profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed,
+            record=True if record_dir is not None else None))
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
         return
     if max_queue < 1:
         _fail(f"--max-queue must be >= 1, got {max_queue}")
     try:
-        code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level)
+        on_stop = None if record_dir is None else (lambda engine: _write_records(engine, record_dir, slo))
+        code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
+                          on_stop=on_stop)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
         _fail(f"{exc}{hint}")
         return
     raise typer.Exit(code)
+
+
+def _write_records(engine, out: Path, slo) -> None:
+    """What a simulation run writes, for a real one: compare them file by file."""
+    from fastpp.metrics import json_safe, summarize, write_iterations_csv, write_records_jsonl
+    from fastpp.sim.timeline import write_chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    records = sorted(engine.recorded_requests, key=lambda r: r.req_id)
+    iterations = engine.recorded_iterations
+    write_records_jsonl(records, out / "requests.jsonl")
+    write_iterations_csv(iterations, out / "iterations.csv")
+    names = [f"stage {i}" for i in range(engine.config.num_stages)]
+    write_chrome_trace(iterations, out / "timeline.json", stage_names=names)
+    summary = summarize(records, slo=slo, backend="fastpp-torch") if records else {}
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
+    logging.getLogger("fastpp.serve").info("wrote %d requests and %d stage iterations to %s",
+                                           len(records), len(iterations), out)

@@ -439,6 +439,14 @@ class Scheduler:
     def num_in_flight(self) -> int:
         return sum(p is not None for p in self.in_flight)
 
+    def forget(self, req_id: int) -> RequestRecord:
+        """Drop an ended request's record and return it (a long-running server calls this so
+        ``records`` does not grow without bound). ``ValueError`` if the request has not ended."""
+        rec = self.records.get(req_id)
+        if rec is None or not rec.is_finished or req_id in self.live:
+            raise ValueError(f"request {req_id} is unknown or has not ended")
+        return self.records.pop(req_id)
+
     def abort_all(self, reason: str) -> None:
         """End every unfinished request (e.g. the run's time limit was reached)."""
         for rid in list(self.live):

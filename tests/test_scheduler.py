@@ -224,3 +224,17 @@ def test_bad_balancer_plan_is_contained():
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         make_scheduler(**{field: value})
+
+
+def test_forget_drops_only_ended_records():
+    clock = FakeClock()
+    sched = make_scheduler(clock, num_slots=1)
+    sched.add_request(Request(0, 0.0, 10, 2))
+    with pytest.raises(ValueError, match="has not ended"):
+        sched.forget(0)
+    while sched.has_work:
+        run_round(sched, clock)
+    rec = sched.forget(0)
+    assert rec.num_generated == 2 and 0 not in sched.records
+    with pytest.raises(ValueError, match="unknown"):
+        sched.forget(0)

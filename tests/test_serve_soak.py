@@ -107,9 +107,10 @@ async def soak(url: str, seed: int) -> Counter:
 
 
 @pytest.mark.slow
-def test_soak_mixed_clients_lose_nothing_and_leak_no_kv():
+def test_soak_mixed_clients_lose_nothing_and_leak_no_kv(tmp_path):
     args = ("--model", "random:tiny", "--pp", "2", "--kv-blocks", str(KV_BLOCKS), "--block-size", "4",
-            "--max-queue", str(MAX_QUEUE), "--policy", "greedy+ds", "--log-level", "info")
+            "--max-queue", str(MAX_QUEUE), "--policy", "greedy+ds", "--log-level", "info",
+            "--record-dir", str(tmp_path))
     with ServerProcess(*args) as srv:
         tally = asyncio.run(soak(srv.url, seed=1))
         assert tally["completed"] > 20 and tally["400"] > 0 and tally["disconnected"] > 0, tally
@@ -133,5 +134,16 @@ def test_soak_mixed_clients_lose_nothing_and_leak_no_kv():
         blocks = re.search(r"free KV blocks per stage at shutdown: \[(.*)\] of (\d+)", srv.log())
         assert blocks is not None, srv.log()[-2000:]
         assert [int(b) for b in blocks.group(1).split(",")] == [KV_BLOCKS, KV_BLOCKS]
+    # --record-dir: every request the engine took (and the final check) ended once, on record
+    lines = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == m["fastpp_requests_received_total"] + 1
+    assert len({r["req_id"] for r in lines}) == len(lines)
+    assert {r["finish_reason"] for r in lines} <= {"length", "aborted"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["completed"] >= tally["completed"]
+    trace = json.loads((tmp_path / "timeline.json").read_text())
+    assert {e.get("tid") for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
+    rows = (tmp_path / "iterations.csv").read_text().splitlines()
+    assert rows[0].startswith("mb_id,stage,slot") and len(rows) > 100
     print(f"soak {SOAK_S:.0f} s: {dict(tally)}; received {m['fastpp_requests_received_total']:.0f}, "
           f"retractions {m['fastpp_num_retractions_total']:.0f}")

@@ -97,13 +97,16 @@ def test_random_chunks_parking_and_retraction_do_not_change_outputs():
     # 40 blocks of 4 tokens: each request (up to 140 tokens) fits alone, not all together; admitted
     # without a reserve for their growth, running requests must be retracted and recomputed. The
     # balancer parks and restores at random; C changes every microbatch.
-    cfg = EngineConfig(num_stages=2, kv_blocks=40, block_size=4, new_token_ratio=0.0)
+    cfg = EngineConfig(num_stages=2, kv_blocks=40, block_size=4, new_token_ratio=0.0, record=True)
     engine = PipelineEngine(SOURCE, cfg, chunk_policy=RandomChunks(1, [1, 3, 8, 17, 64]),
                             balancer=RandomBalancer(2)).start()
     try:
         got = run_and_check(engine, seed=5, n=14, max_prompt=100, max_output=40)
         assert engine.scheduler.num_retractions > 0, "the workload was meant to force retractions"
-        assert sum(engine.scheduler.records[r].num_parked for r in got.ends) > 0
+        assert sum(r.num_parked for r in engine.recorded_requests) > 0
+        assert sorted(r.req_id for r in engine.recorded_requests) == sorted(got.ends)
+        assert not engine.scheduler.records  # ended requests are forgotten
+        assert {it.stage for it in engine.recorded_iterations} == {0, 1}
     finally:
         engine.shutdown()
     check_no_leak(engine)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+from fastpp.backends.torch.engine_state import Histogram
 
 
 def _labels(labels: dict[str, Any]) -> str:
@@ -32,15 +31,16 @@ class Exposition:
     def one(self, name: str, kind: str, help_: str, value: float) -> None:
         self.family(name, kind, help_, [({}, value)])
 
-    def histogram(self, name: str, help_: str, values: Sequence[float], buckets: Sequence[float]) -> None:
+    def histogram(self, name: str, help_: str, hist: Histogram) -> None:
         full = f"{self.prefix}_{name}"
         self.lines += [f"# HELP {full} {help_}", f"# TYPE {full} histogram"]
-        for b in buckets:
-            n = sum(1 for v in values if v <= b)
-            self.lines.append(f"{full}_bucket{_labels({**self.common, 'le': f'{b:g}'})} {n}")
-        self.lines.append(f"{full}_bucket{_labels({**self.common, 'le': '+Inf'})} {len(values)}")
-        self.lines.append(f"{full}_sum{_labels(self.common)} {sum(values):g}")
-        self.lines.append(f"{full}_count{_labels(self.common)} {len(values)}")
+        running = 0
+        for bound, count in zip((*hist.bounds, "+Inf"), hist.counts, strict=True):
+            running += count
+            le = bound if isinstance(bound, str) else f"{bound:g}"
+            self.lines.append(f"{full}_bucket{_labels({**self.common, 'le': le})} {running}")
+        self.lines.append(f"{full}_sum{_labels(self.common)} {hist.total:g}")
+        self.lines.append(f"{full}_count{_labels(self.common)} {hist.n}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -72,6 +72,6 @@ def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
              [({"stage": i}, s) for i, s in enumerate(c.stage_busy_s)])
     e.family("http_responses_total", "counter", "HTTP responses of the generation endpoints, by status.",
              [({"code": k}, v) for k, v in sorted(http_counts.items())])
-    e.histogram("time_to_first_token_seconds", "TTFT of completed requests.", list(c.ttft_s), TTFT_BUCKETS)
-    e.histogram("time_per_output_token_seconds", "TPOT of completed requests.", list(c.tpot_s), TPOT_BUCKETS)
+    e.histogram("time_to_first_token_seconds", "TTFT of completed requests.", c.ttft)
+    e.histogram("time_per_output_token_seconds", "TPOT of completed requests.", c.tpot)
     return e.text()

@@ -7,6 +7,7 @@ which stage died and why, stops accepting connections and returns exit code 1: n
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 import uvicorn
@@ -22,8 +23,11 @@ GRACEFUL_SHUTDOWN_S = 5
 
 
 def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0.1", port: int = 8000,
-               max_queue: int = 256, log_level: str = "info") -> int:
-    """Serve until interrupted (exit code 0) or until the engine fails (exit code 1)."""
+               max_queue: int = 256, log_level: str = "info",
+               on_stop: Callable[[PipelineEngine], None] | None = None) -> int:
+    """Serve until interrupted (exit code 0) or until the engine fails (exit code 1).
+
+    ``on_stop(engine)`` runs once the engine has stopped (e.g. to write its recorded runs)."""
     tokenizer, template = load_text(source)
     engine = PipelineEngine(source, replace(config, eos_token_id=tokenizer.eos_token_id))
     engine.start()
@@ -47,6 +51,8 @@ def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0
         if engine.final_free_blocks is not None:
             log.info("free KV blocks per stage at shutdown: %s of %d", engine.final_free_blocks,
                      config.kv_blocks)
+        if on_stop is not None:
+            on_stop(engine)
     if engine.error is not None:
         log.error("engine failed: %s", engine.error)
         return 1

@@ -42,7 +42,7 @@ from fastpp.policies import make_policies
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import SchedulerConfig
-from fastpp.types import IterationRecord, Request
+from fastpp.types import IterationRecord, Request, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,9 @@ class PipelineEngine:
         self.counters = EngineCounters(config.num_stages)
         self.error: str | None = None
         self.final_free_blocks: list[int] | None = None  # per stage, reported at shutdown
+        # with config.record: every ended request's record and every stage iteration, in order
+        self.recorded_requests: list[RequestRecord] = []
+        self.recorded_iterations: list[IterationRecord] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._active: dict[int, ActiveRequest] = {}
@@ -363,6 +366,8 @@ class PipelineEngine:
                                   plan.reason)
             self.counters.stage_busy_s[rank] += t1 - t0
             sched.observe(rec)
+            if self.config.record:
+                self.recorded_iterations.append(rec)
         for rid in new:
             a = self._active[rid]
             if not sched.records[rid].is_finished:  # else _reconcile sends it with the finish
@@ -393,6 +398,9 @@ class PipelineEngine:
             reason = str(rec.finish_reason)
             self.counters.count_end(reason, rec)
             a.on_event(EngineEvent(rid, tuple(a.unsent), reason, rec.detail))
+            sched.forget(rid)  # the scheduler keeps no record of ended requests: memory stays flat
+            if self.config.record:
+                self.recorded_requests.append(rec)
 
     def _send_stop(self) -> None:
         assert self._stage0 is not None

@@ -31,6 +31,7 @@ class EngineConfig:
     threads: int = 1  # intra-op threads per stage
     seed: int = 0
     eos_token_id: int | None = None  # the tokenizer's; ends a request unless it sets ignore_eos
+    record: bool = False  # keep every ended request's record and every IterationRecord (memory grows)
     load_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:

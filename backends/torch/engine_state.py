@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,17 +39,40 @@ class ActiveRequest:
     unsent: list[int] = field(default_factory=list)  # sampled, not yet passed to on_event
 
 
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Fixed buckets (upper bounds), as Prometheus histograms: constant memory however long it runs."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; last = +Inf
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def add(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+
 @dataclass(slots=True)
 class EngineCounters:
-    """Monotonic counters and sums for /metrics (written by the engine thread only)."""
+    """Monotonic counters, sums and histograms for /metrics (written by the engine thread only)."""
 
     num_stages: int
     prompt_tokens: int = 0
     generated_tokens: int = 0
     microbatches: int = 0
     ended: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
-    ttft_s: list[float] = field(default_factory=list)  # of completed requests, for histograms
-    tpot_s: list[float] = field(default_factory=list)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))  # completed requests
+    tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
     stage_busy_s: list[float] = field(default_factory=list)
     chunk_budgets: dict[int, int] = field(default_factory=dict)  # C the policy chose -> microbatches
 
@@ -59,6 +83,6 @@ class EngineCounters:
     def count_end(self, reason: str, rec: RequestRecord) -> None:
         self.ended[reason] = self.ended.get(reason, 0) + 1
         if rec.ttft_s is not None:
-            self.ttft_s.append(rec.ttft_s)
+            self.ttft.add(rec.ttft_s)
         if rec.tpot_s is not None:
-            self.tpot_s.append(rec.tpot_s)
+            self.tpot.add(rec.tpot_s)
