@@ -1,6 +1,12 @@
-"""CPU mini PP engine, first slice: the model split into pipeline stages and its paged KV cache.
+"""CPU pipeline-parallel engine: the model split into stages, paged KV caches, stage processes.
 
-Imports torch; nothing in ``fastpp`` core imports this package. Entry points::
+Imports torch; nothing in ``fastpp`` core imports this package. Serving (``engine.py``)::
+
+    engine = PipelineEngine(WeightsSource.parse("smollm2"), EngineConfig(num_stages=2)).start()
+    req_id = engine.submit(prompt_ids, SamplingParams(max_tokens=32), on_event)  # events: new tokens, end
+    engine.shutdown()
+
+The model layer underneath, in one process::
 
     weights = random_weights("tiny", seed=0)        # or load_hf_dir(path), load_smollm2()
     stages = build_stages(weights, num_stages=2)   # StageModel per stage, layers as vLLM places them
