@@ -39,6 +39,7 @@ def profile(
     repeats: Annotated[int | None, typer.Option(help="torch: timed runs per shape at least (median kept). [default: 3]")] = None,
     no_link: Annotated[bool, typer.Option("--no-link", help="torch: skip the gloo link measurement (an assumed link is written and said so).")] = False,
     predictor_out: Annotated[Path | None, typer.Option(help="torch: where to write the fitted ALPPredictor. [default: OUT with .predictor.json]")] = None,
+    concurrent_load: Annotated[bool, typer.Option("--concurrent-load", help="torch, pp >= 2: time each stage while the other stages loop forward passes in their own processes, as they compute at once when serving.")] = False,
 ) -> None:
     """Write a profile: analytic (roofline calibrated on measured GPU tables) or measured on the CPU engine."""
     if backend not in BACKENDS:
@@ -48,7 +49,8 @@ def profile(
     if backend == "analytic":
         torch_only = {"--weights": weights, "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens,
                       "--max-tokens": max_tokens, "--repeats": repeats, "--predictor-out": predictor_out,
-                      "--quick": quick or None, "--no-link": no_link or None}
+                      "--quick": quick or None, "--no-link": no_link or None,
+                      "--concurrent-load": concurrent_load or None}
         given = [name for name, value in torch_only.items() if value is not None]
         if given:
             _fail(f"{', '.join(given)} apply to --backend torch only")
@@ -57,7 +59,7 @@ def profile(
     if gpu is not None:
         _fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
     _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           predictor_out)
+           predictor_out, concurrent_load)
 
 
 def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
@@ -79,7 +81,7 @@ def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
 
 
 def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           predictor_out) -> None:
+           predictor_out, concurrent_load=False) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fastpp.sim.run import parse_deployment
@@ -102,7 +104,8 @@ def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, ma
             grid = replace(grid, repeats=repeats)
         config = TorchProfileConfig(**_given(
             TorchProfileConfig, model=model, pp=pp, weights=weights, dtype=dtype, num_threads=threads,
-            kv_capacity_tokens=kv_tokens, measure_link=False if no_link else None), grid=grid)
+            kv_capacity_tokens=kv_tokens, measure_link=False if no_link else None,
+            concurrent_load=concurrent_load or None), grid=grid)
     except ValueError as exc:
         _fail(str(exc))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -61,6 +62,7 @@ def test_tiny_profile_loads_and_matches_the_engine_split(tiny_result, tmp_path):
     assert prof.link.latency_s >= 0 and prof.link.bandwidth_bytes_per_s > 0
     assert 0 < prof.host_overhead_s < 0.05
     assert prof.provenance["created_at"] == "2025-01-01T00:00:00+00:00"
+    assert prof.provenance["concurrent_load"].startswith("none")  # stages timed alone by default
 
 
 def test_tiny_predictor_is_fitted_saved_and_its_error_reported(tiny_result, tmp_path):
@@ -135,6 +137,21 @@ def test_cli_backend_and_torch_only_options_checked():
     assert res.exit_code == 2 and "--backend" in res.output
     res = invoke("profile", "--weights", "random")
     assert res.exit_code == 2 and "--weights" in res.output and "torch only" in res.output
+    res = invoke("profile", "--concurrent-load")
+    assert res.exit_code == 2 and "--concurrent-load" in res.output and "torch only" in res.output
+
+
+def test_cli_concurrent_load_profile_is_written_and_says_so(tmp_path):
+    """--concurrent-load: the other stage loops in a spawned process while one is timed (no timing
+    asserted: the run completes, stops its load process and writes a loadable profile)."""
+    path = tmp_path / "tiny_loaded.json"
+    res = invoke("profile", "--backend", "torch", "-m", "tiny", "--pp", "2", "--quick", "--max-tokens", "16",
+                 "--repeats", "1", "--no-link", "--concurrent-load", "-o", str(path))
+    assert res.exit_code == 0, res.output
+    prof = load_profile(path)
+    assert prof.pp == 2 and all(s > 0 for st in prof.stages for s in st.linear.seconds)
+    assert "other 1 stage(s) looped forward passes" in prof.provenance["concurrent_load"]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("fastpp-profile-load")]
 
 
 # ---------------------------------------------------------------------------- parts

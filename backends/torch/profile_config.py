@@ -121,7 +121,8 @@ class TorchProfileConfig:
 
     ``model`` is a named config (``CONFIGS``); weights are seeded random (timing does not depend
     on their values) or the real SmolLM2-135M ones. Each stage is measured alone in this process
-    with ``num_threads`` intra-op threads, as the engine runs one stage per process.
+    with ``num_threads`` intra-op threads, as the engine runs one stage per process; with
+    ``concurrent_load`` the other stages compute meanwhile in their own processes (``profile_load``).
     """
 
     model: str = "smollm2-135m"
@@ -133,6 +134,7 @@ class TorchProfileConfig:
     block_size: int = 16  # KV page size in tokens (the engine's block size)
     grid: ProfileGrid = field(default_factory=ProfileGrid)
     measure_link: bool = True  # False: an assumed loopback link (stated in the provenance)
+    concurrent_load: bool = False  # True: time each stage while the others loop in their own processes
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 Scenario: before simulating policies for the CPU engine, measure what its stages really cost on
 this machine. Each stage of the ``--pp`` split (``split_layers``, as the engine places layers) is
-built alone in this process with the engine's intra-op thread count and timed on the grid of
-``ProfileGrid`` (single chunks, split chunks, chunks after a prefix, decode batches), then on a
+built alone in this process with the engine's intra-op thread count (with ``concurrent_load``,
+the other stages loop forward passes in their own processes meanwhile, ``profile_load``) and timed
+on the grid of ``ProfileGrid`` (single chunks, split chunks, chunks after a prefix, decode batches), then on a
 few random serving-like microbatches kept out of the fit. The fit (``profile_fit``) gives each
 stage a linear table and the three ALP attention coefficients; the last stage's LM head is its
 own table; the host overhead is the scheduler's step; the link comes from two gloo processes.
@@ -20,6 +21,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +34,7 @@ from fastpp.backends.torch.model import StageModel, split_layers
 from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig
 from fastpp.backends.torch.profile_fit import StageFit, fit_stage
 from fastpp.backends.torch.profile_link import LinkMeasurement, measure_link
+from fastpp.backends.torch.profile_load import concurrent_load, load_description
 from fastpp.backends.torch.profile_measure import (
     Shape,
     grid_shapes,
@@ -205,10 +208,12 @@ def _measure(config: TorchProfileConfig, weights: ModelWeights, grid: ProfileGri
             last = s == config.pp - 1
             stage = StageModel(cfg, layers, has_embedding=s == 0, has_lm_head=last, dtype=dtype)
             stage.load_weights(weights)
-            stage_s.append(measure_stage(stage, shapes, grid, config.block_size, config.seed + s, step))
-            if last:
-                step("LM head")
-                head_s = measure_lm_head(stage, sampled, grid, config.seed, step)
+            loaded = config.concurrent_load and config.pp > 1
+            with concurrent_load(config, s) if loaded else nullcontext():
+                stage_s.append(measure_stage(stage, shapes, grid, config.block_size, config.seed + s, step))
+                if last:
+                    step("LM head")
+                    head_s = measure_lm_head(stage, sampled, grid, config.seed, step)
             del stage
         step("host overhead")
         host_s, host_tokens = measure_host_overhead(config.pp, config.kv_capacity_tokens, config.block_size,
@@ -249,10 +254,13 @@ def _build_profile(config: TorchProfileConfig, cfg: ModelConfig, stages: tuple[S
         "host_overhead": f"median of Scheduler.schedule + update + BatchLayout.from_plan, static 512-token "
                          f"chunks, mean {m.host_tokens} tokens per microbatch",
         "link_one_way_points_bytes_s": link_note,
-        "notes": "each stage timed alone in one process (median of runs); table = stage body (embedding on "
-                 "stage 0, all per-iteration costs) without attention, so fixed_s and embedding_s_per_token "
-                 "are 0; lm_head = final norm + LM head + greedy argmax vs sampled rows; token_return_s = "
-                 f"the link's time for {TOKEN_RETURN_BYTES} bytes; link round trips: minimum of repeats",
+        "concurrent_load": (load_description(config) if config.concurrent_load and config.pp > 1
+                            else "none: each stage timed alone"),
+        "notes": "each stage timed in one process (median of runs; see concurrent_load); table = stage "
+                 "body (embedding on stage 0, all per-iteration costs) without attention, so fixed_s and "
+                 "embedding_s_per_token are 0; lm_head = final norm + LM head + greedy argmax vs sampled "
+                 f"rows; token_return_s = the link's time for {TOKEN_RETURN_BYTES} bytes; link round trips: "
+                 "minimum of repeats",
     }
     return Profile(
         name=f"cpu_{cfg.name}_pp{config.pp}".lower(), kind="measured", provenance=provenance, gpu="CPU",
