@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,16 +13,12 @@ import time
 
 import httpx
 
+from fastpp.backends.ports import free_port
+
 # `fastpp` in this interpreter. Not `-m fastpp.cli.app`: as __main__ the app module would be a
 # second copy, without the subcommands that register themselves on fastpp.cli.app.
 FASTPP_COMMAND = (sys.executable, "-c",
                   "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

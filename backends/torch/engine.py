@@ -28,11 +28,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from fastpp.backends.ports import free_port
 from fastpp.backends.torch.engine_config import EngineConfig, EngineDeadError
 from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.sampling import SamplingParams, sample_tokens
-from fastpp.backends.torch.stage_procs import StageProcesses, free_port
+from fastpp.backends.torch.stage_procs import StageProcesses
 from fastpp.backends.torch.stage_runtime import StageRunner, StageSpec, make_meta
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource

@@ -10,7 +10,6 @@ points gives ``latency_s + bytes / bandwidth_bytes_per_s`` (the profile's alpha-
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
+
+from fastpp.backends.ports import free_port
 
 WARMUP = 3  # untimed ping-pongs per size
 # The MINIMUM round trip of the repeats is kept, not the median: a process blocked in recv waits
@@ -33,12 +34,6 @@ class LinkMeasurement:
     latency_s: float  # fitted alpha: one-way time of a message of 0 payload bytes
     bandwidth_bytes_per_s: float  # fitted beta
     points: tuple[tuple[int, float], ...]  # (payload bytes, measured one-way seconds), rows > 0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, hidden: int, dtype_name: str, rows: Sequence[int], repeats: int) -> None:
@@ -90,7 +85,7 @@ def measure_link(hidden_size: int, dtype_name: str, rows: Sequence[int], repeats
     fails or they time out; both are killed then, nothing is left running."""
     if not rows or min(rows) < 1:
         raise ValueError(f"rows must be positive counts, got {list(rows)}")
-    cmd = [sys.executable, "-m", __name__, str(_free_port()), str(hidden_size), dtype_name,
+    cmd = [sys.executable, "-m", __name__, str(free_port()), str(hidden_size), dtype_name,
            ",".join(str(n) for n in rows), str(repeats)]
     procs = [subprocess.Popen([*cmd, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,13 +16,6 @@ log = logging.getLogger(__name__)
 
 class StageStartError(RuntimeError):
     """A stage process failed to start (load error, early exit, or load timeout)."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now (for the gloo rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class StageProcesses:
