@@ -252,12 +252,14 @@ WORKLOADS: dict[str, WorkloadSpec] = {
                    "assumptions", f"synthetic, {_PAPER}", mean_in=226, mean_out=199,
                    cv_in=1.5, cv_out=1.0, max_in=1024, max_out=1024),
         _synthetic("cnn-dailymail-synthetic", "synthetic CNN/DailyMail summarization: lognormal, "
-                   "mean 883 in / 65 out; CVs 0.5 / 0.4 and caps 4096 / 512 are assumptions",
+                   "mean 883 in / 65 out; article CV 0.5 as in the dataset (0.49-0.50: scripts/"
+                   "cnn_article_spread.py); summary CV 0.4 and caps 4096 / 512 are assumptions",
                    f"synthetic, {_PAPER}", mean_in=883, mean_out=65, cv_in=0.5, cv_out=0.4,
                    max_in=4096, max_out=512),
         _synthetic("cnn-reversed-synthetic", "synthetic CNN-Reversed (CNN/DailyMail with input "
-                   "and output swapped; decode-heavy): lognormal, mean 65 in / 883 out; CVs "
-                   "0.4 / 0.5 and caps 512 / 4096 are assumptions", f"synthetic, {_PAPER}",
+                   "and output swapped; decode-heavy): lognormal, mean 65 in / 883 out; article "
+                   "(output) CV 0.5 as in the dataset (0.49-0.50: scripts/cnn_article_spread.py); "
+                   "summary CV 0.4 and caps 512 / 4096 are assumptions", f"synthetic, {_PAPER}",
                    mean_in=65, mean_out=883, cv_in=0.4, cv_out=0.5, max_in=512, max_out=4096),
     )
 }

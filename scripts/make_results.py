@@ -335,7 +335,8 @@ DS_WHY = ("DS parks the decodes of a slot that holds just more than a 128-token 
           "included) already keeps every slot at or below a tile, because a request decodes in the "
           "slot where its prompt ran; passing the first tier (128 x D_p = 512 running) takes more "
           "CNN-Reversed requests than the KV pool of 4 x A100-40GB holds (~617 KV tokens per "
-          "resident request at the assumed output CV 0.5), so at the rates where the SLO holds DS "
+          "resident request at output CV 0.5, the spread of the dataset's articles: "
+          "scripts/cnn_article_spread.py), so at the rates where the SLO holds DS "
           "finds nothing to park. Over a static chunk, which lets slots outgrow a tile, DS does "
           "raise goodput (README, benchmarks/policy_goodput.py --only cnnr).")
 

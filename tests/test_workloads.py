@@ -414,3 +414,21 @@ def test_make_requests_accepts_a_sampler() -> None:
     sampler = EmpiricalLengths([7], [3], "one row")
     requests = make_requests(sampler, seed=0, rate=1.0, num_requests=4)
     assert {(r.prompt_len, r.output_len) for r in requests} == {(7, 3)}
+
+
+def test_cnn_reversed_output_spread_matches_the_article_histogram() -> None:
+    """cnn-reversed-synthetic's output CV lies in the band scripts/cnn_article_spread.py derives
+    from the published CNN/DailyMail article-length histogram, whose bars reproduce the
+    figure's printed mean within 1.5%."""
+    script = REPO_ROOT / "scripts" / "cnn_article_spread.py"
+    module_spec = importlib.util.spec_from_file_location("cnn_article_spread", script)
+    assert module_spec is not None and module_spec.loader is not None
+    spread = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(spread)
+    (_, mean_low, cv_low), (_, mean_high, cv_high) = spread.cv_bounds()
+    for mean in (mean_low, mean_high):
+        assert abs(mean / spread.PRINTED_MEAN_CHARS - 1) < 0.015
+    _, out = WORKLOADS["cnn-reversed-synthetic"].make_sampler().sample(
+        np.random.default_rng(0), 100_000)
+    cv = out.std() / out.mean()
+    assert cv_low - 0.01 <= cv <= cv_high + 0.01, (cv_low, cv, cv_high)
