@@ -174,6 +174,7 @@ def goodput(
     high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed per probe. [default: enough arrivals for a steady queue]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
+    steady: Annotated[bool, typer.Option("--steady/--no-steady", help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).")] = True,
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms.")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms.")] = 200.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
@@ -203,7 +204,7 @@ def goodput(
             res = slo_goodput(
                 wl, dep, seeds=tuple(range(seeds)), num_requests=num_requests, precision=precision,
                 low=low, high=high, criterion="p90" if attainment is None else "attainment",
-                attainment=attainment or 0.9,
+                attainment=attainment or 0.9, require_steady=steady,
                 progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
             )
         except ValueError as exc:

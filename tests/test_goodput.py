@@ -157,6 +157,10 @@ def test_steady_state_flags_a_growing_queue():
     probe = judge_records(growing, SLO_DEFAULT, rate=4.0)
     assert probe.metrics["p90_ttft_ms"] < 2000
     assert not probe.ok and probe.reason.startswith("queue not stationary")
+    # the paper's fixed-run protocol judges the P90s alone; the growth is still in the metrics
+    lax = judge_records(growing, SLO_DEFAULT, rate=4.0, require_steady=False)
+    assert lax.ok and lax.metrics["median_ttft_second_half_ms"] > 2 * lax.metrics[
+        "median_ttft_first_half_ms"]
 
     flat = [[record(i, i * 0.25, 0.3 + 0.2 * ((i * 7) % 10) / 10) for i in range(200)]]
     assert check_steady_state(flat, SLO_DEFAULT).is_stationary
