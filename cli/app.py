@@ -183,7 +183,7 @@ def goodput(
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
     from fastpp.metrics import json_safe
     from fastpp.sim.goodput import slo_goodput
-    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler, parse_deployment
     from fastpp.types import SLO
 
     try:
@@ -196,6 +196,12 @@ def goodput(
     except ValueError as exc:
         _fail(str(exc))
         return
+    for dep in deployments:  # a bad policy or shape fails now, not after an earlier search
+        try:
+            build_scheduler(dep.load_profile(), dep)
+        except ValueError as exc:
+            _fail(f"{dep.label}: {exc}")
+            return
     results = []
     for dep in deployments:
         if not as_json:

@@ -122,6 +122,12 @@ def test_goodput_no_steady_judges_the_slo_alone():
     assert lax["goodput"] > strict["goodput"] > 0
 
 
+def test_goodput_names_a_bad_deployment_before_searching():
+    res = invoke("goodput", "-d", "pp4@static:512", "-d", "pp4@nosuch", "-n", "50")
+    assert res.exit_code != 0 and "unknown chunk policy 'nosuch'" in res.output
+    assert "searching" not in res.output  # no search ran before the bad one was found
+
+
 def test_goodput_with_an_impossible_slo_reports_zero_and_why():
     res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
                  "--seeds", "1", "-n", "60", "--slo-tpot-ms", "1", "--low", "1", "--json")

@@ -171,6 +171,9 @@ async def _unless_stopped(aw: Awaitable[T], stop: asyncio.Event) -> T:
 async def _first_model(http: httpx.AsyncClient, base_url: str) -> str:
     try:
         models = await list_models(http, base_url, timeout_s=_SIDE_TIMEOUT_S)
+    except httpx.TransportError as exc:
+        raise BenchError(f"no server answers at {base_url} ({exc}); start one (fastpp serve) or "
+                         f"point --host/--port or --base-url at it") from exc
     except (httpx.HTTPError, ValueError) as exc:
         raise BenchError(f"could not list models at {base_url}/v1/models ({exc}); pass --model") from exc
     if not models:
