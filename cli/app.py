@@ -168,7 +168,8 @@ def goodput(
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
     deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment(s), e.g. pp4@predictive; repeat to compare. [default: pp4]")] = None,
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]")] = None,
-    seeds: Annotated[int, typer.Option(help="Seeds per probe (0..N-1), records pooled.")] = 2,
+    seeds: Annotated[int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")] = 2,
+    first_seed: Annotated[int, typer.Option(help="First workload seed of each probe.")] = 0,
     precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
     low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 0.5,
     high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
@@ -193,6 +194,8 @@ def goodput(
         deployments = [base.with_parallel(*parse_deployment(d)) for d in (deploy or ["pp4"])]
         if seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {seeds}")
+        if first_seed < 0:
+            raise ValueError(f"--first-seed must be >= 0, got {first_seed}")
     except ValueError as exc:
         _fail(str(exc))
         return
@@ -208,7 +211,8 @@ def goodput(
             err_console.print(f"[bold]{dep.label} {dep.policy}[/]: searching ...")
         try:
             res = slo_goodput(
-                wl, dep, seeds=tuple(range(seeds)), num_requests=num_requests, precision=precision,
+                wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
+                num_requests=num_requests, precision=precision,
                 low=low, high=high, criterion="p90" if attainment is None else "attainment",
                 attainment=attainment or 0.9, require_steady=steady,
                 progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),

@@ -122,6 +122,15 @@ def test_goodput_no_steady_judges_the_slo_alone():
     assert lax["goodput"] > strict["goodput"] > 0
 
 
+def test_goodput_first_seed_picks_the_seeds_pooled():
+    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
+                 "--seeds", "2", "--first-seed", "6", "--precision", "4", "-n", "60", "--json")
+    assert res.exit_code == 0, res.output
+    assert "seeds (6, 7) pooled" in json.loads(res.stdout)[0]["criterion"]
+    res = invoke("goodput", "--first-seed", "-1")
+    assert res.exit_code != 0 and "--first-seed must be >= 0, got -1" in res.output
+
+
 def test_goodput_names_a_bad_deployment_before_searching():
     res = invoke("goodput", "-d", "pp4@static:512", "-d", "pp4@nosuch", "-n", "50")
     assert res.exit_code != 0 and "unknown chunk policy 'nosuch'" in res.output
