@@ -107,6 +107,9 @@ def test_tpot_bound_caps_the_chunk_and_infeasible_slo_falls_back_to_the_smallest
     clock.t = sched.now = 1.95
     capped = tight.choose(sched.view)
     assert tight.last.reason == "best-effort" and CANDS[0] < capped < CANDS[-1]
+    # the record names what the chosen chunk delivers, and its beat fits the TPOT bound
+    num_slots = sched.view.num_slots
+    assert tight.last.capacity_tok_s > 0 and 0 < num_slots * tight.last.beat_s <= 0.012 * 1.05
     impossible = policy_for()
     sched, clock = loaded_scheduler(impossible, slo=SLO(2.0, 0.0001))
     clock.t = sched.now = 1.95

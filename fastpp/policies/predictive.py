@@ -179,7 +179,7 @@ class PredictiveChunkPolicy:
         ctxs = [view.sum_decode_ctx(s) for s in slots]
         predict = self.predictor.predict_one
         tpot_budget = cfg.tpot_coeff * view.slo.tpot_s - cfg.round_overhead_s
-        safe = -1
+        safe, safe_capacity, safe_beat = -1, 0.0, 0.0
         for k in range(first, len(cands)):
             c = cands[k]
             beat = 0.0
@@ -195,12 +195,12 @@ class PredictiveChunkPolicy:
                     beat = t
             if d_p * beat > tpot_budget:
                 break  # larger chunks only take longer
-            safe = k
             capacity = prefill / (d_p * beat)
+            safe, safe_capacity, safe_beat = k, capacity, beat
             if capacity >= required:
                 return self._done(c, "optimal", required, capacity, beat)
         if safe >= 0:
-            return self._done(cands[safe], "best-effort", required)
+            return self._done(cands[safe], "best-effort", required, safe_capacity, safe_beat)
         return self._done(cands[first], "infeasible", required)
 
     def _required_rate(self, view: SchedulerView) -> float:
