@@ -48,6 +48,7 @@ def sweep(
     seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds 0..N-1: one simulate row each, pooled per goodput probe. [default: 1 for simulate, 2 for goodput]")] = None,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed (per probe for goodput). [default: 1000 / the goodput length rule]")] = None,
     precision: Annotated[float | None, typer.Option("--precision", help="Goodput bracket width, req/s. [default: 0.1]")] = None,
+    steady: Annotated[bool | None, typer.Option("--steady/--no-steady", help="Goodput: fail a probe whose queue still grows; --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n). [default: --steady]")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Base TTFT SLO in ms, before --slo-scale. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="Base TPOT SLO in ms, before --slo-scale. [default: 200]")] = None,
     grid: Annotated[Path | None, typer.Option("--grid", help="TOML file with any of these options as keys (lists for axes).")] = None,
@@ -69,7 +70,8 @@ def sweep(
             "deploy": _split(deploy), "gpu": _split(gpu), "model": _split(model),
             "slo_scale": _split(slo_scale, float, "--slo-scale"), "metric": metric,
             "best_static": best_static or None, "seeds": seeds, "num_requests": num_requests,
-            "precision": precision, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+            "precision": precision, "steady": steady, "slo_ttft_ms": slo_ttft_ms,
+            "slo_tpot_ms": slo_tpot_ms,
         }.items() if v is not None})
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
         plan = plan_sweep(grid_from_mapping(values), out)

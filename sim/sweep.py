@@ -83,7 +83,8 @@ def evaluate_point(point: SweepPoint) -> dict[str, Any]:
             row.update({k: _plain(summary.get(k)) for k in SIMULATE_COLUMNS})
         else:
             res = slo_goodput(workload, deployment, seeds=point.seeds,
-                              num_requests=point.num_requests, precision=point.precision)
+                              num_requests=point.num_requests, precision=point.precision,
+                              require_steady=point.steady)
             row.update(goodput=res.rate, margin=res.margin, attainment=res.attainment,
                        num_probes=len(res.probes), reason=res.reason)
     except ValueError as exc:

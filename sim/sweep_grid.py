@@ -6,6 +6,7 @@ computes is the grid's ``metric``:
 
 - ``simulate``: one ``run_simulation`` per (rate, seed): each seed is its own point and row.
 - ``goodput``: one ``slo_goodput`` per point, all seeds pooled; there is no rate axis.
+  ``steady=False`` drops the search's steady-queue rule (the paper's fixed-run protocol).
 - ``best-static``: goodput of every static candidate chunk (``chunks``, default 128..2048 step
   128) per (workload, model, GPU, deployment, SLO scale) group, plus one derived row naming the
   winner (the paper's PP_static). The candidates are ordinary goodput points.
@@ -15,7 +16,8 @@ an axis given as an empty list is an error, as is an unknown name: all of it is 
 grid is built, before any simulation runs.
 
 A point's ``point_id`` is a hash of everything that decides its result (axes, metric, seeds,
-request count, precision, base SLO), so it is stable across runs, machines and processes.
+request count, precision, base SLO, and ``steady`` when it is off), so it is stable across runs,
+machines and processes.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ DEFAULT_STATIC_CHUNKS: tuple[int, ...] = tuple(range(128, 2049, 128))  # tokens;
 # The leading columns of every row, in table order (metrics follow).
 AXIS_COLUMNS = ("point_id", "metric", "workload", "model", "gpu", "deploy", "pp", "tp", "policy",
                 "chunk", "slo_scale", "slo_ttft_ms", "slo_tpot_ms", "rate", "seeds",
-                "num_requests", "precision")
+                "num_requests", "precision", "steady")
 
 _DEPLOY_DEFAULT = DeploymentConfig()
 _WORKLOAD_DEFAULT = WorkloadConfig()
@@ -67,6 +69,7 @@ class SweepPoint:
     num_requests: int | None  # per seed (goodput: per probe; None = the search's length rule)
     precision: float | None  # goodput bracket width, req/s; None for simulate
     slo: SLO = field(default_factory=SLO)  # base SLO, before ``slo_scale``
+    steady: bool = True  # goodput: require a stationary queue (False: the SLO test alone)
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -76,7 +79,12 @@ class SweepPoint:
             raise ValueError("a simulate point needs a rate and exactly one seed")
         if self.metric == "goodput" and (self.rate is not None or self.precision is None):
             raise ValueError("a goodput point takes a precision and no rate")
-        object.__setattr__(self, "point_id", _hash(self.axes(with_id=False)))
+        if self.metric == "simulate" and not self.steady:
+            raise ValueError("steady applies to goodput points only")
+        ident = self.axes(with_id=False)
+        if self.steady:  # the default leaves the ids of points made before the flag unchanged
+            del ident["steady"]
+        object.__setattr__(self, "point_id", _hash(ident))
 
     @property
     def deploy(self) -> str:
@@ -93,7 +101,7 @@ class SweepPoint:
             "slo_scale": self.slo_scale, "slo_ttft_ms": slo.ttft_s * 1e3,
             "slo_tpot_ms": slo.tpot_s * 1e3, "rate": self.rate,
             "seeds": ",".join(map(str, self.seeds)), "num_requests": self.num_requests,
-            "precision": self.precision,
+            "precision": self.precision, "steady": self.steady,
         }
         if not with_id:
             del row["point_id"]
@@ -161,6 +169,7 @@ class SweepGrid:
     num_requests: int | None = None  # per seed; default: WorkloadConfig's / the goodput length rule
     precision: float | None = None  # goodput bracket, req/s; default: slo_goodput's
     slo: SLO = field(default_factory=SLO)  # base SLO that ``slo_scales`` multiply
+    steady: bool = True  # goodput searches require a stationary queue (False: SLO test alone)
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -198,6 +207,10 @@ class SweepGrid:
                              "the rate axis applies to metric 'simulate' only")
         if self.metric == "simulate" and self.precision is not None:
             raise ValueError("precision applies to metrics 'goodput' and 'best-static' only")
+        if not isinstance(self.steady, bool):
+            raise ValueError(f"steady must be true or false, got {self.steady!r}")
+        if self.metric == "simulate" and not self.steady:
+            raise ValueError("steady applies to metrics 'goodput' and 'best-static' only")
         if self.metric == "best-static" and self.policies is not None:
             raise ValueError("policies: best-static searches static chunks; give candidates "
                              "with chunks instead of policies")
@@ -250,7 +263,7 @@ class SweepGrid:
                                 SweepPoint("goodput" if goodput else "simulate", workload,
                                            get_model(model).name, get_gpu(gpu).name, pp, tp,
                                            policy, float(scale), rate, seed_set, num_requests,
-                                           precision, self.slo)
+                                           precision, self.slo, self.steady)
                                 for policy in ((own,) if own else policies)
                                 for rate in rates for seed_set in seed_sets
                             ]
@@ -272,7 +285,7 @@ _AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "ra
 GRID_KEYS = {"workload": "workloads", "model": "models", "gpu": "gpus", "deploy": "deployments",
              "policy": "policies", "chunk": "chunks", "rate": "rates", "slo_scale": "slo_scales",
              "metric": "metric", "seeds": "seeds", "num_requests": "num_requests",
-             "precision": "precision", "best_static": "best_static",
+             "precision": "precision", "steady": "steady", "best_static": "best_static",
              "slo_ttft_ms": "slo_ttft_ms", "slo_tpot_ms": "slo_tpot_ms"}
 
 

@@ -97,6 +97,11 @@ def test_defaults_pinned_deployment_policy_and_goodput_points():
     assert [(p.deploy, p.policy) for p in points] == [("pp4", "predictive"), ("tp4", "static:256")]
     points, _ = SweepGrid(metric="goodput", deployments=("pp4",), chunks=(512,)).expand()
     assert points[0].rate is None and points[0].seeds == (0, 1) and points[0].precision == 0.1
+    # the paper's fixed-run protocol is another point: its own id, steady=False in its row
+    (lax,), _ = SweepGrid(metric="goodput", deployments=("pp4",), chunks=(512,), steady=False).expand()
+    assert not lax.steady and lax.axes()["steady"] is False and points[0].axes()["steady"] is True
+    assert lax.point_id != points[0].point_id
+    assert grid_from_mapping({"metric": "goodput", "steady": False}).steady is False
     points, targets = SweepGrid(metric="best-static").expand()
     assert [p.policy for p in points] == [f"static:{c}" for c in DEFAULT_STATIC_CHUNKS]
     assert len(DEFAULT_STATIC_CHUNKS) == 16 and targets[0].candidates == tuple(points)
@@ -117,6 +122,8 @@ def test_defaults_pinned_deployment_policy_and_goodput_points():
     ({"metric": "latency"}, "'latency'"),
     ({"metric": "goodput", "rates": (1.0,)}, "rates"),
     ({"metric": "best-static", "policies": ("static:512",)}, "policies"),
+    ({"steady": False}, "steady applies to metrics 'goodput' and 'best-static' only"),
+    ({"metric": "goodput", "steady": "no"}, "steady must be true or false, got 'no'"),
 ])
 def test_grid_rejects_bad_values_naming_them(kwargs, named):
     with pytest.raises(ValueError, match=named.replace("+", r"\+")):
@@ -271,6 +278,7 @@ def test_cli_grid_file_best_static_table(tmp_path):
     (["-w", "azure-conv,nope"], "'nope'"),
     (["--metric", "goodput", "-r", "2"], "rates"),
     (["--best-static", "--metric", "simulate"], "best_static"),
+    (["--no-steady"], "steady applies"),
 ])
 def test_cli_errors_name_the_bad_value_and_run_nothing(tmp_path, args, named):
     res = runner.invoke(app, ["sweep", *args, "-o", str(tmp_path / "out")])
