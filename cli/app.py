@@ -205,6 +205,10 @@ def goodput(
         except ValueError as exc:
             _fail(f"{dep.label}: {exc}")
             return
+    if not steady and not as_json:
+        err_console.print("[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "
+                          "before its queue (or KV cache) fills may pass at a rate that a longer "
+                          "run would not sustain[/]")
     results = []
     for dep in deployments:
         if not as_json:
