@@ -26,22 +26,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from fastpp.metrics import meets_slo, summarize
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+from fastpp.metrics import meets_slo
+from fastpp.sim.experiments import pooled_summary
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig
 from fastpp.types import SLO
 
 WORKLOAD = "cnn-reversed-synthetic"
-
-
-def sweep_rate(policy: str, rate: float, seeds: list[int], num_requests: int, slo: SLO) -> dict:
-    """Pooled summary of ``seeds`` runs of ``num_requests`` requests at ``rate``."""
-    records = []
-    for seed in seeds:
-        workload = WorkloadConfig(name=WORKLOAD, rate=rate, seed=seed, num_requests=num_requests)
-        run = run_simulation(workload, DeploymentConfig(policy=policy, slo=slo),
-                             record_iterations=False)
-        records.extend(run.result.records)
-    return summarize(records, slo=slo, request_rate=rate)
 
 
 def main() -> None:
@@ -67,7 +57,8 @@ def main() -> None:
         goodput = 0.0
         failed = False
         for rate in rates:
-            s = sweep_rate(policy, rate, seeds, args.num_requests, slo)
+            workload = WorkloadConfig(name=WORKLOAD, rate=rate, num_requests=args.num_requests)
+            s = pooled_summary(workload, DeploymentConfig(policy=policy, slo=slo), tuple(seeds))
             met = meets_slo(s, slo)
             if met and not failed:
                 goodput = rate

@@ -411,9 +411,6 @@ def main() -> None:
     print("goodput grids ...", flush=True)
     found = goodput_section(rep, args.cache, args.workers)
     tpot = tpot_at_best_static(rep, found)
-    print("goodput under the paper's protocol ...", flush=True)
-    paper_parts = Report(args.out)  # placed after section 7
-    paper = paper_protocol_section(paper_parts, args.cache, args.workers, found)
     print("beat, predictor, SLO scaling, DS, replay, NVLink ...", flush=True)
     beat = beat_section(rep)
     predictor_section(rep, args.cache, args.workers)
@@ -421,7 +418,8 @@ def main() -> None:
     ds = ds_section(rep)
     replay_section(rep)
     nvlink_section(rep, args.cache, args.workers)
-    rep.parts += paper_parts.parts
+    print("goodput under the paper's protocol ...", flush=True)
+    paper = paper_protocol_section(rep, args.cache, args.workers, found)
     wall = time.perf_counter() - t0
     record = args.cache / "fresh_wall_s.txt"
     if args.fresh:
