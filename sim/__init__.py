@@ -1,1 +1,1 @@
-"""SimPy model of a PP/TP deployment (installed as fastpp.sim)."""
+"""Discrete-event model of a PP/TP deployment (installed as fastpp.sim)."""

@@ -64,12 +64,16 @@ class GuardedPolicies:
             return NO_BALANCE
 
     def observe(self, rec: IterationRecord) -> None:
-        """Forward a stage-iteration record to both policies."""
-        for name, target in (("chunk policy", self.chunk_policy), ("balancer", self.balancer)):
-            try:
-                target.observe(rec)
-            except Exception as exc:
-                self.failed(f"{name}.observe", exc)
+        """Forward a stage-iteration record to both policies (once per stage and microbatch:
+        written out rather than looped, it is on the simulator's hot path)."""
+        try:
+            self.chunk_policy.observe(rec)
+        except Exception as exc:
+            self.failed("chunk policy.observe", exc)
+        try:
+            self.balancer.observe(rec)
+        except Exception as exc:
+            self.failed("balancer.observe", exc)
 
     def failed(self, which: str, exc: Exception) -> None:
         key = f"{which}: {type(exc).__name__}"
