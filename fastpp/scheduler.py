@@ -360,6 +360,12 @@ class Scheduler:
         self.policies.observe(rec)
 
     @property
+    def observes_iterations(self) -> bool:
+        """Whether the policies use stage-iteration records (``observe``); an executor that
+        keeps no records of its own may skip building them when they do not."""
+        return self.policies.observes
+
+    @property
     def chunk_policy(self) -> ChunkPolicy:
         return self.policies.chunk_policy
 

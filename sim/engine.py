@@ -18,9 +18,10 @@ How time advances (sim/events.py): a microbatch's stage costs are fixed when it 
 every stage and link serves in launch order, so its whole passage is known at launch: stage i
 starts at max(its activations' arrival, stage i's end of the previous microbatch) and the link
 after it sends at max(stage end, link free). The launch computes that tandem-queue recurrence
-and schedules one callback per stage end (the policies observe the stage record then) and one
-for the return. No process waits on another, so the simulator needs no coroutine machinery;
-the order of scheduler calls is the one a process-per-stage model gives.
+and schedules one callback, the return, at which the policies observe every stage's record
+and then the scheduler folds the tokens in: as in the CPU engine, where stage times come back
+with the sampled tokens (a real scheduler cannot see a stage end before then). No process waits
+on another, so the simulator needs no coroutine machinery.
 
 Units: seconds of virtual time.
 """
@@ -104,8 +105,11 @@ class PipelineSimulation:
         scheduler.clock = lambda: self.clock.now
         num_stages = len(profile.stages)
         self.driver = PipelineDriver(scheduler, num_stages, record_iterations=record_iterations)
+        self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster
         self._stage_free_at = [0.0] * num_stages  # when each stage ends its last microbatch
         self._link_free_at = [0.0] * num_stages  # when the link after each stage is free
+        # per slot in flight: its plan and each stage's (start, end), known at launch
+        self._in_flight: dict[int, tuple[MicroBatchPlan, list[tuple[float, float]]]] = {}
         self._records: list[RequestRecord] = []
         self._next_arrival = 0  # index into self.requests
         self._host_busy = False  # paying the launch overhead of a formed microbatch
@@ -168,39 +172,33 @@ class PipelineSimulation:
         """Send ``plan`` down the pipeline now: its cost on every stage, then the tandem-queue
         recurrence (module docstring) gives each stage's start and end."""
         stages = self.profile.stages
-        costs = [
-            st.time_s(plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre, plan.sum_pre_sq,
-                      plan.sum_dec_ctx)
-            for st in stages
-        ]
+        n, sampled, px, sq, dec = (plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre,
+                                   plan.sum_pre_sq, plan.sum_dec_ctx)
+        costs = [cost(n, sampled, px, sq, dec) for cost in self._stage_costs]
         sigma = self._noise_sigma
         if sigma > 0:
             gauss, mu = self._noise.gauss, -0.5 * sigma * sigma
             costs = [c * math.exp(mu + sigma * gauss(0.0, 1.0)) for c in costs]
         link_s = (self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
                   if len(stages) > 1 else 0.0)
-        stage_free, link_free, at = self._stage_free_at, self._link_free_at, self.clock.at
+        stage_free, link_free = self._stage_free_at, self._link_free_at
         ready = self.clock.now  # when the microbatch's input is on the stage
         last = len(stages) - 1
+        times = []
         for i, cost in enumerate(costs):
             start = max(ready, stage_free[i])
             end = stage_free[i] = start + cost
-            at(end, self._stage_done, (plan, i, start, end))
+            times.append((start, end))
             if i < last:
                 ready = link_free[i] = max(end, link_free[i]) + link_s
+        self._in_flight[plan.slot] = (plan, times)
+        self.clock.at(end + self._token_return_s, self._on_return, plan.slot)
 
-    def _stage_done(self, event: tuple[MicroBatchPlan, int, float, float]) -> None:
-        """A stage ended its part of a microbatch: the policies observe it; after the last stage
-        the sampled tokens head back to the host."""
-        plan, stage, start, end = event
-        self.driver.stage_finished(plan, stage, start, end)
-        if stage == len(self._stage_free_at) - 1:
-            if self._token_return_s > 0:
-                self.clock.at(end + self._token_return_s, self._on_return, plan)
-            else:
-                self._on_return(plan)
-
-    def _on_return(self, plan: MicroBatchPlan) -> None:
+    def _on_return(self, slot: int) -> None:
+        """The sampled tokens of ``slot``'s microbatch are back, with every stage's (start,
+        end): the policies observe those, then the scheduler folds the tokens in."""
+        plan, times = self._in_flight.pop(slot)
+        self.driver.stages_finished(plan, times)
         self.driver.returned(plan)
         self._num_returned += 1
         if self._progress is not None and self._num_returned % PROGRESS_EVERY == 0:
@@ -221,6 +219,8 @@ class PipelineSimulation:
         sched = self.scheduler
         if not finished:
             notes.append(f"stopped at the time limit {self.max_time_s} s; unfinished requests aborted")
+            for plan, times in self._in_flight.values():  # the stages that ended before the limit
+                self.driver.stages_finished(plan, [t for t in times if t[1] < clock.now])
             for req in self.requests[len(self._records):]:
                 self._records.append(sched.add_request(req))
             sched.abort_all("run time limit reached")

@@ -112,3 +112,50 @@ def test_the_event_clock_stops_before_until_and_sits_there():
     assert clock.run(until=3.0) is False  # 3.0 is not run: due at the limit, not before it
     assert seen == [1.0] and clock.now == 3.0 and len(clock) == 2
     assert clock.run() is True and seen == [1.0, 3.0, 5.0]
+
+
+class _Watcher:
+    """A chunk policy without an ``observes`` attribute: it must get every stage record of a
+    microbatch, stage by stage, before that microbatch's tokens are folded in."""
+
+    last_reason = "watch"
+
+    def __init__(self, scheduler_ref):
+        self.seen: list[tuple[int, int]] = []
+        self.ref = scheduler_ref
+
+    def choose(self, view):
+        return 64
+
+    def observe(self, rec):
+        plan = self.ref[0]._in_flight[rec.slot]
+        assert plan is not None and plan.mb_id == rec.mb_id  # not yet returned
+        self.seen.append((rec.mb_id, rec.stage))
+
+
+def test_a_policy_that_observes_gets_every_stage_record_before_the_return():
+    ref: list = []
+    watcher = _Watcher(ref)
+    sched = make_scheduler(None, chunk_policy=watcher, num_slots=3, kv_capacity_tokens=8192)
+    ref.append(sched)
+    assert sched.observes_iterations
+    reqs = make_requests(20, prompt_len=40, output_len=6, gap_s=0.001)
+    result = PipelineSimulation(make_profile(pp=3), sched, reqs, record_iterations=False).run()
+    assert result.iterations == []  # not kept, but observed
+    assert watcher.seen == [(mb, s) for mb in range(result.num_microbatches) for s in range(3)]
+
+
+def test_records_are_built_only_when_kept_or_observed_and_busy_time_is_the_same():
+    kept, _ = simulate(pp=3)
+    bare, _ = simulate(pp=3, record_iterations=False)  # static policy: observes = False
+    assert bare.iterations == [] and len(kept.iterations) == 3 * kept.num_microbatches
+    assert bare.stage_busy_s == kept.stage_busy_s
+    assert [r.token_times for r in bare.records] == [r.token_times for r in kept.records]
+
+
+def test_guarded_policies_observe_unless_both_say_they_do_not():
+    from fastpp.policies.base import NoBalancer, StaticChunkPolicy
+    from fastpp.policies.guard import GuardedPolicies
+
+    assert not GuardedPolicies(StaticChunkPolicy(64), NoBalancer(), 64).observes
+    assert GuardedPolicies(_Watcher([]), NoBalancer(), 64).observes  # no attribute: assumed

@@ -63,6 +63,12 @@ class GuardedPolicies:
             self.failed("balancer", exc)
             return NO_BALANCE
 
+    @property
+    def observes(self) -> bool:
+        """Whether either policy uses stage records (a policy without an ``observes``
+        attribute is assumed to)."""
+        return getattr(self.chunk_policy, "observes", True) or getattr(self.balancer, "observes", True)
+
     def observe(self, rec: IterationRecord) -> None:
         """Forward a stage-iteration record to both policies (once per stage and microbatch:
         written out rather than looped, it is on the simulator's hot path)."""
