@@ -11,6 +11,7 @@ run can become a profile (``fastpp profile --from-records DIR``).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -74,7 +75,8 @@ def _itl_ms_texts(records: Sequence[RequestRecord]) -> list[str]:
     times = np.fromiter(chain.from_iterable(r.token_times for r in records), float,
                         count=int(lengths.sum()))
     gaps = np.round(np.diff(times) * 1e3, 4)  # gap i: token i to token i + 1, any record
-    distinct, which = np.unique(gaps, return_inverse=True)
+    distinct = np.unique(gaps)
+    which = np.searchsorted(distinct, gaps)  # cheaper than unique's return_inverse (no argsort)
     texts = np.array([repr(g) for g in distinct.tolist()], dtype=object)[which].tolist()
     out, start = [], 0
     for n in lengths.tolist():
@@ -85,15 +87,33 @@ def _itl_ms_texts(records: Sequence[RequestRecord]) -> list[str]:
 
 def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path) -> Path:
     """Write ``IterationRecord.to_dict()`` rows under a header of its field names (header only
-    when there are no iterations); returns the path."""
+    when there are no iterations); returns the path.
+
+    The file is ``csv.writer``'s (excel dialect: CRLF, minimal quoting), written faster: the
+    fields are formatted with ``str`` as csv does, and the part of a row after the times (the
+    microbatch's counts and reason, equal on all its stages) is formatted once per run of equal
+    values. An hour has 276,000 rows.
+    """
     path = Path(path)
     fields = list(IterationRecord.__slots__)
-    row = attrgetter(*fields)
+    assert fields[:5] == ["mb_id", "stage", "slot", "started_at", "finished_at"], fields
+    tail = attrgetter(*fields[5:])  # ends with reason, the one text field
+    prev, suffix = None, ""
     with path.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(fields)
-        writer.writerows(map(row, iterations))
+        f.write(_csv_line(fields))
+        for it in iterations:
+            values = tail(it)
+            if values != prev:
+                prev, suffix = values, _csv_line([0, *values])[2:]  # as csv quotes them
+            f.write(f"{it.mb_id},{it.stage},{it.slot},{it.started_at!s},{it.finished_at!s},{suffix}")
     return path
+
+
+def _csv_line(values: Sequence[Any]) -> str:
+    """One row as ``csv.writer`` writes it (excel dialect), line end included."""
+    buf = io.StringIO()
+    csv.writer(buf).writerow(values)
+    return buf.getvalue()
 
 
 def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],

@@ -14,7 +14,6 @@ time, real engines wall time; nothing here reads the system clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from operator import attrgetter
 
 from fastpp.decode_slots import DecodeSlots
 from fastpp.kv_ledger import KVLedger
@@ -242,14 +241,14 @@ class Scheduler:
             sum_pre_sq += n * n
             num_prefill += n
         self._kv.grow(decodes)
-        dec_ctx = tuple(map(_ctx_len, decodes))
+        dec_ctx = tuple([r.ctx_len for r in decodes])
         self._inflight_decodes[slot] = decodes
         plan = MicroBatchPlan(
             mb_id=self._next_mb_id,
             slot=slot,
             scheduled_at=now,
             chunk_budget=budget,
-            decode_req_ids=tuple(map(_req_id, decodes)),
+            decode_req_ids=tuple([r.req_id for r in decodes]),
             decode_ctx=dec_ctx,
             prefill=tuple(chunks),
             num_tokens=len(decodes) + num_prefill,
@@ -462,7 +461,3 @@ class Scheduler:
 
 def _admit_order(r: LiveRequest) -> int:
     return r.admit_seq
-
-
-_ctx_len = attrgetter("ctx_len")  # per decode on every launch: map() over these is the cheapest
-_req_id = attrgetter("req_id")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -95,10 +96,10 @@ def write_chrome_trace(
     """
     plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
     dumps = partial(json.dumps, separators=(",", ":"))
-    reasons: dict[str, str] = {}  # a policy's few reasons, each encoded once
+    slice_parts: dict[tuple, tuple[str, str]] = {}
     parts = [dumps(e) for e in plan.meta]
     for i in plan.kept:
-        parts.append(_slice_json(iterations[i], reasons) if i < len(iterations)
+        parts.append(_slice_json(iterations[i], slice_parts) if i < len(iterations)
                      else dumps(_counter(plan.sample(i))))
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
@@ -158,17 +159,21 @@ def _counter(sample: tuple[str, float, float]) -> dict:
             "args": {"value": float(v)}}
 
 
-_SLICE_JSON = ('{"name":"mb%d s%d","cat":"%s","ph":"X","pid":' + str(PID) + ',"tid":%d,"ts":%r,'
-               '"dur":%r,"args":{"mb_id":%d,"slot":%d,"tokens":%d,"prefill_tokens":%d,'
-               '"decode_reqs":%d,"chunk_budget":%d,"reason":%s}}')
+def _slice_json(it: IterationRecord, parts: dict[tuple, tuple[str, str]]) -> str:
+    """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them). The text
+    before ``tid`` and from ``args`` on is the same for every stage of a microbatch: ``parts``
+    keeps it by the fields it is made of, so it is formatted once per microbatch."""
+    key = _SLICE_KEY(it)
+    both = parts.get(key)
+    if both is None:
+        d = _slice(it)
+        head = json.dumps({k: d[k] for k in ("name", "cat", "ph", "pid")}, separators=(",", ":"))
+        both = parts[key] = (head[:-1] + ',"tid":',
+                             ',"args":' + json.dumps(d["args"], separators=(",", ":")) + "}")
+    head, tail = both
+    return (f"{head}{it.stage},\"ts\":{round(it.started_at * _US, _ROUND)!r},"
+            f"\"dur\":{round(max(0.0, it.duration_s) * _US, _ROUND)!r}{tail}")
 
 
-def _slice_json(it: IterationRecord, reasons: dict[str, str]) -> str:
-    """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them)."""
-    reason = reasons.get(it.reason)
-    if reason is None:
-        reason = reasons[it.reason] = json.dumps(it.reason)
-    return _SLICE_JSON % (
-        it.mb_id, it.slot, _kind(it), it.stage, round(it.started_at * _US, _ROUND),
-        round(max(0.0, it.duration_s) * _US, _ROUND), it.mb_id, it.slot, it.num_tokens,
-        it.num_prefill_tokens, it.num_decode_reqs, it.chunk_budget, reason)
+_SLICE_KEY = attrgetter("mb_id", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
+                        "chunk_budget", "reason")  # every field _slice takes but stage and times

@@ -219,7 +219,9 @@ def test_the_fast_writers_write_what_the_record_dicts_say(tmp_path):
                rec(3, 0.3, [1.0 / 3, 2.0 / 3, 0.9999])]
     lines = write_records_jsonl(records, tmp_path / "r.jsonl").read_text().splitlines()
     assert lines == [json.dumps(r.to_dict()) for r in records]
-    iters = [it(0, 0.0, 1.0 / 3), it(1, 1.0 / 3, 2.0, mb_id=1)]
+    iters = [it(0, 0.0, 1.0 / 3), it(1, 1.0 / 3, 2.0, mb_id=1), it(0, 2.0, 2.5, mb_id=2),
+             it(1, 2.5, 3.0, mb_id=2), it(0, 3.0, 3.5, mb_id=3)]
+    iters[2].reason, iters[3].reason, iters[4].reason = "", 'shrunk, "quoted"\nline', "plain"
     with (tmp_path / "ref.csv").open("w", newline="") as f:
         ref = csv.DictWriter(f, fieldnames=list(iters[0].__slots__))
         ref.writeheader()
