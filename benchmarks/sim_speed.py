@@ -3,9 +3,10 @@
     python benchmarks/sim_speed.py                    # Qwen2.5-32B, 4 x A100-40GB PCIe, chunk 2048
     python benchmarks/sim_speed.py --speed 0.9 --window 900
 
-Prints simulated requests, microbatches and stage-iterations per wall second. The target of the
-foundation issue is the full trace in at most 20 s on one core (~1,000 requests per second).
-Pin to one core with ``taskset -c 0`` to measure the single-core figure.
+Prints simulated requests, microbatches and stage-iterations per wall second, and the process's
+CPU time for the simulation (the steadier figure on a shared machine). The target of issue 13 is
+the full trace in at most 5 s on one core (the whole `fastpp simulate --replay azure-conv -d pp4`
+command in at most 8 s). Pin to one core with ``taskset -c 0`` to measure the single-core figure.
 """
 
 from __future__ import annotations
@@ -36,18 +37,20 @@ def main() -> None:
     requests = wl.requests()
     t_load = time.perf_counter() - t0
     dep = DeploymentConfig(pp=pp, tp=tp, policy=args.policy)
+    cpu0 = time.process_time()
     run = run_simulation(wl, dep, requests=requests, record_iterations=args.iterations)
+    cpu_s = time.process_time() - cpu0  # includes the summary after the simulation
     res, s = run.result, run.summary
     n = len(requests)
     print(f"workload      : {wl.describe()} ({n} requests, loaded in {t_load:.2f} s)")
     print(f"deployment    : {run.profile.model.name} on {run.profile.gpu}, {dep.label}, {dep.policy}")
     print(f"simulated     : {res.end_at:.0f} s of serving, {res.num_microbatches:,} microbatches, "
           f"{s['completed']} completed, {res.num_retractions} retractions")
-    print(f"wall time     : {res.wall_s:.2f} s")
+    print(f"wall time     : {res.wall_s:.2f} s of simulation ({cpu_s:.2f} s CPU with the summary)")
     print(f"speed         : {n / res.wall_s:,.0f} requests/s, "
           f"{res.num_microbatches / res.wall_s:,.0f} microbatches/s, "
           f"{res.num_microbatches * pp / res.wall_s:,.0f} stage-iterations/s")
-    print(f"target        : <= 20 s for the full trace -> {'met' if res.wall_s <= 20 else 'NOT met'}")
+    print(f"target        : <= 5 s for the full trace -> {'met' if res.wall_s <= 5 else 'NOT met'}")
 
 
 if __name__ == "__main__":
