@@ -21,14 +21,23 @@ Probe rules (``slo_goodput``):
   with span = max(120 s, LIFETIMES x mean output length x SLO TPOT): every probe covers at
   least 120 s of arrivals, and several lifetimes of a request that decodes at the SLO's pace,
   so that a decode-heavy load (CNN-Reversed: ~880 output tokens, 3 minutes per request at
-  200 ms) has filled its KV cache and shows its real queue before the halves are compared.
-- Steady state: per seed, split the requests by arrival order into halves and pool the halves
-  over seeds. If the second half's median TTFT exceeds the first half's by more than
-  ``STEADY_GROWTH_RATIO`` x first-half median + ``STEADY_SLACK_SLO_FRAC`` x TTFT SLO, the queue
-  is still growing and the probe is infeasible ("queue not stationary") even if the pooled P90s
-  pass: that rate would violate the SLO in a longer run. ``require_steady=False`` (CLI
-  ``--no-steady``) drops this rule: the paper's benchmark judged fixed runs of 1,000 prompts,
-  which at a decode-heavy load end before the KV cache has filled for long.
+  200 ms) has filled its KV cache and shows its real queue.
+- Convergence in length: a probe is judged twice, on the first half of its requests by arrival
+  (per seed) and on all of them. If the two verdicts differ, the length did decide it: the probe
+  is run again twice as long, up to ``MAX_DOUBLINGS`` times, until the verdict of a probe and
+  of its first half agree (the verdict of the longest run stands otherwise, and its metrics say
+  ``converged=0``). A verdict that a probe twice as long would not change is one that does not
+  depend on how long one looks.
+- Steady state: per seed, split the requests by arrival order into quarters and pool each
+  quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
+  the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
+  x TTFT SLO, the queue is still growing and the probe is infeasible ("queue not stationary")
+  even if the pooled P90s pass: that rate would violate the SLO in a longer run.
+  ``require_steady=False`` (CLI ``--no-steady``) drops this rule: the paper's benchmark judged
+  fixed runs of 1,000 prompts, which at a decode-heavy load end before the KV cache has filled.
+- Seeds: the verdict is on the records of all seeds pooled; each seed is also judged alone at
+  every probe, and ``GoodputResult.seed_rates`` holds each seed's own goodput among the probed
+  rates (the spread a single-seed search would show).
 
 Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
 """
@@ -49,8 +58,9 @@ from fastpp.types import SLO, FinishReason, RequestRecord
 MIN_REQUESTS = 300  # requests per seed per probe, at least
 ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
 LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
-STEADY_GROWTH_RATIO = 0.5  # allowed rise of the second-half median TTFT, relative to the first
-STEADY_SLACK_SLO_FRAC = 0.1  # plus this share of the TTFT SLO (absolute floor against noise)
+STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
+STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
+MAX_DOUBLINGS = 2  # a probe whose first half and whole disagree is rerun at most this often
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
 
 Criterion = Literal["p90", "attainment"]
@@ -64,6 +74,7 @@ class ProbeResult:
     ok: bool  # criterion met (and, for slo_goodput, the queue was stationary)
     metrics: dict[str, float] = field(default_factory=dict)  # key metrics, latencies in ms
     reason: str = ""  # why infeasible ("" when ok)
+    seed_ok: tuple[bool, ...] = ()  # slo_goodput: the verdict on each seed's records alone
 
     def describe(self) -> str:
         """One line: ``4.25 req/s  ok  p90_ttft_ms=812 ...`` or ``... FAIL (reason)``."""
@@ -86,6 +97,8 @@ class GoodputResult:
     reason: str = ""  # why goodput is 0 ("" otherwise)
     notes: tuple[str, ...] = ()  # bracket expansions, exhausted probe budget
     criterion: str = ""  # what "feasible" meant, in words
+    seeds: tuple[int, ...] = ()  # slo_goodput: the seeds pooled at every probe
+    seed_rates: tuple[float, ...] = ()  # each seed's own goodput among the probed rates
 
     @property
     def best(self) -> ProbeResult | None:
@@ -104,8 +117,9 @@ class GoodputResult:
         return {
             "goodput": self.rate, "margin": self.margin, "attainment": self.attainment,
             "reason": self.reason, "notes": list(self.notes), "criterion": self.criterion,
-            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics}
-                       for p in self.probes],
+            "seeds": list(self.seeds), "seed_goodputs": list(self.seed_rates),
+            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics,
+                        "seed_ok": list(p.seed_ok)} for p in self.probes],
         }
 
     def describe(self) -> str:
@@ -116,6 +130,9 @@ class GoodputResult:
                 head += f", per-request attainment {100 * self.attainment:.1f}%"
         else:
             head = f"goodput 0: {self.reason}"
+        if len(self.seed_rates) > 1:
+            head += (f"; seeds alone {min(self.seed_rates):.4g}..{max(self.seed_rates):.4g}"
+                     f" req/s")
         lines = [head + (f"  [{self.criterion}]" if self.criterion else "")]
         lines += [f"note: {n}" for n in self.notes]
         lines += [p.describe() for p in sorted(self.probes, key=lambda p: p.rate)]
@@ -213,33 +230,34 @@ def find_goodput(
 
 @dataclass(frozen=True, slots=True)
 class SteadyState:
-    """Median TTFT of the earlier and the later half of the requests by arrival (ms)."""
+    """Median TTFT of the second and of the last quarter of the requests by arrival (ms)."""
 
-    first_half_ms: float
-    second_half_ms: float
+    early_ms: float  # second quarter (the first is warm-up)
+    late_ms: float  # last quarter
     is_stationary: bool
 
     def describe(self) -> str:
-        return (f"median TTFT {self.first_half_ms:.1f} ms in the first half of arrivals, "
-                f"{self.second_half_ms:.1f} ms in the second")
+        return (f"median TTFT {self.early_ms:.1f} ms in the second quarter of arrivals, "
+                f"{self.late_ms:.1f} ms in the last")
 
 
 def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> SteadyState:
     """Is the queue stationary? ``runs`` holds one record list per seed (its own clock).
 
-    Each run is split by arrival order into halves; halves are pooled over runs. Failed requests
-    count as infinite TTFT. Not stationary iff the second half's median TTFT exceeds the first
-    half's by more than ``STEADY_GROWTH_RATIO`` x the first half's + ``STEADY_SLACK_SLO_FRAC`` x
-    the TTFT SLO (a median with over half failures is infinite, and that is never stationary).
+    Each run is split by arrival order into quarters; quarters are pooled over runs. Failed
+    requests count as infinite TTFT. Not stationary iff the last quarter's median TTFT exceeds
+    the second quarter's by more than ``STEADY_GROWTH_RATIO`` x the second's +
+    ``STEADY_SLACK_SLO_FRAC`` x the TTFT SLO (a median with over half failures is infinite, and
+    that is never stationary).
     """
-    first: list[float] = []
-    second: list[float] = []
+    early: list[float] = []
+    late: list[float] = []
     for records in runs:
         ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
-        half = len(ordered) // 2
-        first += [_ttft_ms(r) for r in ordered[:half]]
-        second += [_ttft_ms(r) for r in ordered[half:]]
-    med1, med2 = _median(first), _median(second)
+        q = len(ordered) // 4
+        early += [_ttft_ms(r) for r in ordered[q:2 * q]]
+        late += [_ttft_ms(r) for r in ordered[len(ordered) - q:] if q]
+    med1, med2 = _median(early), _median(late)
     if math.isinf(med2) or math.isnan(med1):
         stationary = math.isnan(med1) and not math.isinf(med2)  # too few requests to judge: pass
     else:
@@ -270,6 +288,7 @@ def slo_goodput(
     max_probes: int = 16,
     progress: Callable[[ProbeResult], None] | None = None,
     require_steady: bool = True,
+    converge: bool | None = None,
 ) -> GoodputResult:
     """Goodput of ``deployment`` on ``workload``'s length distribution (module docstring rules).
 
@@ -280,7 +299,11 @@ def slo_goodput(
     ``num_requests`` per seed; None = the module's length rule (:func:`probe_span_s`).
     ``require_steady=False`` drops the steady-queue rule and judges the criterion alone, as the
     paper's benchmark did on fixed runs of 1,000 prompts (then give ``num_requests``).
+    ``converge`` (default: ``require_steady``) doubles a probe whose verdict its first half does
+    not share (module docstring); ``num_requests`` is then the starting length. Off, every probe
+    is one run of ``num_requests`` (the fixed-run protocol).
     """
+    converge = require_steady if converge is None else converge
     if workload.replay is not None:
         raise ValueError("goodput needs synthetic arrivals at a chosen rate, not a replayed trace")
     if criterion not in ("p90", "attainment"):
@@ -294,19 +317,37 @@ def slo_goodput(
     slo = deployment.slo
     span_s = probe_span_s(workload, slo)
 
-    def judge(rate: float) -> ProbeResult:
-        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
-        runs = [
-            run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
-                           deployment, record_iterations=False).result.records
-            for seed in seeds
-        ]
+    def run(rate: float, n: int) -> list[list[RequestRecord]]:
+        return [run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
+                                       duration_s=None),
+                               deployment, record_iterations=False).result.records
+                for seed in seeds]
+
+    def verdict(runs: Sequence[Sequence[RequestRecord]], rate: float) -> ProbeResult:
         # metrics stay free of wall times so that a seed's result is byte-identical across runs
         return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
                              require_steady=require_steady)
 
+    def judge(rate: float) -> ProbeResult:
+        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
+        for doubling in range(MAX_DOUBLINGS + 1 if converge else 1):
+            runs = run(rate, n)
+            whole = verdict(runs, rate)
+            if not converge:
+                break
+            half = verdict([_first_half(records) for records in runs], rate)
+            if half.ok == whole.ok:
+                break
+            if doubling < MAX_DOUBLINGS:
+                n *= 2
+        converged = not converge or half.ok == whole.ok
+        seed_ok = tuple(verdict([records], rate).ok for records in runs)
+        return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
+                                       "converged": float(converged)}, seed_ok=seed_ok)
+
     result = find_goodput(judge, low=low, high=high, precision=precision,
                           max_probes=max_probes, progress=progress)
+    result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":
         words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"
     else:
@@ -354,10 +395,27 @@ def judge_records(
         "slo_attainment": share,
         "num_requests": float(len(pooled)),
         "num_failed": float(num_failed),
-        "median_ttft_first_half_ms": steady.first_half_ms,
-        "median_ttft_second_half_ms": steady.second_half_ms,
+        "median_ttft_q2_ms": steady.early_ms,
+        "median_ttft_q4_ms": steady.late_ms,
     }
     return ProbeResult(rate, not failures, metrics, "; ".join(failures))
+
+
+def _first_half(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The earlier half of a run's requests by arrival."""
+    ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
+    return ordered[:max(1, len(ordered) // 2)]
+
+
+def _seed_rates(probes: Sequence[ProbeResult], num_seeds: int) -> tuple[float, ...]:
+    """Per seed, its own goodput among the probed rates: the highest rate it passed below the
+    lowest rate it failed (0.0 when it passed none)."""
+    out = []
+    for i in range(num_seeds):
+        judged = sorted((p.rate, p.seed_ok[i]) for p in probes if len(p.seed_ok) > i)
+        lowest_fail = min((r for r, ok in judged if not ok), default=math.inf)
+        out.append(max((r for r, ok in judged if ok and r < lowest_fail), default=0.0))
+    return tuple(out)
 
 
 def _ttft_ms(r: RequestRecord) -> float:

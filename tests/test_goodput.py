@@ -159,12 +159,30 @@ def test_steady_state_flags_a_growing_queue():
     assert not probe.ok and probe.reason.startswith("queue not stationary")
     # the paper's fixed-run protocol judges the P90s alone; the growth is still in the metrics
     lax = judge_records(growing, SLO_DEFAULT, rate=4.0, require_steady=False)
-    assert lax.ok and lax.metrics["median_ttft_second_half_ms"] > 2 * lax.metrics[
-        "median_ttft_first_half_ms"]
+    assert lax.ok and lax.metrics["median_ttft_q4_ms"] > 1.5 * lax.metrics["median_ttft_q2_ms"]
 
     flat = [[record(i, i * 0.25, 0.3 + 0.2 * ((i * 7) % 10) / 10) for i in range(200)]]
     assert check_steady_state(flat, SLO_DEFAULT).is_stationary
     assert judge_records(flat, SLO_DEFAULT, rate=4.0).ok
+
+
+def test_steady_state_catches_a_queue_whose_median_ttft_doubles():
+    """Issue 13's TP probe: median TTFT 320 ms early, 617 ms late, both P90s passing. The old
+    halves test (50% + 10% of the SLO) let it through; the quarters test must not."""
+    n = 400
+    doubling = [[record(i, i * 0.3, 0.25 + 0.45 * i / n) for i in range(n)]]
+    steady = check_steady_state(doubling, SLO_DEFAULT)
+    assert steady.late_ms > 1.5 * steady.early_ms and not steady.is_stationary
+    assert not judge_records(doubling, SLO_DEFAULT, rate=3.0).ok
+
+
+def test_seed_rates_are_each_seeds_own_bracket():
+    from fastpp.sim.goodput import ProbeResult, _seed_rates
+
+    probes = [ProbeResult(2.0, True, seed_ok=(True, True)), ProbeResult(4.0, False, seed_ok=(True, False)),
+              ProbeResult(3.0, True, seed_ok=(True, False)), ProbeResult(5.0, False, seed_ok=(False, False))]
+    assert _seed_rates(probes, 2) == (4.0, 2.0)
+    assert _seed_rates([ProbeResult(1.0, False, seed_ok=(False,))], 1) == (0.0,)
 
 
 # ---- one small real search -----------------------------------------------------------------------
@@ -182,6 +200,13 @@ def test_slo_goodput_small_real_run():
     assert "P90 TTFT <= 2000 ms" in result.criterion
     again = slo_goodput(workload, deployment, **kwargs)
     assert again.to_dict() == result.to_dict()
+    assert result.seeds == (0,) and len(result.seed_rates) == 1
+    for p in result.probes:  # every probe judged twice (first half, whole): converged or doubled
+        assert p.metrics["requests_per_seed"] in (120, 240, 480)
+        assert p.metrics["converged"] == 1.0 or p.metrics["requests_per_seed"] == 480
+        assert p.seed_ok == (p.ok,)  # one seed: its own verdict is the pooled one
+    fixed = slo_goodput(workload, deployment, **kwargs, converge=False)
+    assert all(p.metrics["requests_per_seed"] == 120 for p in fixed.probes)
 
 
 def test_slo_goodput_rejects_a_replayed_trace():
