@@ -28,7 +28,8 @@ STATIC = (256, 512, 1024, 2048)
 SYSTEMS = ("tp4@static:2048", "pp4@static:2048", *(f"pp4@static:{c}" for c in STATIC[:-1]),
            "pp4@greedy", "pp4@predictive", "pp4@predictive+ds")
 # Goodput bracket width, req/s, per model: about 4% of the goodputs each model reaches on this
-# hardware. One seed per probe (the goodput module's length rule applies).
+# hardware. Seeds and probe lengths are `fastpp goodput`'s (fastpp.sim.goodput: seeds 0 and 1
+# pooled, probes lengthened until a longer one keeps the verdict), so its answers are the CLI's.
 PRECISION = {"Qwen2.5-32B": 0.25, "Qwen2.5-14B": 0.5}
 # The paper's benchmark protocol (section 8): fixed runs of 1,000 prompts, P90s alone.
 PAPER_REQUESTS = 1000
@@ -65,7 +66,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def sweep(cache: Path, name: str, workers: int, precision: float = 0.25,
-          seeds: tuple[int, ...] = (0,), **axes) -> list[dict]:
+          seeds: tuple[int, ...] | None = None, **axes) -> list[dict]:
     grid = SweepGrid(metric="goodput", seeds=seeds, precision=precision, **axes)
     t0 = time.perf_counter()
     result = run_sweep(grid, cache / name, make_executor("process", workers=workers))

@@ -61,6 +61,9 @@ LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
 STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
 STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
 MAX_DOUBLINGS = 2  # a probe whose first half and whole disagree is rerun at most this often
+# Version of the rules above: sweeps put it in a goodput point's id, so that cached rows of an
+# older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes).
+GOODPUT_METHOD = 2
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
 
 Criterion = Literal["p90", "attainment"]
