@@ -22,12 +22,17 @@ Probe rules (``slo_goodput``):
   least 120 s of arrivals, and several lifetimes of a request that decodes at the SLO's pace,
   so that a decode-heavy load (CNN-Reversed: ~880 output tokens, 3 minutes per request at
   200 ms) has filled its KV cache and shows its real queue.
-- Convergence in length: a probe is judged twice, on the first half of its requests by arrival
-  (per seed) and on all of them. If the two verdicts differ, the length did decide it: the probe
-  is run again twice as long, up to ``MAX_DOUBLINGS`` times, until the verdict of a probe and
-  of its first half agree (the verdict of the longest run stands otherwise, and its metrics say
-  ``converged=0``). A verdict that a probe twice as long would not change is one that does not
-  depend on how long one looks.
+- Convergence in length (P90 criterion): "P90 <= SLO" is "at most 10% of requests miss the
+  objective". After each run the share of misses is estimated by batch means (``is_unsettled``:
+  each seed's run cut into consecutive batches by arrival, the first dropped as warm-up, so
+  that the standard error reflects requests that queue together). While 10% lies within
+  ``SETTLE_Z`` standard errors of it, for TTFT or TPOT, the verdict is a coin toss that a longer
+  look could flip: the probe is run again twice as long, up to ``MAX_DOUBLINGS`` times (its
+  metrics say ``converged=0`` if it is still unsettled then, and the longest run's verdict
+  stands). Far from the boundary one run decides; near it the probe grows until the P90s have
+  settled, so the answer does not depend on the starting length. A probe that fails the
+  steady-state rule alone is lengthened the same way: a burst passes on a longer look, a queue
+  that really grows fails its P90s then.
 - Steady state: per seed, split the requests by arrival order into quarters and pool each
   quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
   the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
@@ -60,7 +65,10 @@ ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (defau
 LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
 STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
 STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
-MAX_DOUBLINGS = 2  # a probe whose first half and whole disagree is rerun at most this often
+MAX_DOUBLINGS = 4  # an unsettled probe is rerun twice as long at most this often (16x)
+UNSTEADY = "queue not stationary"  # the reason a probe fails the steady-state rule with
+BATCHES = 8  # batch means per seed run (the first is warm-up) for the settling test
+SETTLE_Z = 2.0  # unsettled while 10% misses lies within this many standard errors
 # Version of the rules above: sweeps put it in a goodput point's id, so that cached rows of an
 # older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes).
 GOODPUT_METHOD = 2
@@ -334,19 +342,18 @@ def slo_goodput(
     def judge(rate: float) -> ProbeResult:
         n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
         for doubling in range(MAX_DOUBLINGS + 1 if converge else 1):
+            if doubling:
+                n *= 2
             runs = run(rate, n)
             whole = verdict(runs, rate)
-            if not converge:
+            # a queue that only looks unsteady may be a burst: a longer look shows which
+            unsettled = converge and ((criterion == "p90" and is_unsettled(runs, slo))
+                                      or whole.reason.startswith(UNSTEADY))
+            if not unsettled:
                 break
-            half = verdict([_first_half(records) for records in runs], rate)
-            if half.ok == whole.ok:
-                break
-            if doubling < MAX_DOUBLINGS:
-                n *= 2
-        converged = not converge or half.ok == whole.ok
         seed_ok = tuple(verdict([records], rate).ok for records in runs)
         return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
-                                       "converged": float(converged)}, seed_ok=seed_ok)
+                                       "converged": float(not unsettled)}, seed_ok=seed_ok)
 
     result = find_goodput(judge, low=low, high=high, precision=precision,
                           max_probes=max_probes, progress=progress)
@@ -391,7 +398,7 @@ def judge_records(
     if num_failed and failures:
         failures.append(f"{num_failed} of {len(pooled)} requests rejected/aborted/unfinished")
     if require_steady and not steady.is_stationary:
-        failures.append(f"queue not stationary: {steady.describe()}")
+        failures.append(f"{UNSTEADY}: {steady.describe()}")
     metrics = {
         "p90_ttft_ms": p90_ttft,
         "p90_tpot_ms": p90_tpot,
@@ -404,12 +411,6 @@ def judge_records(
     return ProbeResult(rate, not failures, metrics, "; ".join(failures))
 
 
-def _first_half(records: Sequence[RequestRecord]) -> list[RequestRecord]:
-    """The earlier half of a run's requests by arrival."""
-    ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
-    return ordered[:max(1, len(ordered) // 2)]
-
-
 def _seed_rates(probes: Sequence[ProbeResult], num_seeds: int) -> tuple[float, ...]:
     """Per seed, its own goodput among the probed rates: the highest rate it passed below the
     lowest rate it failed (0.0 when it passed none)."""
@@ -419,6 +420,33 @@ def _seed_rates(probes: Sequence[ProbeResult], num_seeds: int) -> tuple[float, .
         lowest_fail = min((r for r, ok in judged if not ok), default=math.inf)
         out.append(max((r for r, ok in judged if ok and r < lowest_fail), default=0.0))
     return tuple(out)
+
+
+def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
+    """Could a longer probe flip the P90 verdict? P90 <= SLO is "at most 10% of requests miss
+    it"; the share of misses is estimated with batch means (each run cut by arrival into
+    ``BATCHES`` consecutive batches, the first dropped as warm-up), whose spread accounts for
+    the correlation of requests that queue together. Unsettled iff, for TTFT or TPOT, 0.10 lies
+    within ``SETTLE_Z`` standard errors of the share of misses."""
+    ttft_slo, tpot_slo = slo.ttft_s * 1e3 + SLO_SLACK_MS, slo.tpot_s * 1e3 + SLO_SLACK_MS
+    shares: list[tuple[float, float]] = []  # per batch: share missing TTFT, share missing TPOT
+    for records in runs:
+        ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
+        size = len(ordered) // BATCHES
+        for b in range(1, BATCHES if size else 0):
+            batch = ordered[b * size:(b + 1) * size]
+            ttft_miss = sum(not _ttft_ms(r) <= ttft_slo for r in batch)
+            tpots = [t for r in batch if (t := r.tpot_s) is not None]
+            tpot_miss = sum(t * 1e3 > tpot_slo for t in tpots)
+            shares.append((ttft_miss / len(batch), tpot_miss / max(1, len(tpots))))
+    if len(shares) < 2:
+        return False
+    for k in (0, 1):
+        values = np.array([s[k] for s in shares])
+        se = values.std(ddof=1) / math.sqrt(values.size)
+        if abs(values.mean() - 0.1) < SETTLE_Z * se:
+            return True
+    return False
 
 
 def _ttft_ms(r: RequestRecord) -> float:
