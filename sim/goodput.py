@@ -27,7 +27,8 @@ Probe rules (``slo_goodput``):
   each seed's run cut into consecutive batches by arrival, the first dropped as warm-up, so
   that the standard error reflects requests that queue together). While 10% lies within
   ``SETTLE_Z`` standard errors of it, for TTFT or TPOT, the verdict is a coin toss that a longer
-  look could flip: the probe is run again twice as long, up to ``MAX_DOUBLINGS`` times (its
+  look could flip: the probe is run again twice as long, up to ``MAX_DOUBLINGS`` times and
+  ``MAX_REQUESTS_PER_SEED`` requests (its
   metrics say ``converged=0`` if it is still unsettled then, and the longest run's verdict
   stands). Far from the boundary one run decides; near it the probe grows until the P90s have
   settled, so the answer does not depend on the starting length. A probe that fails the
@@ -66,6 +67,7 @@ LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
 STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
 STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
 MAX_DOUBLINGS = 4  # an unsettled probe is rerun twice as long at most this often (16x)
+MAX_REQUESTS_PER_SEED = 12_000  # ... and never beyond this (or the starting length if longer)
 UNSTEADY = "queue not stationary"  # the reason a probe fails the steady-state rule with
 BATCHES = 8  # batch means per seed run (the first is warm-up) for the settling test
 SETTLE_Z = 2.0  # unsettled while 10% misses lies within this many standard errors
@@ -341,9 +343,12 @@ def slo_goodput(
 
     def judge(rate: float) -> ProbeResult:
         n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
+        cap = max(n, MAX_REQUESTS_PER_SEED)
         for doubling in range(MAX_DOUBLINGS + 1 if converge else 1):
             if doubling:
-                n *= 2
+                if n >= cap:
+                    break
+                n = min(2 * n, cap)
             runs = run(rate, n)
             whole = verdict(runs, rate)
             # a queue that only looks unsteady may be a burst: a longer look shows which
