@@ -373,3 +373,49 @@ def test_api_key_guards_v1_and_leaves_health_and_metrics_open(monkeypatch):
         got = client.completions.create(model="random-tiny", prompt="hi", max_tokens=2)
         assert got.usage.completion_tokens == 2
         assert srv.metrics()['fastpp_http_responses_total{code="401"}'] == 4
+
+
+@pytest.mark.slow
+def test_smollm2_long_word_is_refused_within_a_second_and_streams_match():
+    """The real tokenizer path (a 200,000-character word must be encoded: its length alone does
+    not rule it out), off the event loop; streamed text (DecodeStream) equals the non-streamed."""
+    pytest.importorskip("gguf")
+    try:
+        from fastpp.backends.torch.gguf_weights import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with ServerProcess("--model", "smollm2", "--pp", "2", "--log-level", "warning") as srv:
+        health: list[float] = []
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+                health.append(time.perf_counter() - t0)
+                time.sleep(0.02)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            t0 = time.perf_counter()
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x" * 200_000}, timeout=30)
+            elapsed = time.perf_counter() - t0
+        finally:
+            stop.set()
+            poller.join()
+        assert r.status_code == 400 and "50000 tokens does not fit the context of 8192" in r.text, r.text
+        assert elapsed < 1.0 and max(health) < 1.0, (elapsed, health)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "Écris une phrase en français : « Le café à Noël »."}]
+        whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
+                                               temperature=0)
+        parts = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
+                                               temperature=0, stream=True)
+        streamed = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+        assert streamed == whole.choices[0].message.content and whole.usage.completion_tokens == 12, streamed
+        got = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                        max_tokens=4, temperature=0)
+        assert "Paris" in got.choices[0].text
