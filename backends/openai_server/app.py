@@ -103,14 +103,14 @@ def create_app(state: ServerState) -> FastAPI:
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
         else:
-            ids = await _tokenize(state, req.prompt_text or "", "prompt")
+            ids = await _tokenize(state, req, req.prompt_text or "", "prompt")
         return await _respond(state, request, req, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         req, messages = parse_chat(await _json(request))
         _check_model(state, req)
-        ids = await _tokenize(state, state.template.render(messages), "messages")
+        ids = await _tokenize(state, req, state.template.render(messages), "messages")
         return await _respond(state, request, req, ids, chat=True)
 
     return app
@@ -147,14 +147,15 @@ def _check_queue(state: ServerState) -> None:
                        code="queue_full")
 
 
-async def _tokenize(state: ServerState, text: str, param: str) -> list[int]:
-    """The text's token ids, encoded in a worker thread; a text that cannot fit the context by
-    its length alone is refused first, without encoding it."""
+async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param: str) -> list[int]:
+    """The text's token ids, encoded in a worker thread; a text (or a max_tokens) that cannot
+    fit the context by its length alone is refused first, without encoding it."""
     limit = state.engine.model_config.max_context
     at_least = state.tokenizer.min_tokens(text)
     if at_least >= limit:
         raise APIError(400, f"prompt of at least {at_least} tokens ({len(text)} characters) does not fit "
                        f"the context of {limit} tokens", param=param, code="context_length_exceeded")
+    _max_tokens(state, req, max(at_least, 1))  # 400 now if even the shortest prompt leaves no room
     _check_queue(state)  # refuse early, before spending a worker on it
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(state.tokenizer_pool, state.tokenizer.encode, text)
