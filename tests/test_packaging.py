@@ -3,6 +3,7 @@ wheel holds (license, py.typed, profiles, the extras' requirements)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -39,8 +40,11 @@ def test_shipped_profiles_resolve_by_name_outside_a_checkout(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_the_wheel_ships_license_types_profiles_and_lower_bounds(tmp_path):
+    src = tmp_path / "src"  # a copy: setuptools writes build/ next to the sources it builds
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "build", "dist", "runs", "*.egg-info",
+                                                             "__pycache__", ".*_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300)
+                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("fastpp-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
