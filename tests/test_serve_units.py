@@ -66,10 +66,13 @@ def test_the_guard_checks_the_key_only_on_v1():
 
 
 def fake_engine(counters: EngineCounters):
-    sched = SimpleNamespace(live=[1, 2, 3], waiting=[3], parked=[], kv=SimpleNamespace(used=1, capacity=3),
+    """What read_engine reads: the engine's published snapshot and its thread-safe counts."""
+    sched = SimpleNamespace(num_admitted=2, num_parked=0, kv_used_tokens=1, kv_capacity_tokens=3,
                             num_retractions=2)
-    return SimpleNamespace(scheduler=sched, counters=counters, config=SimpleNamespace(kv_blocks=1024),
-                           num_queued=1, stage0_free_blocks=1000, num_received=12345679)
+    snapshot = SimpleNamespace(scheduler=sched, counters=counters, stage_busy_s=(1.5, 2.0),
+                               stage0_free_blocks=1000)
+    return SimpleNamespace(snapshot=snapshot, config=SimpleNamespace(kv_blocks=1024), num_queued=1,
+                           num_received=12345679)
 
 
 def test_metrics_keep_every_digit_escape_labels_and_name_no_gauge_total():

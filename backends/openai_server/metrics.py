@@ -35,7 +35,8 @@ class HistogramSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
-    """What /metrics shows of the engine at one moment."""
+    """What /metrics shows of the engine at one moment (this module's own view, whatever the
+    engine's internals: only ``read_engine`` knows them)."""
 
     running: int  # admitted (holding KV), parked ones included
     waiting: int  # submitted, not admitted yet
@@ -60,17 +61,17 @@ def _hist(h: Any) -> HistogramSnapshot:
 
 
 def read_engine(engine: Any) -> EngineSnapshot:
-    """The one adapter from a ``PipelineEngine`` to /metrics (called from the server's thread:
-    plain reads of the engine thread's objects, copied at once)."""
-    sched = engine.scheduler
-    c = engine.counters
+    """The one adapter from a ``PipelineEngine`` to /metrics: reads only the snapshot the engine
+    thread published (never the live scheduler), and the engine's thread-safe counts."""
+    snap = engine.snapshot
+    sched, c = snap.scheduler, snap.counters
     return EngineSnapshot(
-        running=len(sched.live) - len(sched.waiting),
+        running=sched.num_admitted,
         waiting=engine.num_queued,
-        parked=len(sched.parked),
-        kv_usage_ratio=sched.kv.used / sched.kv.capacity,
+        parked=sched.num_parked,
+        kv_usage_ratio=sched.kv_used_tokens / sched.kv_capacity_tokens,
         kv_blocks=engine.config.kv_blocks,
-        kv_blocks_free=engine.stage0_free_blocks,
+        kv_blocks_free=snap.stage0_free_blocks,
         received=engine.num_received,
         prompt_tokens=c.prompt_tokens,
         generation_tokens=c.generated_tokens,
@@ -78,7 +79,7 @@ def read_engine(engine: Any) -> EngineSnapshot:
         retractions=sched.num_retractions,
         ended=dict(c.ended),
         chunk_budgets=dict(c.chunk_budgets),
-        stage_busy_s=tuple(c.stage_busy_s),
+        stage_busy_s=tuple(snap.stage_busy_s),
         ttft=_hist(c.ttft),
         tpot=_hist(c.tpot),
     )
