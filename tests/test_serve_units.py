@@ -69,7 +69,7 @@ def fake_engine(counters: EngineCounters):
     """What read_engine reads: the engine's published snapshot and its thread-safe counts."""
     sched = SimpleNamespace(num_admitted=2, num_parked=0, kv_used_tokens=1, kv_capacity_tokens=3,
                             num_retractions=2)
-    snapshot = SimpleNamespace(scheduler=sched, counters=counters, stage_busy_s=(1.5, 2.0),
+    snapshot = SimpleNamespace(stats=sched, counters=counters, stage_busy_s=(1.5, 2.0),
                                stage0_free_blocks=1000)
     return SimpleNamespace(snapshot=snapshot, config=SimpleNamespace(kv_blocks=1024), num_queued=1,
                            num_received=12345679)

@@ -64,7 +64,7 @@ def read_engine(engine: Any) -> EngineSnapshot:
     """The one adapter from a ``PipelineEngine`` to /metrics: reads only the snapshot the engine
     thread published (never the live scheduler), and the engine's thread-safe counts."""
     snap = engine.snapshot
-    sched, c = snap.scheduler, snap.counters
+    sched, c = snap.stats, snap.counters
     return EngineSnapshot(
         running=sched.num_admitted,
         waiting=engine.num_queued,
