@@ -52,7 +52,7 @@ def test_the_wheel_ships_license_types_profiles_and_lower_bounds(tmp_path):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert meta["License-Expression"] == "Apache-2.0"
     assert {"fastpp/py.typed", "fastpp/profiles/cpu_smollm2-135m_pp2.json",
-            "fastpp/profiles/cpu_smollm2-135m_pp2.predictor.json"} <= names
+            "fastpp/profiles/a100-40gb-pcie_qwen2.5-32b_pp4.json"} <= names
     requires = meta.get_all("Requires-Dist")
     serve = [r for r in requires if "extra == \"serve\"" in r]
     for package in ("torch>=2.4", "tokenizers>=0.21", "prometheus_client>=0.20", "gguf", "safetensors"):

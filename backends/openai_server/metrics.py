@@ -64,19 +64,19 @@ def read_engine(engine: Any) -> EngineSnapshot:
     """The one adapter from a ``PipelineEngine`` to /metrics: reads only the snapshot the engine
     thread published (never the live scheduler), and the engine's thread-safe counts."""
     snap = engine.snapshot
-    sched, c = snap.stats, snap.counters
+    stats, c = snap.stats, snap.counters
     return EngineSnapshot(
-        running=sched.num_admitted,
+        running=stats.num_admitted,
         waiting=engine.num_queued,
-        parked=sched.num_parked,
-        kv_usage_ratio=sched.kv_used_tokens / sched.kv_capacity_tokens,
+        parked=stats.num_parked,
+        kv_usage_ratio=stats.kv_used_tokens / stats.kv_capacity_tokens,
         kv_blocks=engine.config.kv_blocks,
         kv_blocks_free=snap.stage0_free_blocks,
         received=engine.num_received,
         prompt_tokens=c.prompt_tokens,
         generation_tokens=c.generated_tokens,
         microbatches=c.microbatches,
-        retractions=sched.num_retractions,
+        retractions=stats.num_retractions,
         ended=dict(c.ended),
         chunk_budgets=dict(c.chunk_budgets),
         stage_busy_s=tuple(snap.stage_busy_s),
