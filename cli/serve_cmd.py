@@ -24,7 +24,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     policy: Annotated[str | None, typer.Option(help="Chunk policy [+ balancer], as `fastpp policies` lists them. [default: static:256]")] = None,
-    profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`); predictive policies need one.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`) or a shipped profile's name (cpu_smollm2-135m_pp2); predictive policies need one.")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms, for SLO-aware policies. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms, for SLO-aware policies. [default: 200]")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
@@ -36,12 +36,13 @@ def serve(
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (slower on AVX2-only CPUs). [default: float32]")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="FASTPP_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/* (the openai client sends its OPENAI_API_KEY so); /health and /metrics stay open. [default: none, no key needed]")] = None,
     record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
     Endpoints: /v1/completions, /v1/chat/completions (stream with SSE, usage), /v1/models,
-    /health, /metrics (Prometheus). Ctrl-C stops it.
+    /health, /metrics (Prometheus). With --api-key, /v1/* needs the key. Ctrl-C stops it.
     """
     if backend == "sglang":
         fail("--backend sglang is not available in this version; use --backend torch")
@@ -52,9 +53,10 @@ def serve(
         from fastpp.backends.torch.engine import EngineConfig
         from fastpp.backends.torch.weights_source import WeightsSource
     except ModuleNotFoundError as exc:
-        fail(f"fastpp serve needs the torch and serve extras (missing {exc.name}): "
-              "pip install -e '.[torch,weights,serve]'")
+        fail(f"fastpp serve needs the serve extra (missing {exc.name}): pip install 'fastpp[serve]' "
+             "(from a checkout: pip install -e '.[serve]')")
         return
+    from fastpp.cli.profile_paths import resolve_profile
     from fastpp.profile import load_profile
     from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.types import SLO
@@ -64,7 +66,7 @@ def serve(
     try:
         source = WeightsSource.parse(model, seed=seed or 0)
         slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
-        loaded = load_profile(profile) if profile else None
+        loaded = load_profile(resolve_profile(profile)) if profile else None
         candidates = parse_chunk_candidates(chunk_candidates) if chunk_candidates else None
         config = EngineConfig(**given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
@@ -76,9 +78,11 @@ def serve(
         return
     if max_queue < 1:
         fail(f"--max-queue must be >= 1, got {max_queue}")
+    if api_key is not None and not api_key.strip():
+        fail("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
     try:
         code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
-                          record_dir=record_dir)
+                          record_dir=record_dir, api_key=api_key)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""

@@ -21,9 +21,9 @@ or ask the simulator what-if questions::
     run.summary["p90_ttft_ms"]
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from fastpp._version import __version__
 from fastpp.metrics import summarize
 from fastpp.plan import BalancePlan, MicroBatchPlan, RequestEnd, SchedulerStats, StepOutput
 from fastpp.policies import make_balancer, make_chunk_policy, make_policies
@@ -38,11 +38,6 @@ from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import SLO, FinishReason, IterationRecord, Request, RequestRecord
 from fastpp.view import PolicyView, RequestView
-
-try:
-    __version__ = version("fastpp")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 
 # The simulator lives in fastpp.sim (a layer above this core, which must not import it at load
 # time): its entry points are public names here, imported on first use.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import signal
 import socket
 import threading
@@ -135,7 +137,7 @@ async def run_bench_async(
         # TCP_NODELAY as aiohttp (sglang's client) sets it: Nagle can hold a request body ~40 ms
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     )
-    async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
+    async with httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth_headers()) as http:
         model, server_info = await _unless_stopped(_ask_server(http, config), stop)
         client = OpenAIClient(http, config.base_url, config.backend, model, config.timeout_s, clock)
         bodies = [client.payload(p, r.output_len) for p, r in zip(prompts, reqs, strict=True)]
@@ -144,6 +146,13 @@ async def run_bench_async(
     sent = [records[r.req_id] for r in reqs if r.req_id in records]
     summary = _summary(config, sent, prompt_tokens, duration_s)
     return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set())
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $OPENAI_API_KEY`` when that is set, as the openai client and
+    sglang's benchmark send it (for a server started with --api-key)."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 async def _ask_server(http: httpx.AsyncClient, config: BenchConfig) -> tuple[str, dict[str, Any] | None]:
@@ -247,6 +256,23 @@ async def _stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
     return True
 
 
+def per_second_peak_concurrency(records: Sequence[RequestRecord]) -> int:
+    """sglang.benchmark.serving's ``max_concurrent_requests``: over completed requests, seconds
+    are counted from the first one's send; a request counts in every whole-second bucket from the
+    one it was sent in to the one it ended in; the answer is the fullest bucket."""
+    done = [r for r in records if r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+            and r.finished_at is not None]
+    if not done:
+        return 0
+    t0 = min(r.arrived_at for r in done)
+    num_buckets = math.ceil(max(r.finished_at for r in done) - t0) + 1  # type: ignore[operator]
+    buckets = [0] * num_buckets
+    for r in done:
+        for second in range(int(r.arrived_at - t0), min(int(r.finished_at - t0) + 1, num_buckets)):  # type: ignore[operator]
+            buckets[second] += 1
+    return max(buckets)
+
+
 def _summary(
     config: BenchConfig,
     records: list[RequestRecord],
@@ -259,6 +285,10 @@ def _summary(
     )
     for key in _SERVER_ONLY_KEYS:
         summary.pop(key, None)
+    # sglang's max_concurrent_requests is the most requests overlapping one 1-second bucket;
+    # summarize()'s is the instantaneous peak, kept under its own name
+    summary["max_in_flight_requests"] = summary["max_concurrent_requests"]
+    summary["max_concurrent_requests"] = per_second_peak_concurrency(records)
     done = [r for r in records if r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)]
     server_in = [prompt_tokens.get(r.req_id) for r in done]
     # the prompt as the server tokenized it (template and BOS included); None unless all reported
