@@ -56,8 +56,8 @@ def serve(
         fail(f"fastpp serve needs the serve extra (missing {exc.name}): pip install 'fastpp[serve]' "
              "(from a checkout: pip install -e '.[serve]')")
         return
-    from fastpp.cli.profile_paths import resolve_profile
     from fastpp.profile import load_profile
+    from fastpp.profile_names import resolve_profile
     from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.types import SLO
 

@@ -1,3 +1,3 @@
 """The shipped profiles as package data (``fastpp.profiles``).
 
-See README.md here, and ``fastpp.cli.profile_paths`` for ``--profile NAME``."""
+See README.md here, and ``fastpp.profile_names`` for ``--profile NAME``."""

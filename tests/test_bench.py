@@ -25,8 +25,8 @@ from fastpp.backends.bench import (
     run_bench_async,
 )
 from fastpp.backends.bench.prompts import WORDS, synthetic_prompt
-from fastpp.backends.bench.runner import per_second_peak_concurrency
 from fastpp.cli.app import app
+from fastpp.metrics import per_second_peak_concurrency
 from fastpp.types import SLO, FinishReason, Request, RequestRecord
 
 SGLANG_HEAD = ["tag", "backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import fastpp
-from fastpp.cli.profile_paths import resolve_profile, shipped_profiles
 from fastpp.profile import load_profile
+from fastpp.profile_names import resolve_profile, shipped_profiles
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -256,23 +255,6 @@ async def _stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
     return True
 
 
-def per_second_peak_concurrency(records: Sequence[RequestRecord]) -> int:
-    """sglang.benchmark.serving's ``max_concurrent_requests``: over completed requests, seconds
-    are counted from the first one's send; a request counts in every whole-second bucket from the
-    one it was sent in to the one it ended in; the answer is the fullest bucket."""
-    done = [r for r in records if r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
-            and r.finished_at is not None]
-    if not done:
-        return 0
-    t0 = min(r.arrived_at for r in done)
-    num_buckets = math.ceil(max(r.finished_at for r in done) - t0) + 1  # type: ignore[operator]
-    buckets = [0] * num_buckets
-    for r in done:
-        for second in range(int(r.arrived_at - t0), min(int(r.finished_at - t0) + 1, num_buckets)):  # type: ignore[operator]
-            buckets[second] += 1
-    return max(buckets)
-
-
 def _summary(
     config: BenchConfig,
     records: list[RequestRecord],
@@ -285,10 +267,6 @@ def _summary(
     )
     for key in _SERVER_ONLY_KEYS:
         summary.pop(key, None)
-    # sglang's max_concurrent_requests is the most requests overlapping one 1-second bucket;
-    # summarize()'s is the instantaneous peak, kept under its own name
-    summary["max_in_flight_requests"] = summary["max_concurrent_requests"]
-    summary["max_concurrent_requests"] = per_second_peak_concurrency(records)
     done = [r for r in records if r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)]
     server_in = [prompt_tokens.get(r.req_id) for r in done]
     # the prompt as the server tokenized it (template and BOS included); None unless all reported

@@ -1,4 +1,4 @@
-"""``--profile`` values: a JSON file's path, or the name of a profile shipped with FastPP.
+"""Profile names: a JSON file's path, or the name of a profile shipped with FastPP.
 
 The shipped profiles (the repository's ``profiles/``) are package data of ``fastpp.profiles``,
 so ``--profile cpu_smollm2-135m_pp2`` (or ``cpu_smollm2-135m_pp2.json``, or the checkout-style
@@ -16,10 +16,9 @@ _CHECKOUT_DIR = "profiles/"
 
 
 def shipped_profiles() -> list[str]:
-    """Names (without ``.json``) of the shipped profiles, predictor files excluded."""
+    """Names (without ``.json``) of the shipped profiles."""
     root = resources.files(_SHIPPED_PACKAGE)
-    return sorted(p.name[: -len(".json")] for p in root.iterdir()
-                  if p.name.endswith(".json") and not p.name.endswith(".predictor.json"))
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
 
 
 def resolve_profile(value: str | Path) -> Path:
