@@ -56,17 +56,23 @@ class PolicyFault(RuntimeError):
 
 
 class _Faulty:
-    """Wraps a policy so ``choose`` / ``plan`` raise (``FASTPP_SGLANG_INJECT_FAULT``)."""
+    """Wraps a policy so every ``every``-th call of ``method`` raises (FASTPP_SGLANG_INJECT_FAULT)."""
 
-    def __init__(self, inner: Any, method: str) -> None:
-        self._inner, self._method = inner, method
+    def __init__(self, inner: Any, method: str, every: int) -> None:
+        self._inner, self._method, self._every = inner, method, every
+        self._calls = 0
 
     def __getattr__(self, name: str) -> Any:
-        if name == self._method:
-            def fail(*args: Any, **kwargs: Any) -> Any:
+        attr = getattr(self._inner, name)
+        if name != self._method:
+            return attr
+
+        def maybe_fail(*args: Any, **kwargs: Any) -> Any:
+            self._calls += 1
+            if self._calls % self._every == 0:
                 raise PolicyFault(f"injected fault in {type(self._inner).__name__}.{name}")
-            return fail
-        return getattr(self._inner, name)
+            return attr(*args, **kwargs)
+        return maybe_fail
 
 
 class SGLangAdapter:
@@ -133,9 +139,9 @@ class SGLangAdapter:
 
         chunk_policy, balancer = make_policies(self.settings.policy, self.config, profile)
         if "chunk" in self.settings.inject_fault:
-            chunk_policy = _Faulty(chunk_policy, "choose")
+            chunk_policy = _Faulty(chunk_policy, "choose", self.settings.fault_every)
         if "balancer" in self.settings.inject_fault:
-            balancer = _Faulty(balancer, "plan")
+            balancer = _Faulty(balancer, "plan", self.settings.fault_every)
         self.chunk_policy, self.balancer = chunk_policy, balancer
         self.view = SGLangView(sched, self.config, self.signals, self.clock, self._identity, self.parked)
         self.is_leader = self.pp_rank == 0
@@ -143,7 +149,8 @@ class SGLangAdapter:
         peers = [r * par.tp_size + par.tp_rank for r in range(par.pp_size) if r != par.pp_rank]
         self.channel = DecisionChannel(sched.world_group.cpu_group, world, par.tp_rank,
                                        peers if self.is_leader else [])
-        self.records = RecordWriter(self.settings.record_dir, self.pp_rank) if self.settings.record_dir else None
+        record_dir = self.settings.record_dir
+        self.records = RecordWriter(record_dir, self.pp_rank) if record_dir else None
         self.ready = True
         log.info("fastpp policy %r active on PP rank %d/%d: %d microbatch slots, chunk ceiling %s, "
                  "candidates %s", self.settings.policy, self.pp_rank, self.pp_size, self.config.num_slots,
@@ -304,7 +311,8 @@ class SGLangAdapter:
             return False
         return not any(sched.mbs[s] is not None for s in range(len(sched.mbs)) if s != slot)
 
-    def _apply_balance(self, sched: Any, slot: int, running_batch: Any, park_rids: tuple, restore_rids: tuple) -> Any:
+    def _apply_balance(self, sched: Any, slot: int, running_batch: Any, park_rids: tuple,
+                       restore_rids: tuple) -> Any:
         if park_rids:
             by_rid = {r.rid: r for r in running_batch.reqs}
             reqs = [by_rid[rid] for rid in park_rids]
@@ -430,7 +438,8 @@ class SGLangAdapter:
         rec.finish_reason = FinishReason.LENGTH if "LENGTH" in name else \
             FinishReason.ABORTED if "ABORT" in name else FinishReason.STOP
         if rec.num_generated >= 2 and rec.first_token_at is not None:
-            self.signals.tpot.append((now, (rec.token_times[-1] - rec.first_token_at) / (rec.num_generated - 1)))
+            tpot = (rec.token_times[-1] - rec.first_token_at) / (rec.num_generated - 1)
+            self.signals.tpot.append((now, tpot))
         if self.records is not None:
             self.records.request(rec)
         ident = self._ids.pop(req.rid, None)

@@ -101,6 +101,7 @@ class LaunchSpec:
     sglang_args: tuple[str, ...] = ()
     engine_python: str | None = None
     inject_fault: tuple[str, ...] = ()
+    fault_every: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,7 +144,7 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
         settings = PluginSettings(policy=spec.policy, profile=spec.profile, record_dir=spec.record_dir,
                                   slo=spec.slo, chunk_candidates=spec.chunk_candidates,
                                   token_step=spec.token_step, epoch=time.time(),
-                                  inject_fault=spec.inject_fault)
+                                  inject_fault=spec.inject_fault, fault_every=spec.fault_every)
         env.update(settings.to_env())
         plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "fastpp"]))
@@ -222,7 +223,8 @@ class SGLangServer:
                 return self
             time.sleep(2.0)
         self.stop()
-        raise TimeoutError(f"SGLang not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+        raise TimeoutError(f"SGLang not ready after {timeout_s:.0f} s; "
+                           f"log {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
         try:

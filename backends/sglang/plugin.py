@@ -57,8 +57,10 @@ def register() -> None:
 
     def adder_init(original: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
         original(adder, *args, **kwargs)
-        budget = kwargs.get("rem_chunk_tokens", args[_REM_CHUNK_TOKENS_POS] if len(args) > _REM_CHUNK_TOKENS_POS
-                            else None)
+        if "rem_chunk_tokens" in kwargs:
+            budget = kwargs["rem_chunk_tokens"]
+        else:
+            budget = args[_REM_CHUNK_TOKENS_POS] if len(args) > _REM_CHUNK_TOKENS_POS else None
         a.adder_created(budget)
 
     def launch(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:

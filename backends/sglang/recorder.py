@@ -91,7 +91,8 @@ def finalize_record_dir(root: str | Path, slo: Any = None, num_stages: int | Non
             rec = RequestRecord(d["req_id"], d["arrived_at"], d["prompt_len"], d["output_len"],
                                 num_generated=d["num_generated"], scheduled_at=d["scheduled_at"],
                                 first_token_at=d["first_token_at"], finished_at=d["finished_at"],
-                                finish_reason=FinishReason(d["finish_reason"]) if d["finish_reason"] else None,
+                                finish_reason=FinishReason(d["finish_reason"]) if d["finish_reason"]
+                                else None,
                                 detail=d["detail"], num_retractions=d["num_retractions"],
                                 num_parked=d["num_parked"])
             if rec.first_token_at is not None:

@@ -22,6 +22,7 @@ ENV_RECORD_DIR = "FASTPP_SGLANG_RECORD_DIR"
 ENV_SLO = "FASTPP_SGLANG_SLO_MS"  # "TTFT,TPOT" in milliseconds
 ENV_CANDIDATES = "FASTPP_SGLANG_CHUNK_CANDIDATES"
 ENV_FAULT = "FASTPP_SGLANG_INJECT_FAULT"
+ENV_FAULT_EVERY = "FASTPP_SGLANG_FAULT_EVERY"
 ENV_TOKEN_STEP = "FASTPP_SGLANG_TOKEN_STEP"
 ENV_EPOCH = "FASTPP_SGLANG_EPOCH"  # wall-clock origin (time.time()) of the run's clock, all ranks
 
@@ -32,9 +33,10 @@ FAULT_TARGETS = ("chunk", "balancer")
 class PluginSettings:
     """The plugin's configuration in one scheduler process.
 
-    ``inject_fault`` names policy methods the plugin makes raise on every call (``chunk``:
-    ``ChunkPolicy.choose``; ``balancer``: ``DecodeBalancer.plan``). It exists so tests can prove
-    that a failing policy falls back and the server keeps serving; nobody sets it otherwise.
+    ``inject_fault`` names policy methods the plugin makes raise on every ``fault_every``-th call
+    (``chunk``: ``ChunkPolicy.choose``; ``balancer``: ``DecodeBalancer.plan``). It exists so tests
+    can prove that a failing policy falls back and the server keeps serving; nobody sets it
+    otherwise.
     """
 
     policy: str
@@ -45,12 +47,15 @@ class PluginSettings:
     token_step: int | None = None  # tile step in tokens; None: the profile's (0 without one)
     epoch: float = 0.0  # records and the policies' clock read time.time() - epoch
     inject_fault: tuple[str, ...] = ()
+    fault_every: int = 1
 
     def __post_init__(self) -> None:
         if not self.policy.strip():
             raise ValueError(f"{ENV_POLICY} must name a policy spec, got {self.policy!r}")
         if self.token_step is not None and self.token_step < 0:
             raise ValueError(f"{ENV_TOKEN_STEP} must be >= 0 tokens, got {self.token_step}")
+        if self.fault_every < 1:
+            raise ValueError(f"{ENV_FAULT_EVERY} must be >= 1, got {self.fault_every}")
         bad = [f for f in self.inject_fault if f not in FAULT_TARGETS]
         if bad:
             raise ValueError(f"{ENV_FAULT}: unknown target(s) {bad}; known: {', '.join(FAULT_TARGETS)}")
@@ -68,6 +73,7 @@ class PluginSettings:
             env[ENV_CANDIDATES] = ",".join(str(c) for c in self.chunk_candidates)
         if self.inject_fault:
             env[ENV_FAULT] = ",".join(self.inject_fault)
+            env[ENV_FAULT_EVERY] = str(self.fault_every)
         return env
 
     @classmethod
@@ -89,7 +95,7 @@ class PluginSettings:
         return cls(policy=policy, profile=env.get(ENV_PROFILE) or None,
                    record_dir=env.get(ENV_RECORD_DIR) or None, slo=slo, chunk_candidates=candidates,
                    token_step=_int(env, ENV_TOKEN_STEP), epoch=_float(env, ENV_EPOCH) or 0.0,
-                   inject_fault=faults)
+                   inject_fault=faults, fault_every=_int(env, ENV_FAULT_EVERY) or 1)
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
