@@ -13,6 +13,7 @@ schedule_policy.PrefillAdder.__init__                     AROUND  adder_created 
 scheduler.Scheduler._pp_launch_batch                      AROUND  launch (stage time, record)
 scheduler.Scheduler._pp_process_batch_result              AFTER   result (tokens, signals)
 scheduler.Scheduler._add_request_to_queue                 AFTER   enqueued (arrivals)
+scheduler.Scheduler.collect_inflight_reqs                 AFTER   parked requests count as in flight
 ========================================================  ======  ===========================
 """
 
@@ -72,9 +73,14 @@ def register() -> None:
     def enqueued(ret: Any, sched: Any, req: Any, is_retracted: bool = False) -> None:
         a.enqueued(sched, req, is_retracted)
 
+    def inflight(ret: Any, sched: Any) -> Any:
+        # parked requests are SGLang's too: aborts, idle checks and leak checks must see them
+        return ret | {p.req for p in a.parked.values()} if a.parked else ret
+
     HookRegistry.register(f"{_SCHEDULER}.get_new_batch_prefill", form, HookType.AROUND)
     HookRegistry.register(f"{_ADDER}.__init__", adder_init, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_launch_batch", launch, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_process_batch_result", result, HookType.AFTER)
     HookRegistry.register(f"{_SCHEDULER}._add_request_to_queue", enqueued, HookType.AFTER)
+    HookRegistry.register(f"{_SCHEDULER}.collect_inflight_reqs", inflight, HookType.AFTER)
     log.info("fastpp plugin registered: policy %r", settings.policy)
