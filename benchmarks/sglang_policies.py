@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--rate", default="inf")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--chunk", type=int, default=128, help="chunk ceiling (SGLang --chunked-prefill-size)")
+    ap.add_argument("--chunk", type=int, default=256, help="chunk ceiling (SGLang --chunked-prefill-size)")
     ap.add_argument("--token-step", type=int, default=1, help="delay scheduling's tile, in requests")
     ap.add_argument("--profile", type=Path, default=REPO / "profiles" / "cpu_smollm2-135m_pp2.json")
     args = ap.parse_args()

@@ -270,3 +270,40 @@ def test_checks_catch_a_budget_sglang_did_not_apply_and_a_parked_request_that_ra
     problems = checks.applied_vs_decided(tmp_path)
     assert any("adder got 128, the policy decided 64" in p for p in problems)
     assert any("request d runs while parked" in p for p in problems)
+
+
+# ---------------------------------------------------------------------- fastpp serve --backend sglang
+def test_serve_sglang_stops_sglang_on_sigterm_and_finishes_the_record_dir(tmp_path, model_dir):
+    """The CLI's foreground path with a stand-in for SGLang's interpreter: a process that just
+    sleeps in its own session. SIGTERM to fastpp must end it and write summary.json."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake = tmp_path / "python"
+    pidfile = tmp_path / "engine.pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 120\n")
+    fake.chmod(0o755)
+    records = tmp_path / "rec"
+    records.mkdir()
+    (records / "requests.jsonl").write_text(json.dumps({
+        "req_id": 0, "arrived_at": 1.0, "prompt_len": 4, "output_len": 2, "num_generated": 2,
+        "scheduled_at": 1.1, "first_token_at": 1.5, "finished_at": 2.0, "finish_reason": "length",
+        "detail": "", "num_retractions": 0, "num_parked": 0, "itl_ms": [500.0]}) + "\n")
+    cmd = [sys.executable, "-c", "from fastpp.cli.app import main; main()", "serve", "--backend", "sglang",
+           "--engine-python", str(fake), "--model", str(model_dir), "--policy", "static:64",
+           "--record-dir", str(records), "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    engine_pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "sglang.launch_server" in out and "--chunked-prefill-size 64" in out
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)
+    summary = json.loads((records / "summary.json").read_text())
+    assert summary["completed"] == 1

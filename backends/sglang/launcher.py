@@ -264,6 +264,14 @@ def serve(spec: LaunchSpec) -> int:
     """Run the server in the foreground until it exits or Ctrl-C; then finish the record dir."""
     argv, env = build_command(spec)
     print("fastpp: starting", " ".join(argv), flush=True)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM too, and SIGINT even where a background start left it ignored: SGLang runs in its
+    # own session, so it must be stopped from here
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
         code = proc.wait()
