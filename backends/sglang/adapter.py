@@ -95,8 +95,6 @@ class SGLangAdapter:
         self._next_id = count()
         self._live: dict[str, RequestRecord] = {}  # rank 0: unfinished requests by rid
         self._last_return: dict[int, float] = {}
-        self._step_chunk: int | None = None
-        self._step_reason = ""
         self._adder_budget: int | None = None
         self._slot_budget: dict[int, tuple[int | None, str, int | None]] = {}
         self._awaiting_records = 0  # leader: launched microbatches whose peers' records are due
@@ -219,7 +217,6 @@ class SGLangAdapter:
             decision = self.channel.recv_decision()
             self._check_agreement(sched, slot, running_batch, decision)
             running_batch = self._apply_balance(sched, slot, running_batch, decision.park, decision.restore)
-        self._step_chunk, self._step_reason = decision.chunk, decision.reason
         self._adder_budget = None
         configured = sched.chunked_prefill_size
         if decision.chunk is not None and configured is not None:

@@ -122,6 +122,8 @@ class LaunchSpec:
 
 def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start ``spec``'s server (nothing is started)."""
+    if spec.policy is not None:
+        check_policy(spec)
     model = resolve_model(spec.model)
     python = python or find_engine_python(spec.engine_python)
     args = list(spec.sglang_args)
@@ -151,6 +153,24 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
     argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--pp-size", str(spec.pp),
             "--host", spec.host, "--port", str(spec.port), *args]
     return argv, env
+
+
+def check_policy(spec: LaunchSpec) -> None:
+    """Build the policies once here, so a bad spec or profile fails before SGLang's minutes of
+    start-up instead of in its scheduler (``ValueError`` / ``FileNotFoundError``)."""
+    from fastpp.policies import make_policies
+    from fastpp.profile import load_profile
+    from fastpp.scheduler_config import SchedulerConfig
+
+    profile = load_profile(spec.profile) if spec.profile else None
+    config = SchedulerConfig(num_slots=spec.pp, kv_capacity_tokens=1 << 20, slo=spec.slo,
+                             **({"chunk_candidates": spec.chunk_candidates} if spec.chunk_candidates else {}))
+    try:
+        make_policies(spec.policy, config, profile)
+    except ValueError as exc:
+        needs_profile = profile is None and "needs the deployment's profile" in str(exc)
+        hint = " (pass --profile FILE)" if needs_profile else ""
+        raise ValueError(f"--policy {spec.policy}: {exc}{hint}") from None
 
 
 def _default_ceiling(spec: LaunchSpec) -> int | None:
