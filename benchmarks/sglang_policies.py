@@ -5,11 +5,12 @@
 
 Each configuration is one SGLang server (``--pp 2 --device cpu``, float32 SmolLM2-135M, chunk
 ceiling ``--chunk``), loaded ``--runs`` times by ``fastpp bench`` with the same requests
-(``--workload``, ``--rate``, ``--seed``). Configurations: ``upstream`` (plain SGLang,
-``--chunked-prefill-size CHUNK``), ``dynamic`` (plain SGLang with ``--enable-dynamic-chunking``),
-and fastpp's ``greedy``, ``predictive`` and ``predictive+ds`` through the plugin. Prints one row
-per configuration: the mean over runs and the spread (min-max) of output throughput, median TTFT
-and median TPOT. Needs scripts/engines/setup_sglang.sh.
+(``--workload``, ``--rate``, ``--seed``) after ``--warmup`` discarded runs. Configurations:
+``upstream`` (plain SGLang, ``--chunked-prefill-size CHUNK``), ``dynamic`` (plain SGLang with
+``--enable-dynamic-chunking``), and fastpp's ``greedy``, ``predictive`` and ``predictive+ds``
+through the plugin. Prints one row per configuration: the mean over runs and the spread
+(min-max) of output throughput, median TTFT and median TPOT. Needs
+scripts/engines/setup_sglang.sh.
 """
 
 from __future__ import annotations
@@ -55,15 +56,18 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> list[dict]:
     t0 = time.monotonic()
     with SGLangServer(spec, work / f"{name}.log").start(timeout_s=1200):
         ready = time.monotonic() - t0
-        for _ in range(args.runs):
+        # the first run after start-up pays one-time costs (first shapes, allocations): discarded
+        for i in range(args.warmup + args.runs):
+            target = out if i >= args.warmup else work / f"{name}.warmup.jsonl"
             bench = [*FASTPP_COMMAND, "bench", "--base-url", spec.url,
                      "-w", args.workload, "-n", str(args.num_prompts), "-r", str(args.rate),
-                     "--seed", str(args.seed), "-o", str(out), "-q"]
+                     "--seed", str(args.seed), "-o", str(target), "-q"]
             done = subprocess.run(bench, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"bench against {name} failed:\n{done.stdout}\n{done.stderr}")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    print(f"# {name}: server ready in {ready:.0f} s, {args.runs} runs", file=sys.stderr, flush=True)
+    print(f"# {name}: server ready in {ready:.0f} s, {args.runs} runs: "
+          + ", ".join(f"{r['output_throughput']:.2f} tok/s" for r in rows), file=sys.stderr, flush=True)
     return rows
 
 
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("-n", "--num-prompts", type=int, default=8)
     ap.add_argument("--rate", default="inf")
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="runs first sent and discarded, per server")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--chunk", type=int, default=256, help="chunk ceiling (SGLang --chunked-prefill-size)")
     ap.add_argument("--token-step", type=int, default=1, help="delay scheduling's tile, in requests")
