@@ -181,8 +181,7 @@ class SGLangAdapter:
         ident = self._ids[req.rid] = (req_id, now)
         self._rid_of[req_id] = req.rid
         prompt = len(req.origin_input_ids)
-        self.signals.arrivals.append((now, prompt))
-        self.signals.num_arrivals += 1
+        self._signal_arrival(now, prompt)
         max_new = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None) or 1
         self._live[req.rid] = RequestRecord(req_id, now, prompt, int(max_new))
         return ident
@@ -415,16 +414,29 @@ class SGLangAdapter:
             if n > rec.num_generated:
                 if rec.first_token_at is None:
                     rec.first_token_at = now
-                    self.signals.ttft.append((now, now - rec.arrived_at))
+                    self._signal_first_token(now, now - rec.arrived_at)
                 rec.token_times.extend([now] * (n - rec.num_generated))
                 rec.num_generated = n
             if req.finished():
                 self._finish(req, rec, now)
-        if decoded and slot is not None:
-            last = self._last_return.get(slot)
-            if last is not None:
-                self.signals.token_gap.append((now, now - last))
-            self._last_return[slot] = now
+        if slot is not None:
+            self._signal_return(slot, now, decoded)
+
+    # Signal recording, with the semantics of fastpp.view's docstrings (one place to switch to
+    # fastpp.signals.Signals' recording methods once they land on main).
+    def _signal_arrival(self, at: float, prompt_len: int) -> None:
+        self.signals.arrivals.append((at, prompt_len))
+        self.signals.num_arrivals += 1
+
+    def _signal_first_token(self, at: float, ttft_s: float) -> None:
+        self.signals.ttft.append((at, ttft_s))
+
+    def _signal_return(self, slot: int, at: float, has_decodes: bool) -> None:
+        """A gap sample per returning microbatch that carried decodes: the slot round."""
+        last = self._last_return.get(slot)
+        if has_decodes and last is not None:
+            self.signals.token_gap.append((at, at - last))
+        self._last_return[slot] = at
 
     def _finish(self, req: Any, rec: RequestRecord, now: float) -> None:
         del self._live[req.rid]
@@ -434,9 +446,6 @@ class SGLangAdapter:
         name = type(reason).__name__.upper() if reason is not None else ""
         rec.finish_reason = FinishReason.LENGTH if "LENGTH" in name else \
             FinishReason.ABORTED if "ABORT" in name else FinishReason.STOP
-        if rec.num_generated >= 2 and rec.first_token_at is not None:
-            tpot = (rec.token_times[-1] - rec.first_token_at) / (rec.num_generated - 1)
-            self.signals.tpot.append((now, tpot))
         if self.records is not None:
             self.records.request(rec)
         ident = self._ids.pop(req.rid, None)

@@ -200,10 +200,6 @@ class SGLangView:
         return self._signals.token_gap
 
     @property
-    def recent_tpot(self):
-        return self._signals.tpot
-
-    @property
     def recent_arrivals(self):
         return self._signals.arrivals
 
