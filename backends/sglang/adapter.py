@@ -439,8 +439,7 @@ class SGLangAdapter:
         self._last_return[slot] = at
 
     def _finish(self, req: Any, rec: RequestRecord, now: float) -> None:
-        del self._live[req.rid]
-        self.parked.pop(req.rid, None)
+        del self._live[req.rid]  # (never parked: a parked request is in no batch, so cannot finish)
         rec.finished_at = now
         reason = getattr(req, "finished_reason", None)
         name = type(reason).__name__.upper() if reason is not None else ""
