@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ def resolve_model(model: str) -> str:
     if not Path(model, "config.json").exists():
         raise FileNotFoundError(f"--model {model}: not a model directory (no config.json) nor one of "
                                 f"{', '.join(MODEL_ALIASES)}")
-    return model
+    return str(Path(model).resolve())
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
             ceiling = _default_ceiling(spec)
             if ceiling is not None:
                 args += ["--chunked-prefill-size", str(ceiling)]
-        settings = PluginSettings(policy=spec.policy, profile=spec.profile, record_dir=spec.record_dir,
+        settings = PluginSettings(policy=spec.policy, profile=_absolute(spec.profile),
+                                  record_dir=_absolute(spec.record_dir),
                                   slo=spec.slo, chunk_candidates=spec.chunk_candidates,
                                   token_step=spec.token_step, epoch=time.time(),
                                   inject_fault=spec.inject_fault, fault_every=spec.fault_every)
@@ -209,6 +211,15 @@ def untied_copy(model_dir: str, python: str) -> str:
     return str(dst)
 
 
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).resolve())
+
+
+# SGLang's processes run here: ``python -m`` puts the working directory first on sys.path, and a
+# fastpp checkout there would shadow the one installed in the SGLang environment
+ENGINE_CWD = Path(tempfile.gettempdir())
+
+
 def _flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):
@@ -232,7 +243,7 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=ENGINE_CWD)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -292,7 +303,7 @@ def serve(spec: LaunchSpec) -> int:
     # own session, so it must be stopped from here
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=ENGINE_CWD)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
