@@ -145,7 +145,7 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
     summaries = [r.summary for r in runs]
     write_json(summaries, out / "summary.json")
     if as_json:
-        from fastpp.metrics import json_safe
+        from fastpp.run_files import json_safe
 
         console.print_json(json.dumps(json_safe(summaries)))
         return
@@ -182,7 +182,7 @@ def goodput(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
-    from fastpp.metrics import json_safe
+    from fastpp.run_files import json_safe
     from fastpp.sim.goodput import slo_goodput
     from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler, parse_deployment
     from fastpp.types import SLO

@@ -93,7 +93,7 @@ def serve(
 def _write_records(engine, out: Path, slo) -> None:
     """What a simulation run writes, for a real one: compare them file by file."""
     from fastpp.metrics import json_safe, summarize, write_iterations_csv, write_records_jsonl
-    from fastpp.sim.timeline import write_chrome_trace
+    from fastpp.timeline import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     records = sorted(engine.recorded_requests, key=lambda r: r.req_id)

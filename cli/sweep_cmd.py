@@ -86,7 +86,7 @@ def sweep(
         _fail(str(exc))
         return
     if as_json:
-        from fastpp.metrics import json_safe
+        from fastpp.run_files import json_safe
 
         print(json.dumps(json_safe({
             "out_dir": str(out), "num_points": result.num_points, "num_run": result.num_run,

@@ -9,18 +9,22 @@ from fastpp.plan import BalancePlan
 class DecodeSlots:
     """Which slot each decoding request belongs to, and which are parked (held back).
 
-    Invariants: a request is in at most one running list or in ``parked``, never both;
+    Invariants, kept by the methods here (other objects only read ``running``, ``ctx_sum`` and
+    ``parked``): a request is in at most one running list or in ``parked``, never both;
     ``ctx_sum[s]`` is the sum of ``ctx_len`` over ``running[s]`` (parked ones excluded);
     ``r.slot`` is the index of the list holding ``r``, -1 otherwise. Each running list is in
-    join order (oldest first); ``parked`` is in parking order (longest parked first).
+    join order (the request that joined that slot longest ago first: new decodes and restored
+    requests join at the tail; nothing reorders a list). ``parked`` is in parking order
+    (longest parked first).
     """
 
-    __slots__ = ("running", "ctx_sum", "parked")
+    __slots__ = ("running", "ctx_sum", "parked", "_cursor")
 
     def __init__(self, num_slots: int) -> None:
         self.running: list[list[LiveRequest]] = [[] for _ in range(num_slots)]
         self.ctx_sum: list[int] = [0] * num_slots
         self.parked: dict[int, LiveRequest] = {}
+        self._cursor = [0] * num_slots  # where the next partial pick of a slot starts
 
     def join(self, r: LiveRequest, slot: int) -> None:
         r.slot = slot
@@ -28,11 +32,33 @@ class DecodeSlots:
         self.ctx_sum[slot] += r.ctx_len
 
     def leave(self, r: LiveRequest) -> None:
-        """Take a running request out of its slot (no-op when it has none)."""
+        """Take ``r`` out of its slot or the parked set (no-op when it is in neither)."""
         if r.slot >= 0:
             self.running[r.slot].remove(r)
             self.ctx_sum[r.slot] -= r.ctx_len
             r.slot = -1
+        elif r.parked_at is not None:
+            del self.parked[r.req_id]
+            r.parked_at = None
+
+    def pick(self, slot: int, budget: int) -> list[LiveRequest]:
+        """The decodes of ``slot`` that run in a microbatch of ``budget`` tokens: all of them
+        when they fit, else ``budget`` of them, round-robin over the join order, so those left
+        out this round go first next round (a sit-out never reorders the list)."""
+        run = self.running[slot]
+        n = len(run)
+        if n <= budget:
+            return list(run)
+        start = self._cursor[slot] % n
+        self._cursor[slot] = (start + budget) % n
+        end = start + budget
+        return run[start:end] if end <= n else run[start:] + run[:end - n]
+
+    def decoded(self, slot: int, stayed: list[LiveRequest]) -> None:
+        """Each of ``stayed`` (running in ``slot``) fed one token: its context grew by one."""
+        for r in stayed:
+            r.ctx_len += 1
+        self.ctx_sum[slot] += len(stayed)
 
     def check(self, plan: BalancePlan, slot: int) -> None:
         """Raise ValueError unless ``plan`` parks only decodes of ``slot`` and restores only
@@ -64,14 +90,14 @@ class DecodeSlots:
                     keep.append(r)
             self.running[slot] = keep
         for rid in plan.restore_ids:
-            self.unpark(self.parked[rid], slot)
-
-    def unpark(self, r: LiveRequest, slot: int) -> None:
-        del self.parked[r.req_id]
-        r.parked_at = None
-        self.join(r, slot)
+            self._unpark(self.parked[rid], slot)
 
     def restore_longest_parked(self, slot: int, limit: int) -> None:
         """Bring back up to ``limit`` parked requests into ``slot``, longest parked first."""
         for r in list(self.parked.values())[:limit]:
-            self.unpark(r, slot)
+            self._unpark(r, slot)
+
+    def _unpark(self, r: LiveRequest, slot: int) -> None:
+        del self.parked[r.req_id]
+        r.parked_at = None
+        self.join(r, slot)

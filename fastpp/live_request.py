@@ -5,8 +5,10 @@ A request alternates between two phases, both derived from counters:
 * prefill: ``num_computed < fill_len``. ``fill_len`` is the prompt length, or, after a
   retraction freed its KV, the prompt plus the tokens generated so far (recomputed).
 * decode: ``num_computed == fill_len`` and it sits in a slot's running set. Its KV holds
-  ``ctx_len = prompt_len + num_generated - 1`` tokens (the newest token has no KV yet); a
-  decode step writes that token's KV and samples the next one.
+  ``ctx_len - 1`` tokens (the newest token has no KV yet); a decode step feeds that token,
+  writes its KV and samples the next one.
+
+Policies see these objects through ``fastpp.view.RequestView`` (read-only fields).
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ class LiveRequest:
     """Mutable state of an admitted request; owned by the Scheduler, read by policies."""
 
     rec: RequestRecord
-    target_len: int  # tokens to generate: output_len capped by the context limit
+    target_len: int  # tokens to generate: output_len capped by the context limit and the KV pool
     fill_len: int  # tokens the current prefill phase must compute
     req_id: int = field(init=False)  # copies of rec's, read on hot paths
     prompt_len: int = field(init=False)
+    arrived_at: float = field(init=False)
     ctx_len: int = 0  # L_dec while decoding: KV so far + the token fed (prompt + generated)
     num_computed: int = 0  # tokens of the current prefill phase already scheduled
     kv_tokens: int = 0  # KV reserved for it, in tokens (a multiple of the page size)
-    slot: int = -1  # decode slot, -1 while waiting / prefilling
+    slot: int = -1  # decode slot, -1 while waiting / prefilling / parked
     admit_seq: int = -1  # admission order; larger = newer (retraction victims first)
     parked_at: float | None = None  # set while the decode balancer holds it back
     in_flight: bool = False  # a prefill chunk of it has not returned yet
@@ -37,10 +40,7 @@ class LiveRequest:
     def __post_init__(self) -> None:
         self.req_id = self.rec.req_id
         self.prompt_len = self.rec.prompt_len
-
-    @property
-    def arrived_at(self) -> float:
-        return self.rec.arrived_at
+        self.arrived_at = self.rec.arrived_at
 
     @property
     def num_generated(self) -> int:

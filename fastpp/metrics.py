@@ -16,13 +16,9 @@ exception. Reporting (``format_summary``) and file writers sit at the bottom of 
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -223,18 +219,34 @@ def summarize(
 # ---- pipeline bubbles ----------------------------------------------------------------------------
 
 
-def stage_busy_fraction(
+def bubble_fraction(stage_busy_s: Sequence[float], start: float, end: float) -> list[float]:
+    """The bubble fraction, defined once: per stage, the share of the window [start, end] it
+    sat idle, ``1 - busy / (end - start)`` (floored at 0). NaN for every stage of an empty
+    window. Runs report it over [first arrival, last end] (``RunResult.bubble_fraction``)."""
+    span = end - start
+    if not span > 0:
+        return [math.nan] * len(stage_busy_s)
+    return [max(0.0, 1.0 - busy / span) for busy in stage_busy_s]
+
+
+def pipeline_fields(stage_busy_s: Sequence[float], start: float, end: float) -> dict:
+    """The summary keys a pipeline run adds: per-stage and mean bubble fraction over
+    [start, end], rounded to 4 places."""
+    bubbles = bubble_fraction(stage_busy_s, start, end)
+    return {"bubble_fraction": [round(b, 4) for b in bubbles],
+            "mean_bubble_fraction": round(sum(bubbles) / len(bubbles), 4) if bubbles else math.nan}
+
+
+def stage_busy_seconds(
     iterations: Sequence[IterationRecord],
     num_stages: int,
     start: float | None = None,
     end: float | None = None,
-) -> list[float]:
-    """Per stage, the share of the window [start, end] it spent running microbatches.
-
-    The window defaults to the first iteration start .. the last iteration end over all stages.
-    Overlapping iterations on one stage count once (union of intervals). An empty window gives
-    NaN for every stage. Raises ValueError for a stage index outside 0..num_stages-1.
-    """
+) -> tuple[list[float], float, float]:
+    """Per stage, the seconds of the window [start, end] it spent running microbatches, and the
+    window. The window defaults to the first iteration start .. the last iteration end over all
+    stages. Overlapping iterations on one stage count once (union of intervals). Raises
+    ValueError for a stage index outside 0..num_stages-1."""
     if num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {num_stages}")
     stage = np.fromiter((it.stage for it in iterations), np.int64, count=len(iterations))
@@ -246,7 +258,7 @@ def stage_busy_fraction(
     w0 = float(t_start.min()) if start is None and stage.size else start
     w1 = float(t_end.max()) if end is None and stage.size else end
     if w0 is None or w1 is None or not w1 > w0:
-        return [math.nan] * num_stages
+        return [0.0] * num_stages, 0.0, 0.0
     s, e = np.clip(t_start, w0, w1), np.clip(t_end, w0, w1)
     busy = []
     for k in range(num_stages):
@@ -256,18 +268,20 @@ def stage_busy_fraction(
         # union length: interval i adds [max(s_i, max(e_<i)), e_i]; the earlier interval that
         # reached max(e_<i) started before s_i, so it already covers everything below that.
         reach = np.concatenate([[-np.inf], np.maximum.accumulate(ee)[:-1]])
-        busy.append(float(np.clip(ee - np.maximum(ss, reach), 0.0, None).sum()) / (w1 - w0))
-    return busy
+        busy.append(float(np.clip(ee - np.maximum(ss, reach), 0.0, None).sum()))
+    return busy, w0, w1
 
 
-def bubble_fraction(
+def iteration_bubble_fraction(
     iterations: Sequence[IterationRecord],
     num_stages: int,
     start: float | None = None,
     end: float | None = None,
 ) -> list[float]:
-    """Per stage, the idle (bubble) share of the window: 1 - ``stage_busy_fraction``."""
-    return [1.0 - b for b in stage_busy_fraction(iterations, num_stages, start, end)]
+    """``bubble_fraction`` of the stage busy time that ``iterations`` show (window defaults as
+    in ``stage_busy_seconds``)."""
+    busy, w0, w1 = stage_busy_seconds(iterations, num_stages, start, end)
+    return bubble_fraction(busy, w0, w1)
 
 
 # ---- reporting -----------------------------------------------------------------------------------
@@ -348,37 +362,3 @@ def format_summary(summary: Mapping, title: str = "Serving Benchmark Result") ->
         lines += [f"{'SLO':-^50}", *_block(_SLO, summary)]
     lines.append("=" * 50)
     return "\n".join(lines)
-
-
-# ---- files ---------------------------------------------------------------------------------------
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None, recursively: they are not JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def write_records_jsonl(records: Iterable[RequestRecord], path: str | Path) -> Path:
-    """Write one ``RequestRecord.to_dict()`` JSON object per line; returns the path."""
-    path = Path(path)
-    with path.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r.to_dict()) + "\n")
-    return path
-
-
-def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path) -> Path:
-    """Write ``IterationRecord.to_dict()`` rows under a header of its field names (header only
-    when there are no iterations); returns the path."""
-    path = Path(path)
-    with path.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(IterationRecord.__slots__))
-        writer.writeheader()
-        writer.writerows(it.to_dict() for it in iterations)
-    return path

@@ -49,7 +49,6 @@ from fastpp.predictor_fit import (
 )
 from fastpp.predictor_sklearn import SklearnPredictor
 from fastpp.profile import LinearTable, Profile
-from fastpp.types import IterationRecord
 
 __all__ = ["ALPPredictor", "LatencyPredictor", "SklearnPredictor", "TokensOnlyPredictor", "mape",
            "DEFAULT_FEATURE_SCALES", "MIN_PREDICTION_S", "PREDICTOR_SCHEMA_VERSION"]
@@ -63,16 +62,20 @@ _INF = math.inf
 
 
 class LatencyPredictor(Protocol):
-    """What the scheduler needs from any beat-duration predictor (all three classes here)."""
+    """What the predictive chunk policy needs from a beat-duration predictor: one prediction
+    and one online learning step per call, both cheap (the policy calls them per decision and
+    per microbatch). ALPPredictor, TokensOnlyPredictor and SklearnPredictor implement it; they
+    also have scikit-learn's ``fit`` / ``predict`` / ``partial_fit`` for batch use."""
 
     def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
-                    sum_dec_ctx: int = 0) -> float: ...
+                    sum_dec_ctx: int = 0) -> float:
+        """Seconds one beat takes for a microbatch with these ALP features."""
+        ...
 
-    def predict(self, X: Any) -> np.ndarray: ...
-
-    def partial_fit(self, x: Any, y: Any) -> Any: ...
-
-    def observe(self, rec: IterationRecord) -> None: ...
+    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
+                  sum_dec_ctx: float, duration_s: float) -> float:
+        """Learn from one measured beat; returns the prediction error before learning."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -231,12 +234,6 @@ class _OnlinePredictor(ABC):
         for row, t in zip(Xa.tolist(), as_targets(y, Xa.shape[0]).tolist(), strict=True):
             self.learn_one(int(row[0]), row[1], row[2], row[3], t)
         return self
-
-    def observe(self, rec: IterationRecord) -> None:
-        """Learn from one measured iteration. The caller picks which records are beats (e.g. the
-        slowest stage of each microbatch); this predictor predicts whatever it is fed."""
-        self.learn_one(rec.num_tokens, rec.sum_past_x_pre, rec.sum_pre_sq, rec.sum_dec_ctx,
-                       rec.duration_s)
 
     @abstractmethod
     def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,

@@ -22,7 +22,6 @@ import numpy as np
 
 from fastpp.predictor_fit import apply_params, as_features, as_targets
 from fastpp.profile import LinearTable
-from fastpp.types import IterationRecord
 
 SKLEARN_KINDS = ("tree", "mlp")
 _MS = 1e3  # the models are fitted in milliseconds
@@ -138,10 +137,13 @@ class SklearnPredictor:
                 self._since_refit = 0
         return self
 
-    def observe(self, rec: IterationRecord) -> None:
-        """Learn from one measured iteration (see ``ALPPredictor.observe``)."""
-        self.partial_fit([rec.num_tokens, rec.sum_past_x_pre, rec.sum_pre_sq, rec.sum_dec_ctx],
-                         [rec.duration_s])
+    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
+                  sum_dec_ctx: float, duration_s: float) -> float:
+        """One measured beat into the buffer (``partial_fit``); returns the error before it."""
+        error = duration_s - self.predict_one(num_tokens, int(sum_past_x_pre), int(sum_pre_sq),
+                                              int(sum_dec_ctx))
+        self.partial_fit([num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx], [duration_s])
+        return error
 
     # ---------------------------------------------------------------- querying
     def predict(self, X: Any) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Engine-neutral pipeline-parallel scheduler: FCFS queue, D_p microbatch slots, chunked
-prefill, KV accounting and retraction. Executors drive it with two calls:
+prefill, KV accounting and retraction. Executors drive it through the contract of
+``fastpp.plan`` (docs/ARCHITECTURE.md, "The executor contract")::
 
     plan = scheduler.schedule(slot)      # form the microbatch of a free slot (or None)
-    scheduler.update(plan)               # fold in its sampled tokens when it returns
+    out = scheduler.update(plan)         # fold in its sampled tokens when it returns
 
 Every slot owns a running decode set. A request decodes in the slot where its last prefill
 chunk ran (SGLang's PP behaviour) until it finishes, is retracted, or a DecodeBalancer parks it
@@ -13,19 +14,38 @@ time, real engines wall time; nothing here reads the system clock.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from fastpp.decode_slots import DecodeSlots
 from fastpp.kv_pool import KVPool
 from fastpp.live_request import LiveRequest
-from fastpp.plan import MicroBatchPlan, PrefillChunk
+from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, StepOutput
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
-from fastpp.scheduler_config import SchedulerConfig, Signals
+from fastpp.scheduler_config import SchedulerConfig
+from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 from fastpp.view import SchedulerView
+from fastpp.waiting_queue import WaitingQueue
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Counts an executor may publish (e.g. on /metrics): a copy, safe to hand to other threads."""
+
+    num_waiting: int  # queued, not admitted (no KV yet)
+    num_admitted: int  # holding KV: prefilling, decoding or parked
+    num_parked: int
+    num_in_flight: int  # microbatches in the pipeline
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    num_arrived: int  # requests ever added (rejected ones included)
+    num_ended: int  # requests that ended (finished, aborted or rejected)
+    num_microbatches: int  # launched so far
+    num_retractions: int
+    num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
 
 class Scheduler:
@@ -42,123 +62,130 @@ class Scheduler:
         self.clock = clock
         self.chunk_policy: ChunkPolicy = chunk_policy or StaticChunkPolicy(config.default_chunk)
         self.balancer: DecodeBalancer = balancer or NoBalancer()
-        self.kv = KVPool(config.kv_capacity_tokens, config.page_size)
-        self.view = SchedulerView(self)
         self.signals = Signals()
-
         n = config.num_slots
-        self.waiting: deque[LiveRequest] = deque()
-        self.chunked: LiveRequest | None = None
-        self.slots = DecodeSlots(n)
-        # aliases of the slot structures (same objects), read on hot paths and by the view
-        self.running = self.slots.running
-        self.slot_ctx_sum = self.slots.ctx_sum  # sum of ctx_len over running[slot]
-        self.parked = self.slots.parked
-        self.in_flight: list[MicroBatchPlan | None] = [None] * n
+        self._kv = KVPool(config.kv_capacity_tokens, config.page_size)
+        self._queue = WaitingQueue()
+        self._slots = DecodeSlots(n)
+        self._in_flight: list[MicroBatchPlan | None] = [None] * n
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.live: dict[int, LiveRequest] = {}  # every admitted, unfinished request by id
-        self.records: dict[int, RequestRecord] = {}
-        self.pending_prefill_tokens = 0  # sum of remaining_prefill over waiting + chunked
-        self.waiting_arrival_sum = 0.0  # sum of arrived_at over the waiting queue
-        self.remaining_decode_tokens = 0  # sum of remaining_output over admitted requests
-        self.launching_slot = 0
-        self.now = 0.0
+        self.view = SchedulerView(config, self._queue, self._slots, self._kv, self.signals, self._in_flight)
+        self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
+        self._records: dict[int, RequestRecord] = {}  # until forget(): every request ever added
+        # Output tokens admitted requests may still write: the admission reserve is a share of it.
+        # Changed in exactly three places: _admit (+), update (- each token), _release_kv (- rest).
+        self._output_backlog = 0
+        self._kv_frees: list[int] = []  # since the last plan
+        self._retracted: list[int] = []  # since the last plan
+        self._kv_allocs: list[tuple[int, int]] = []  # while forming a plan
         self._next_mb_id = 0
         self._next_admit_seq = 0
-        self._last_return_at: list[float | None] = [None] * n
+        self._num_ended = 0
         self._policy_errors: set[str] = set()
-        # counters
         self.num_retractions = 0
-        self.num_decode_sitouts = 0  # decodes left out of a microbatch because C was too small
+        self.num_decode_sitouts = 0
 
     # ------------------------------------------------------------------ arrivals / aborts
     def add_request(self, req: Request) -> RequestRecord:
-        """Queue a request (FCFS), or reject it at once with a reason if it can never run."""
-        self.now = self.clock()
-        if req.req_id in self.records:
+        """Queue a request (FCFS) and return its record, which the scheduler keeps up to date.
+        A request that can never run comes back ended at once (``rejected``, with the reason)."""
+        now = self.clock()
+        if req.req_id in self._records:
             raise ValueError(f"duplicate request id {req.req_id}")
         rec = RequestRecord(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
-        self.records[req.req_id] = rec
-        self.signals.arrivals.append((req.arrived_at, req.prompt_len))
-        self.signals.num_arrivals += 1
-        cfg = self.config
+        self._records[req.req_id] = rec
+        self.signals.on_arrival(req.arrived_at, req.prompt_len)
+        cfg, kv = self.config, self._kv
         if req.prompt_len >= cfg.max_context:
-            return self._reject(
-                rec, f"prompt of {req.prompt_len} tokens exceeds the context limit {cfg.max_context}"
-            )
-        if self.kv.round_up(req.prompt_len + 1) > self.kv.capacity:
-            return self._reject(
-                rec, f"prompt of {req.prompt_len} tokens exceeds the KV pool of {self.kv.capacity}"
-            )
-        target = min(req.output_len, cfg.max_context - req.prompt_len)
+            return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the context "
+                                          f"limit {cfg.max_context}")
+        if kv.round_up(req.prompt_len + 1) > kv.capacity:
+            return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the KV pool "
+                                          f"of {kv.capacity}")
+        # prompt + output must fit the context and, for recomputation after a retraction, the pool
+        target = min(req.output_len, cfg.max_context - req.prompt_len, kv.capacity - req.prompt_len)
         live = LiveRequest(rec, target_len=target, fill_len=req.prompt_len)
-        self.live[req.req_id] = live
-        self.waiting.append(live)
-        self.waiting_arrival_sum += live.arrived_at
-        self.pending_prefill_tokens += live.fill_len
+        self._live[req.req_id] = live
+        self._queue.push(live)
         return rec
 
-    def abort(self, req_id: int, reason: str = "aborted by client") -> bool:
-        """End a request early and free its KV. Returns False if it already ended."""
-        live = self.live.get(req_id)
+    def abort(self, req_id: int, reason: str = "aborted by client") -> RequestEnd | None:
+        """End a request early and free its KV. Returns its end if it ended now; None if it
+        ends when its in-flight microbatch returns (that ``update`` reports it) or if it had
+        already ended or is unknown."""
+        live = self._live.get(req_id)
         if live is None or live.aborted:
-            return False
-        self.now = self.clock()
+            return None
+        now = self.clock()
         live.aborted = True
-        if live is self.chunked:  # schedule no more of its chunks
-            self.chunked = None
-            self.pending_prefill_tokens -= live.remaining_prefill
+        self._queue.remove(live)  # schedule no more of its chunks
         if live.in_flight or (live.slot >= 0 and live in self._inflight_decodes[live.slot]):
-            return True  # its microbatch still uses the KV; update() frees it
+            return None  # its microbatch still uses the KV; update() frees it
         self._detach(live)
-        self._end(live, FinishReason.ABORTED, reason)
-        return True
+        return self._end(live, now, FinishReason.ABORTED, reason)
+
+    def abort_all(self, reason: str) -> list[RequestEnd]:
+        """End every unfinished request (e.g. the run's time limit was reached); in-flight
+        microbatches are forgotten: their ``update`` must not be called."""
+        now = self.clock()
+        ends = []
+        for r in list(self._live.values()):
+            r.in_flight = False
+            self._detach(r)
+            ends.append(self._end(r, now, FinishReason.ABORTED, reason))
+        for slot in range(self.config.num_slots):
+            self._in_flight[slot] = None
+            self._inflight_decodes[slot] = []
+        return ends
 
     # ------------------------------------------------------------------ scheduling
     def schedule(self, slot: int) -> MicroBatchPlan | None:
-        """Form the next microbatch of ``slot``, or None when it has nothing to run.
+        """Form the next microbatch of the free ``slot``, or None when it has nothing to run.
 
         Token model: C (the policy's budget) counts every token of the microbatch. The slot's
         decodes go first, one token each; what is left of C goes to the continuing chunked
         request, then to new requests in FCFS order while their prompt fits in free KV.
         Each request's counters (num_computed, kv_tokens) advance here, at schedule time.
         """
-        assert self.in_flight[slot] is None, f"slot {slot} already has a microbatch in flight"
-        self.now = self.clock()
-        self.launching_slot = slot
-        self._apply_balance(slot)
+        assert self._in_flight[slot] is None, f"slot {slot} already has a microbatch in flight"
+        view = self.view
+        now = view.now = self.clock()
+        view.slot = slot
+        self._apply_balance(slot, now)
         budget, reason = self._choose_chunk()
         decodes = self._pick_decodes(slot, budget)
         decodes = self._reserve_decode_kv(slot, decodes)
         prefill = self._pick_prefill(budget - len(decodes))
         if not decodes and not prefill:
-            if self.parked and not any(self.in_flight):
+            if self._slots.parked and not any(self._in_flight):
                 # liveness: parking must never leave the pipeline idle with requests held back
-                self.slots.restore_longest_parked(slot, budget)
+                self._slots.restore_longest_parked(slot, budget)
                 decodes = self._reserve_decode_kv(slot, self._pick_decodes(slot, budget))
             if not decodes:
                 return None
-        return self._launch(slot, budget, reason, decodes, prefill)
+        return self._launch(slot, now, budget, reason, decodes, prefill)
 
-    def _apply_balance(self, slot: int) -> None:
-        if not self.running[slot] and not self.parked:
+    def _apply_balance(self, slot: int, now: float) -> None:
+        slots = self._slots
+        if not slots.running[slot] and not slots.parked:
             return
         try:
             plan = self.balancer.plan(self.view, slot)
             if plan.is_noop:
                 return
-            self.slots.check(plan, slot)
+            slots.check(plan, slot)
         except Exception as exc:  # a policy must never take the engine down
             self._policy_failed("balancer", exc)
             return
-        self.slots.apply(plan, slot, self.now)
+        slots.apply(plan, slot, now)
 
     def _choose_chunk(self) -> tuple[int, str]:
+        policy = self.chunk_policy
         try:
-            budget = self.chunk_policy.choose(self.view)
+            budget = policy.choose(self.view)
             if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
                 raise ValueError(f"chunk policy returned {budget!r}, not a positive int")
-            return budget, getattr(self.chunk_policy, "last_reason", "")
+            return budget, policy.last_reason
         except Exception as exc:
             self._policy_failed("chunk policy", exc)
             return self.config.default_chunk, "fallback: policy error"
@@ -170,14 +197,8 @@ class Scheduler:
             log.error("%s raised %r; using the static fallback for this decision", which, exc)
 
     def _pick_decodes(self, slot: int, budget: int) -> list[LiveRequest]:
-        run = self.running[slot]
-        if len(run) <= budget:
-            return list(run)
-        # C below the decode count: the oldest C decode now; the rest sit out one round and
-        # move to the front so they go first next time.
-        self.num_decode_sitouts += len(run) - budget
-        picked, rest = run[:budget], run[budget:]
-        self.running[slot] = rest + picked
+        picked = self._slots.pick(slot, budget)
+        self.num_decode_sitouts += len(self._slots.running[slot]) - len(picked)
         return picked
 
     def _reserve_decode_kv(self, slot: int, decodes: list[LiveRequest]) -> list[LiveRequest]:
@@ -185,10 +206,10 @@ class Scheduler:
 
         The pool is charged here; each request's own ``kv_tokens`` grows in ``_launch``.
         """
-        kv = self.kv
+        kv = self._kv
         need = self._decode_kv_need(decodes)
         while need > kv.free and decodes:
-            victim = max(self.running[slot], key=_admit_order)
+            victim = max(self._slots.running[slot], key=_admit_order)
             if victim in decodes:
                 decodes = [r for r in decodes if r is not victim]
                 need -= self._decode_kv_need([victim])
@@ -197,84 +218,75 @@ class Scheduler:
         return decodes
 
     def _decode_kv_need(self, decodes: list[LiveRequest]) -> int:
-        if self.kv.page_size == 1:
+        if self._kv.page_size == 1:
             return len(decodes)  # one token each, one token per page
-        round_up = self.kv.round_up
+        round_up = self._kv.round_up
         return sum(max(0, round_up(r.ctx_len) - r.kv_tokens) for r in decodes)
 
     def _retract(self, r: LiveRequest) -> None:
-        """Free a running request's KV and queue it again at the front (recomputed later)."""
-        self.slots.leave(r)
-        self.kv.release(r.kv_tokens)
-        r.kv_tokens = 0
-        self.remaining_decode_tokens -= r.remaining_output
-        fill = r.prompt_len + r.num_generated
-        if self.kv.round_up(fill + 1) > self.kv.capacity:
-            # recomputed, it could never take another step: it would block the queue's head forever
-            self._end(r, FinishReason.LENGTH, f"stopped after {r.num_generated} tokens: its context of "
-                      f"{fill} tokens no longer fits the KV pool of {self.kv.capacity}")
-            return
-        r.fill_len = fill
+        """Free a running request's KV and queue it again at the front (recomputed later).
+        Its context always fits the pool again: ``add_request`` caps prompt + output there."""
+        self._slots.leave(r)
+        self._release_kv(r)
+        r.fill_len = r.prompt_len + r.num_generated
         r.num_computed = 0
         r.rec.num_retractions += 1
         self.num_retractions += 1
-        self.waiting.appendleft(r)
-        self.waiting_arrival_sum += r.arrived_at
-        self.pending_prefill_tokens += r.fill_len
+        self._retracted.append(r.req_id)
+        self._queue.push_front(r)
 
     def _pick_prefill(self, budget: int) -> list[tuple[LiveRequest, int, int]]:
-        """Up to ``budget`` prompt tokens as (request, L_past, L_pre)."""
+        """Up to ``budget`` prompt tokens as (request, L_past, L_pre); admits from the queue."""
         chunks: list[tuple[LiveRequest, int, int]] = []
         if budget <= 0:
             return chunks
-        if self.chunked is not None:
-            r = self.chunked
+        queue, kv = self._queue, self._kv
+        r = queue.chunked
+        if r is not None:
             n = min(r.remaining_prefill, budget)
             chunks.append((r, r.num_computed, n))
+            queue.advance(r, n)
             budget -= n
-            if n == r.remaining_prefill:
-                self.chunked = None
         cap = self.config.max_running_requests
-        while budget > 0 and self.waiting and self.chunked is None:
-            r = self.waiting[0]
-            if cap is not None and len(self.live) - len(self.waiting) >= cap:
+        while budget > 0 and queue.chunked is None and (r := queue.head) is not None:
+            if cap is not None and len(self._live) - len(queue) >= cap:
                 break
-            need = self.kv.round_up(r.fill_len)
-            reserve = int(self.config.new_token_ratio * self.remaining_decode_tokens)
-            if need > self.kv.free - reserve and (need > self.kv.free or self._has_admitted()):
+            need = kv.round_up(r.fill_len)
+            reserve = int(self.config.new_token_ratio * self._output_backlog)
+            if need > kv.free - reserve and (need > kv.free or self._has_admitted()):
                 break  # FCFS: the head waits for memory, nobody overtakes it
-            self.waiting.popleft()
-            self.waiting_arrival_sum -= r.arrived_at
-            self.kv.alloc(need)
-            r.kv_tokens = need
-            r.admit_seq = self._next_admit_seq
-            self._next_admit_seq += 1
-            self.remaining_decode_tokens += r.remaining_output
+            queue.pop_head()
+            self._admit(r, need)
             n = min(r.fill_len, budget)
             chunks.append((r, 0, n))
+            queue.advance(r, n)
             budget -= n
-            if n < r.fill_len:
-                self.chunked = r
         return chunks
 
+    def _admit(self, r: LiveRequest, kv_tokens: int) -> None:
+        self._kv.alloc(kv_tokens)
+        r.kv_tokens = kv_tokens
+        self._kv_allocs.append((r.req_id, kv_tokens))
+        r.admit_seq = self._next_admit_seq
+        self._next_admit_seq += 1
+        self._output_backlog += r.remaining_output
+
     def _has_admitted(self) -> bool:
-        return len(self.live) > len(self.waiting)
+        return len(self._live) > len(self._queue)
 
     def _launch(
         self,
         slot: int,
+        now: float,
         budget: int,
         reason: str,
         decodes: list[LiveRequest],
         prefill: list[tuple[LiveRequest, int, int]],
     ) -> MicroBatchPlan:
-        now = self.now
         chunks = []
         sum_past_x_pre = sum_pre_sq = num_prefill = num_done = 0
         for r, past, n in prefill:
-            r.num_computed += n
             r.in_flight = True
-            self.pending_prefill_tokens -= n
             if r.rec.scheduled_at is None:
                 r.rec.scheduled_at = now
             done = r.num_computed == r.fill_len
@@ -283,11 +295,11 @@ class Scheduler:
             sum_past_x_pre += past * n
             sum_pre_sq += n * n
             num_prefill += n
-        if self.kv.page_size == 1:
+        if self._kv.page_size == 1:
             for r in decodes:
                 r.kv_tokens += 1
         else:
-            round_up = self.kv.round_up
+            round_up = self._kv.round_up
             for r in decodes:
                 r.kv_tokens = max(r.kv_tokens, round_up(r.ctx_len))
         dec_ctx = [r.ctx_len for r in decodes]
@@ -307,46 +319,60 @@ class Scheduler:
             sum_pre_sq=sum_pre_sq,
             sum_dec_ctx=sum(dec_ctx),
             reason=reason,
+            kv_frees=self._take(self._kv_frees),
+            kv_allocs=self._take(self._kv_allocs),
+            retracted_ids=self._take(self._retracted),
         )
         self._next_mb_id += 1
-        self.in_flight[slot] = plan
+        self._in_flight[slot] = plan
         return plan
 
+    @staticmethod
+    def _take(items: list) -> tuple:
+        if not items:
+            return ()
+        out = tuple(items)
+        items.clear()
+        return out
+
+    def drain_kv_frees(self) -> tuple[int, ...]:
+        """KV released since the last plan, for an executor that stops and forms no more plans
+        (otherwise the next plan's ``kv_frees`` carries it)."""
+        return self._take(self._kv_frees)
+
     # ------------------------------------------------------------------ results
-    def update(self, plan: MicroBatchPlan, stopped: Iterable[int] = ()) -> None:
+    def update(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
         """Fold in a returned microbatch: every sampled position produced one token now.
 
-        ``stopped`` names requests whose new token was a stop token (real backends).
+        ``stop_ids`` names requests whose new token was a stop token (real backends). Returns
+        the requests that ended with it and those whose token is to be discarded.
         """
-        assert self.in_flight[plan.slot] is plan, "update() for a plan that is not in flight"
-        self.in_flight[plan.slot] = None
-        now = self.now = self.clock()
-        stop_ids = set(stopped) if stopped else ()
-        live = self.live
         slot = plan.slot
-        last = self._last_return_at[slot]
-        if plan.decode_req_ids and last is not None:
-            self.signals.token_gap.append((now, now - last))
-        self._last_return_at[slot] = now
+        assert self._in_flight[slot] is plan, "update() for a plan that is not in flight"
+        self._in_flight[slot] = None
+        now = self.view.now = self.clock()
+        self.signals.on_return(slot, now, bool(plan.decode_req_ids))
+        ended: list[RequestEnd] = []
+        discarded: list[int] = []
         decodes = self._inflight_decodes[slot]
         self._inflight_decodes[slot] = []
-        stayed = 0
+        stayed = []
         for r in decodes:
             if r.aborted:
                 self._detach(r)
-                self._end(r, FinishReason.ABORTED, "aborted by client")
+                ended.append(self._end(r, now, FinishReason.ABORTED, "aborted by client"))
+                discarded.append(r.req_id)
                 continue
             rec = r.rec
             n = rec.num_generated = rec.num_generated + 1
             rec.token_times.append(now)
+            self._output_backlog -= 1
             if n >= r.target_len or (stop_ids and r.req_id in stop_ids):
-                self.remaining_decode_tokens -= 1
-                self._finish(r, FinishReason.STOP if r.req_id in stop_ids else FinishReason.LENGTH)
+                ended.append(self._finish(r, now, stop_ids))
                 continue
-            r.ctx_len += 1
-            stayed += 1
-        self.remaining_decode_tokens -= stayed
-        self.slot_ctx_sum[slot] += stayed
+            stayed.append(r)
+        self._slots.decoded(slot, stayed)
+        live = self._live
         for c in plan.prefill:
             r = live.get(c.req_id)
             if r is None:
@@ -356,23 +382,27 @@ class Scheduler:
             if r.aborted:
                 if not r.in_flight:
                     self._detach(r)
-                    self._end(r, FinishReason.ABORTED, "aborted by client")
+                    ended.append(self._end(r, now, FinishReason.ABORTED, "aborted by client"))
+                    if c.completes:
+                        discarded.append(r.req_id)
                 continue
             if not c.completes:
                 continue
             rec = r.rec
             rec.num_generated += 1
             rec.token_times.append(now)
+            self._output_backlog -= 1
             r.ctx_len = r.prompt_len + rec.num_generated
-            self.remaining_decode_tokens -= 1
             if rec.first_token_at is None:
                 rec.first_token_at = now
-                self.signals.ttft.append((now, now - rec.arrived_at))
+                self.signals.on_first_token(now, now - rec.arrived_at)
             if rec.num_generated >= r.target_len or c.req_id in stop_ids:
-                reason = FinishReason.STOP if c.req_id in stop_ids else FinishReason.LENGTH
-                self._finish(r, reason)
+                ended.append(self._finish(r, now, stop_ids))
             else:
-                self.slots.join(r, slot)
+                self._slots.join(r, slot)
+        if not ended:
+            return NO_OUTPUT
+        return StepOutput(tuple(ended), frozenset(discarded))
 
     def observe(self, rec: IterationRecord) -> None:
         """Forward an executor's stage-iteration record to the policies (errors contained)."""
@@ -385,50 +415,54 @@ class Scheduler:
     # ------------------------------------------------------------------ state helpers
     def _detach(self, r: LiveRequest) -> None:
         """Take ``r`` out of whichever structure holds it and free its KV."""
-        if r.slot >= 0:
-            self.slots.leave(r)
-        elif r.req_id in self.parked:
-            del self.parked[r.req_id]
-        elif r is self.chunked:
-            self.chunked = None
-            self.pending_prefill_tokens -= r.remaining_prefill
+        if r.slot >= 0 or r.parked_at is not None:
+            self._slots.leave(r)
         else:
-            try:
-                self.waiting.remove(r)
-                self.waiting_arrival_sum -= r.arrived_at
-                self.pending_prefill_tokens -= r.remaining_prefill
-            except ValueError:
-                pass  # between prefill completion and joining a slot
+            self._queue.remove(r)  # False between prefill completion and joining a slot
         if r.kv_tokens:
-            self.kv.release(r.kv_tokens)
-            r.kv_tokens = 0
-            self.remaining_decode_tokens -= r.remaining_output
+            self._release_kv(r)
 
-    def _finish(self, r: LiveRequest, reason: FinishReason) -> None:
-        rec = r.rec
+    def _release_kv(self, r: LiveRequest) -> None:
+        self._kv.release(r.kv_tokens)
+        r.kv_tokens = 0
+        self._output_backlog -= r.remaining_output
+        self._kv_frees.append(r.req_id)
+
+    def _finish(self, r: LiveRequest, now: float, stop_ids: Collection[int]) -> RequestEnd:
         self._detach(r)
-        self._end(r, reason, "")
-        if rec.num_generated >= 2 and rec.first_token_at is not None:
-            tpot = (rec.token_times[-1] - rec.first_token_at) / (rec.num_generated - 1)
-            self.signals.tpot.append((self.now, tpot))
+        if r.req_id in stop_ids:
+            return self._end(r, now, FinishReason.STOP, "")
+        rec = r.rec
+        detail = "" if r.target_len == rec.output_len else (
+            f"output capped at {r.target_len} tokens: prompt + output must fit the context of "
+            f"{self.config.max_context} and the KV pool of {self._kv.capacity} tokens")
+        return self._end(r, now, FinishReason.LENGTH, detail)
 
-    def _end(self, r: LiveRequest, reason: FinishReason, detail: str) -> None:
-        r.rec.finish_reason = reason
-        r.rec.finished_at = self.now
-        r.rec.detail = detail
-        del self.live[r.req_id]
+    def _end(self, r: LiveRequest, now: float, reason: FinishReason, detail: str) -> RequestEnd:
+        rec = r.rec
+        rec.finish_reason = reason
+        rec.finished_at = now
+        rec.detail = detail
+        del self._live[r.req_id]
+        self._num_ended += 1
+        return RequestEnd(r.req_id, reason, detail, rec)
 
-    def _reject(self, rec: RequestRecord, why: str) -> RequestRecord:
+    def _reject(self, rec: RequestRecord, now: float, why: str) -> RequestRecord:
         rec.finish_reason = FinishReason.REJECTED
-        rec.finished_at = self.now
+        rec.finished_at = now
         rec.detail = why
+        self._num_ended += 1
         return rec
 
     # ------------------------------------------------------------------ queries
     @property
     def has_work(self) -> bool:
         """True while any admitted or waiting request has not ended."""
-        return bool(self.live)
+        return bool(self._live)
+
+    def is_slot_free(self, slot: int) -> bool:
+        """True when ``slot`` has no microbatch in flight (``schedule(slot)`` may be called)."""
+        return self._in_flight[slot] is None
 
     @property
     def num_microbatches(self) -> int:
@@ -436,26 +470,34 @@ class Scheduler:
         return self._next_mb_id
 
     @property
-    def num_in_flight(self) -> int:
-        return sum(p is not None for p in self.in_flight)
+    def num_ended(self) -> int:
+        """Requests that ended so far (finished, aborted or rejected)."""
+        return self._num_ended
+
+    def stats(self) -> SchedulerStats:
+        """A copy of the scheduler's counts (cheap: O(D_p))."""
+        queued = len(self._queue)
+        return SchedulerStats(
+            num_waiting=queued,
+            num_admitted=len(self._live) - queued,
+            num_parked=len(self._slots.parked),
+            num_in_flight=sum(p is not None for p in self._in_flight),
+            kv_used_tokens=self._kv.used,
+            kv_capacity_tokens=self._kv.capacity,
+            num_arrived=self.signals.num_arrivals,
+            num_ended=self._num_ended,
+            num_microbatches=self._next_mb_id,
+            num_retractions=self.num_retractions,
+            num_decode_sitouts=self.num_decode_sitouts,
+        )
 
     def forget(self, req_id: int) -> RequestRecord:
         """Drop an ended request's record and return it (a long-running server calls this so
-        ``records`` does not grow without bound). ``ValueError`` if the request has not ended."""
-        rec = self.records.get(req_id)
-        if rec is None or not rec.is_finished or req_id in self.live:
+        the scheduler does not grow without bound). ``ValueError`` if it has not ended."""
+        rec = self._records.get(req_id)
+        if rec is None or not rec.is_finished or req_id in self._live:
             raise ValueError(f"request {req_id} is unknown or has not ended")
-        return self.records.pop(req_id)
-
-    def abort_all(self, reason: str) -> None:
-        """End every unfinished request (e.g. the run's time limit was reached)."""
-        for rid in list(self.live):
-            r = self.live[rid]
-            r.in_flight = False
-            self._detach(r)
-            self._end(r, FinishReason.ABORTED, reason)
-        self.in_flight = [None] * self.config.num_slots
-        self._inflight_decodes = [[] for _ in range(self.config.num_slots)]
+        return self._records.pop(req_id)
 
 
 def _admit_order(r: LiveRequest) -> int:

@@ -1,14 +1,12 @@
-"""Scheduler configuration and the recent-signal buffers policies read."""
+"""Scheduler configuration: validated, read-only after construction."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from fastpp.types import SLO
 
 DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(128, 2049, 128))
-SIGNAL_HISTORY = 4096  # samples kept per signal; policies window them further by time
 
 
 def parse_chunk_candidates(text: str) -> tuple[int, ...]:
@@ -65,18 +63,3 @@ class SchedulerConfig:
             raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-
-
-@dataclass(slots=True)
-class Signals:
-    """Bounded histories of (time, value) samples, newest last."""
-
-    ttft: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SIGNAL_HISTORY))
-    token_gap: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=SIGNAL_HISTORY)
-    )
-    tpot: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SIGNAL_HISTORY))
-    arrivals: deque[tuple[float, int]] = field(
-        default_factory=lambda: deque(maxlen=4 * SIGNAL_HISTORY)
-    )
-    num_arrivals: int = 0  # arrivals ever appended (the deque forgets the oldest)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from fastpp.metrics import bubble_fraction
+from fastpp.pipeline import PipelineDriver
 from fastpp.plan import MicroBatchPlan
 from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
@@ -52,22 +54,24 @@ class SimResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def start_at(self) -> float:
+        """The first arrival: the start of the window bubble fractions are measured over."""
+        return min((r.arrived_at for r in self.records), default=0.0)
+
+    @property
     def bubble_fraction(self) -> list[float]:
         """Per stage: share of [first arrival, end] the stage sat idle."""
-        start = min((r.arrived_at for r in self.records), default=0.0)
-        span = max(self.end_at - start, 1e-12)
-        return [max(0.0, 1.0 - busy / span) for busy in self.stage_busy_s]
+        return bubble_fraction(self.stage_busy_s, self.start_at, self.end_at)
 
 
 class _Stage:
     """A FIFO server: an inbox of (plan, ready_at, costs) and a wake-up event."""
 
-    __slots__ = ("inbox", "wake", "busy_s", "link_free_at")
+    __slots__ = ("inbox", "wake", "link_free_at")
 
     def __init__(self) -> None:
         self.inbox: deque[tuple[MicroBatchPlan, float, list[float]]] = deque()
         self.wake: simpy.Event | None = None
-        self.busy_s = 0.0
         self.link_free_at = 0.0  # when the outgoing link finishes its current transfer
 
 
@@ -103,7 +107,8 @@ class PipelineSimulation:
         self.env = simpy.Environment()
         scheduler.clock = lambda: self.env.now
         self.stages = [_Stage() for _ in profile.stages]
-        self.iterations: list[IterationRecord] = []
+        self.driver = PipelineDriver(scheduler, len(profile.stages), record_iterations=record_iterations)
+        self._records: list[RequestRecord] = []
         self._host_wake: simpy.Event | None = None
         self._arrivals_done = False
         self._num_returned = 0
@@ -116,26 +121,17 @@ class PipelineSimulation:
         for req in self.requests:
             if req.arrived_at > env.now:
                 yield env.timeout(req.arrived_at - env.now)
-            sched.add_request(req)
+            self._records.append(sched.add_request(req))
             self._wake_host()
         self._arrivals_done = True
         self._wake_host()
 
     def _host(self):
-        """The scheduler loop on stage 0's host: launch into free slots in round-robin order."""
-        env, sched = self.env, self.scheduler
-        num_slots = sched.config.num_slots
+        """The scheduler loop on stage 0's host: launch into free slots (the driver's order)."""
+        env, sched, driver = self.env, self.scheduler, self.driver
         overhead = self.profile.host_overhead_s
-        next_slot = 0
         while True:
-            plan = None
-            for i in range(num_slots):
-                slot = (next_slot + i) % num_slots
-                if sched.in_flight[slot] is None:
-                    plan = sched.schedule(slot)
-                    if plan is not None:
-                        next_slot = (slot + 1) % num_slots
-                        break
+            plan = driver.next_plan()
             if plan is None:
                 if self._arrivals_done and not sched.has_work:
                     return
@@ -170,6 +166,7 @@ class PipelineSimulation:
         last = i == len(self.stages) - 1
         link = self.profile.link
         act_bytes = self.profile.activation_bytes_per_token
+        stage_finished = self.driver.stage_finished
         while True:
             if not stage.inbox:
                 stage.wake = env.event()
@@ -182,8 +179,7 @@ class PipelineSimulation:
             start = env.now
             yield env.timeout(costs[i])
             end = env.now
-            stage.busy_s += costs[i]
-            self._record(plan, i, start, end)
+            stage_finished(plan, i, start, end)
             if not last:
                 sent = max(end, stage.link_free_at) + link.time_s(plan.num_tokens * act_bytes)
                 stage.link_free_at = sent
@@ -194,18 +190,8 @@ class PipelineSimulation:
             else:
                 self._on_return(plan)
 
-    def _record(self, plan: MicroBatchPlan, stage: int, start: float, end: float) -> None:
-        rec = IterationRecord(
-            plan.mb_id, stage, plan.slot, start, end, plan.num_tokens, plan.num_prefill_tokens,
-            len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx,
-            plan.chunk_budget, plan.reason,
-        )
-        if self.record_iterations:
-            self.iterations.append(rec)
-        self.scheduler.observe(rec)
-
     def _on_return(self, plan: MicroBatchPlan) -> None:
-        self.scheduler.update(plan)
+        self.driver.returned(plan)
         self._num_returned += 1
         if self._progress is not None and self._num_returned % PROGRESS_EVERY == 0:
             self._progress(self._num_ended(), len(self.requests))
@@ -216,7 +202,7 @@ class PipelineSimulation:
             self._host_wake.succeed()
 
     def _num_ended(self) -> int:
-        return len(self.scheduler.records) - len(self.scheduler.live)
+        return self.scheduler.num_ended
 
     # ------------------------------------------------------------------ run
     def run(self, progress: ProgressFn | None = None) -> SimResult:
@@ -232,18 +218,17 @@ class PipelineSimulation:
         until = host if self.max_time_s is None else env.any_of([host, env.timeout(self.max_time_s)])
         env.run(until=until)
         sched = self.scheduler
-        if sched.has_work or len(sched.records) < len(self.requests):
+        if sched.has_work or len(self._records) < len(self.requests):
             notes.append(f"stopped at the time limit {self.max_time_s} s; unfinished requests aborted")
-            for req in self.requests[len(sched.records):]:
-                sched.add_request(req)
+            for req in self.requests[len(self._records):]:
+                self._records.append(sched.add_request(req))
             sched.abort_all("run time limit reached")
         if progress is not None:
             progress(self._num_ended(), len(self.requests))
-        records = [sched.records[r.req_id] for r in self.requests]
         return SimResult(
-            records=records,
-            iterations=self.iterations,
-            stage_busy_s=[s.busy_s for s in self.stages],
+            records=self._records,
+            iterations=self.driver.iterations,
+            stage_busy_s=list(self.driver.stage_busy_s),
             end_at=env.now,
             num_microbatches=sched.num_microbatches,
             num_retractions=sched.num_retractions,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from fastpp.metrics import stage_busy_fraction
+from fastpp.metrics import iteration_bubble_fraction
 from fastpp.sim.plot_inputs import (
     SERIES_KEYS,
     PlotInputError,
@@ -428,7 +428,7 @@ def stage_timeline(
     shown = [r for r in its if num(r, "finished_at") > start and num(r, "started_at") < end]
     spans = [SimpleNamespace(stage=int(num(r, "stage")), started_at=num(r, "started_at"),
                              finished_at=num(r, "finished_at")) for r in its]
-    idle = [1.0 - b for b in stage_busy_fraction(spans, n, start, end)]
+    idle = iteration_bubble_fraction(spans, n, start, end)
     with _figure((8.0, 1.4 + 0.45 * n)) as (fig, axs):
         from matplotlib.patches import Patch
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fastpp.metrics import summarize
+from fastpp.metrics import pipeline_fields, summarize
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
 from fastpp.scheduler import Scheduler
@@ -175,8 +175,7 @@ def run_simulation(
         workload=workload.describe(),
         kv_capacity_tokens=profile.kv_capacity_tokens,
         num_microbatches=result.num_microbatches,
-        bubble_fraction=[round(b, 4) for b in result.bubble_fraction],
-        mean_bubble_fraction=round(sum(result.bubble_fraction) / len(result.bubble_fraction), 4),
+        **pipeline_fields(result.stage_busy_s, result.start_at, result.end_at),
         num_decode_sitouts=result.num_decode_sitouts,
         sim_end_s=result.end_at,
         sim_wall_s=round(result.wall_s, 3),

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from fastpp.metrics import json_safe
+from fastpp.run_files import json_safe
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"

@@ -1,9 +1,13 @@
-"""Golden run: a seeded simulation's summary must not drift silently. After a deliberate change
-to the model, regenerate with ``FASTPP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py``
-and say why in the commit."""
+"""Golden runs: a seeded simulation's summary and its per-request records must not drift
+silently. The cases pin the static chunk on PP and TP and every adaptive policy of the paper
+(greedy, predictive, predictive + delay scheduling) plus upstream dynamic chunking. After a
+deliberate change to the model or a policy, regenerate with
+``FASTPP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and say in the commit which
+goldens moved and why."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,11 +22,25 @@ KEYS = ("completed", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms
         "p99_itl_ms", "mean_e2e_latency_ms", "num_microbatches", "num_retractions",
         "slo_attainment", "bubble_fraction", "sim_end_s")
 
+AZURE = WorkloadConfig(rate=3.0, num_requests=150, seed=7)
+# Decode-heavy and dense enough that more than a tier of 4 x 128 decodes runs at once, so delay
+# scheduling parks and restores (thousands of times) and the pin covers it.
+CNN_REVERSED_BURST = WorkloadConfig(name="cnn-reversed-synthetic", rate=40.0, num_requests=600, seed=3)
+
+# All at once into the KV pool: memory runs out, the greedy controller's KV-pressure rule fires and
+# the scheduler retracts (and recomputes) requests, so the pin covers retraction too.
+CNN_REVERSED_ALL_AT_ONCE = WorkloadConfig(name="cnn-reversed-synthetic", rate=None, num_requests=700, seed=5)
+
 CASES = {
-    "pp4_azure_conv": (WorkloadConfig(rate=3.0, num_requests=150, seed=7),
-                       DeploymentConfig(pp=4, tp=1, policy="static:512")),
-    "tp4_azure_conv": (WorkloadConfig(rate=3.0, num_requests=150, seed=7),
-                       DeploymentConfig(pp=1, tp=4, policy="static:2048")),
+    "pp4_azure_conv": (AZURE, DeploymentConfig(pp=4, tp=1, policy="static:512")),
+    "tp4_azure_conv": (AZURE, DeploymentConfig(pp=1, tp=4, policy="static:2048")),
+    "pp4_azure_conv_greedy": (AZURE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
+    "pp4_azure_conv_greedy_p90": (AZURE, DeploymentConfig(pp=4, tp=1, policy="greedy:p90")),
+    "pp4_azure_conv_predictive": (AZURE, DeploymentConfig(pp=4, tp=1, policy="predictive")),
+    "pp4_azure_conv_upstream": (AZURE, DeploymentConfig(pp=4, tp=1, policy="upstream:2048")),
+    "pp4_cnnr_all_at_once_greedy": (CNN_REVERSED_ALL_AT_ONCE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
+    "pp4_14b_cnnr_predictive_ds": (
+        CNN_REVERSED_BURST, DeploymentConfig(model="Qwen2.5-14B", pp=4, tp=1, policy="predictive+ds")),
 }
 
 
@@ -34,18 +52,46 @@ def _close(a, b) -> bool:
     return a == b
 
 
+def _rounded(value):
+    """Floats to 9 significant digits: a digest that survives summation-order noise, not drift."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def records_digest(records) -> str:
+    """SHA-256 of every request's record (times, token gaps, retractions, parks, finish)."""
+    rows = [{k: _rounded(v) for k, v in r.to_dict().items()} for r in records]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_seeded_run_matches_golden(name):
     workload, deployment = CASES[name]
-    summary = run_simulation(workload, deployment, record_iterations=False).summary
-    got = {k: summary[k] for k in KEYS}
+    run = run_simulation(workload, deployment, record_iterations=False)
+    got = {k: run.summary[k] for k in KEYS}
+    got["num_parked"] = sum(r.num_parked for r in run.result.records)
+    got["records_sha256"] = records_digest(run.result.records)
     path = GOLDEN / f"{name}.json"
     if os.environ.get("FASTPP_UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=2) + "\n")
     assert path.exists(), f"missing {path}; create it with FASTPP_UPDATE_GOLDEN=1"
     want = json.loads(path.read_text())
-    drift = {k: (want[k], got[k]) for k in KEYS if not _close(want[k], got[k])}
-    assert not drift, f"summary drifted from {path.name}: {drift}"
+    drift = {k: (want.get(k), got[k]) for k in got if not _close(want.get(k), got[k])}
+    assert not drift, f"run drifted from {path.name}: {drift}"
+
+
+def test_delay_scheduling_golden_exercises_parking():
+    """The DS pin is only worth its run time if DS actually acts in it."""
+    want = json.loads((GOLDEN / "pp4_14b_cnnr_predictive_ds.json").read_text())
+    assert want["num_parked"] > 1000
+
+
+def test_retraction_golden_exercises_retraction():
+    want = json.loads((GOLDEN / "pp4_cnnr_all_at_once_greedy.json").read_text())
+    assert want["num_retractions"] > 10
 
 
 def test_same_seed_gives_identical_records():

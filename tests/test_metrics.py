@@ -12,13 +12,21 @@ import pytest
 from fastpp.metrics import (
     bubble_fraction,
     format_summary,
+    iteration_bubble_fraction,
     meets_slo,
     percentiles,
+    pipeline_fields,
     slo_attainment,
-    stage_busy_fraction,
+    stage_busy_seconds,
     summarize,
+)
+from fastpp.run_files import (
+    read_iterations_csv,
+    read_records_jsonl,
+    read_run,
     write_iterations_csv,
     write_records_jsonl,
+    write_run,
 )
 from fastpp.types import SLO, FinishReason, IterationRecord, RequestRecord
 
@@ -175,15 +183,22 @@ def it(stage, start, end, mb_id=0, slot=0) -> IterationRecord:
 def test_bubble_fraction_of_a_two_stage_schedule():
     # stage 0 runs [0,2) and [2,3); stage 1 runs [2,4) and [4,5): window [0, 5]
     schedule = [it(0, 0, 2, 0), it(0, 2, 3, 1), it(1, 2, 4, 0), it(1, 4, 5, 1)]
-    assert stage_busy_fraction(schedule, 2) == pytest.approx([3 / 5, 3 / 5])
-    assert bubble_fraction(schedule, 2) == pytest.approx([2 / 5, 2 / 5])
+    assert stage_busy_seconds(schedule, 2) == ([3.0, 3.0], 0.0, 5.0)
+    assert iteration_bubble_fraction(schedule, 2) == pytest.approx([2 / 5, 2 / 5])
     # an explicit window clips iterations; an idle third stage is all bubble
-    assert bubble_fraction(schedule, 3, start=2.0, end=4.0) == pytest.approx([0.5, 0.0, 1.0])
+    assert iteration_bubble_fraction(schedule, 3, start=2.0, end=4.0) == pytest.approx([0.5, 0.0, 1.0])
     # overlapping iterations on one stage count once
-    assert stage_busy_fraction([it(0, 0, 2), it(0, 1, 3), it(0, 1.5, 2.5)], 1) == [1.0]
-    assert all(math.isnan(b) for b in bubble_fraction([], 2))
+    assert stage_busy_seconds([it(0, 0, 2), it(0, 1, 3), it(0, 1.5, 2.5)], 1)[0] == [3.0]
+    assert all(math.isnan(b) for b in iteration_bubble_fraction([], 2))
     with pytest.raises(ValueError, match="stage"):
-        bubble_fraction(schedule, 1)
+        iteration_bubble_fraction(schedule, 1)
+
+
+def test_bubble_fraction_is_the_idle_share_of_the_window():
+    assert bubble_fraction([3.0, 5.0, 6.0], 1.0, 6.0) == pytest.approx([0.4, 0.0, 0.0])
+    assert all(math.isnan(b) for b in bubble_fraction([1.0], 2.0, 2.0))
+    assert pipeline_fields([1.0, 3.0], 0.0, 4.0) == {"bubble_fraction": [0.75, 0.25],
+                                                     "mean_bubble_fraction": 0.5}
 
 
 def test_writers_round_trip(tmp_path):
@@ -195,3 +210,28 @@ def test_writers_round_trip(tmp_path):
     with write_iterations_csv(iters, tmp_path / "i.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [int(r["stage"]) for r in rows] == [0, 1] and rows[0]["reason"] == "test"
+
+
+def test_a_run_folder_reads_back_what_was_written(tmp_path):
+    records = [rec(0, 0.0, [1.0, 1.5, 2.25]), rejected(1, 0.2)]
+    iters = [it(0, 0.0, 1.0), it(1, 1.0, 2.0, mb_id=1)]
+    paths = write_run(tmp_path / "run", records, iters, {"completed": 1}, stage_names=["a", "b"])
+    assert sorted(paths) == ["iterations", "records", "summary", "timeline"]
+    back = read_run(tmp_path / "run")
+    assert back.summary == {"completed": 1}
+    assert back.iterations == iters
+    assert [r.to_dict() for r in back.records] == [r.to_dict() for r in records]
+    assert back.records[0].tpot_s == pytest.approx(records[0].tpot_s)
+
+
+def test_run_folder_readers_name_the_bad_line(tmp_path):
+    write_iterations_csv([it(0, 0.0, 1.0)], tmp_path / "i.csv")
+    text = (tmp_path / "i.csv").read_text().replace(",8,8,", ",eight,8,", 1)
+    (tmp_path / "i.csv").write_text(text)
+    with pytest.raises(ValueError, match=r"i.csv, line 2: field num_tokens"):
+        read_iterations_csv(tmp_path / "i.csv")
+    (tmp_path / "r.jsonl").write_text('{"req_id": 0}\n')
+    with pytest.raises(ValueError, match=r"r.jsonl, line 1: missing field 'arrived_at'"):
+        read_records_jsonl(tmp_path / "r.jsonl")
+    with pytest.raises(FileNotFoundError, match="no summary.json"):
+        read_run(tmp_path)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fastpp.sim.timeline import chrome_trace, write_chrome_trace
+from fastpp.timeline import chrome_trace, write_chrome_trace
 from fastpp.types import IterationRecord
 
 

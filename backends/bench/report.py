@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fastpp.backends.bench.runner import BenchResult
-from fastpp.metrics import format_summary, json_safe
+from fastpp.metrics import format_summary
+from fastpp.run_files import json_safe
 from fastpp.types import FinishReason
 
 _COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)

@@ -47,18 +47,20 @@ class Exposition:
 
 
 def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
-    """The /metrics page for a ``PipelineEngine`` (read from the server's thread: plain reads)."""
-    sched = engine.scheduler
-    c = engine.counters
+    """The /metrics page for a ``PipelineEngine``, from the snapshot its engine thread published
+    (never from the live scheduler: only the engine thread touches that)."""
+    snap = engine.snapshot
+    sched, c = snap.scheduler, snap.counters
     cfg = engine.config
     e = Exposition("fastpp", {"model_name": model_name})
-    admitted = len(sched.live) - len(sched.waiting)
-    e.one("num_requests_running", "gauge", "Requests admitted (holding KV), parked ones included.", admitted)
+    e.one("num_requests_running", "gauge", "Requests admitted (holding KV), parked ones included.",
+          sched.num_admitted)
     e.one("num_requests_waiting", "gauge", "Requests queued and not admitted yet.", engine.num_queued)
-    e.one("num_requests_parked", "gauge", "Decode requests the balancer holds back.", len(sched.parked))
-    e.one("kv_cache_usage_ratio", "gauge", "Share of KV reserved.", sched.kv.used / sched.kv.capacity)
+    e.one("num_requests_parked", "gauge", "Decode requests the balancer holds back.", sched.num_parked)
+    e.one("kv_cache_usage_ratio", "gauge", "Share of KV reserved.",
+          sched.kv_used_tokens / sched.kv_capacity_tokens)
     e.one("kv_blocks_total", "gauge", "KV blocks per stage.", cfg.kv_blocks)
-    e.one("kv_blocks_free", "gauge", "Free KV blocks on stage 0.", engine.stage0_free_blocks)
+    e.one("kv_blocks_free", "gauge", "Free KV blocks on stage 0.", snap.stage0_free_blocks)
     e.one("requests_received_total", "counter", "Requests passed to the engine.", engine.num_received)
     e.one("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", c.prompt_tokens)
     e.one("generation_tokens_total", "counter", "Output tokens generated.", c.generated_tokens)
@@ -67,9 +69,9 @@ def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
     e.family("request_success_total", "counter", "Requests ended, by finish reason.",
              [({"finished_reason": k}, v) for k, v in sorted(c.ended.items())])
     e.family("chunk_budget_microbatches_total", "counter", "Microbatches by the chunk budget C chosen.",
-             [({"chunk_budget": k}, v) for k, v in sorted(dict(c.chunk_budgets).items())])
+             [({"chunk_budget": k}, v) for k, v in sorted(c.chunk_budgets.items())])
     e.family("stage_busy_seconds_total", "counter", "Compute time per pipeline stage.",
-             [({"stage": i}, s) for i, s in enumerate(c.stage_busy_s)])
+             [({"stage": i}, s) for i, s in enumerate(snap.stage_busy_s)])
     e.family("http_responses_total", "counter", "HTTP responses of the generation endpoints, by status.",
              [({"code": k}, v) for k, v in sorted(http_counts.items())])
     e.histogram("time_to_first_token_seconds", "TTFT of completed requests.", c.ttft)

@@ -7,11 +7,13 @@ Threads of the engine's process (which is also stage 0's)::
                                      engine thread: Scheduler.schedule -> stage 0 forward ->
                                      send to stage 1; on a result: Scheduler.update, events out
 
-The engine thread is the only one that touches the Scheduler, the policies and stage 0's cache.
-Up to D_p = P microbatches are in flight, one per slot. The Scheduler, ChunkPolicy and
-DecodeBalancer are the objects the simulator uses; the engine feeds them measured
-IterationRecords, one per stage and microbatch. Callers get :class:`EngineEvent` callbacks (from
-the engine thread) with each request's new tokens and, once, its finish reason.
+The engine thread is the only one that touches the Scheduler, the policies and stage 0's cache;
+other threads read :attr:`PipelineEngine.snapshot`, which it publishes after each pass. It drives
+the Scheduler through the executor contract (fastpp.plan) and the PipelineDriver the simulator
+uses: the same slot order, the same IterationRecords (one per stage and microbatch, measured
+here), the same observe-before-update order. Up to D_p = P microbatches are in flight, one per
+slot. Callers get :class:`EngineEvent` callbacks (from the engine thread) with each request's new
+tokens and, once, its finish reason.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch.distributed as dist
 
 from fastpp.backends.ports import free_port
 from fastpp.backends.torch.engine_config import EngineConfig, EngineDeadError
-from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent
+from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent, EngineSnapshot
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.sampling import SamplingParams, sample_tokens
 from fastpp.backends.torch.stage_procs import StageProcesses
@@ -38,7 +40,8 @@ from fastpp.backends.torch.stage_runtime import StageRunner, StageSpec, make_met
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource
 from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_STOP, Channel
-from fastpp.plan import MicroBatchPlan
+from fastpp.pipeline import PipelineDriver
+from fastpp.plan import MicroBatchPlan, RequestEnd
 from fastpp.policies import make_policies
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
 from fastpp.scheduler import Scheduler
@@ -48,6 +51,7 @@ from fastpp.types import IterationRecord, Request, RequestRecord
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineConfig", "EngineDeadError", "PipelineEngine"]
+
 
 class PipelineEngine:
     """Serve generation requests on ``config.num_stages`` CPU stages. ``start()``, then ``submit``."""
@@ -83,20 +87,17 @@ class PipelineEngine:
             balancer = balancer or named_balancer
         self._epoch = time.perf_counter()
         self.scheduler = Scheduler(self.scheduler_config, self._clock, chunk_policy, balancer)
+        self._driver = PipelineDriver(self.scheduler, config.num_stages, record_iterations=config.record)
         self.counters = EngineCounters(config.num_stages)
         self.error: str | None = None
         self.final_free_blocks: list[int] | None = None  # per stage, reported at shutdown
-        # with config.record: every ended request's record and every stage iteration, in order
+        # with config.record: every ended request's record, in order of ending
         self.recorded_requests: list[RequestRecord] = []
-        self.recorded_iterations: list[IterationRecord] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._active: dict[int, ActiveRequest] = {}
-        self._cached: set[int] = set()  # requests holding KV blocks on the stages
-        self._pending_frees: list[int] = []
         self._inflight: dict[int, tuple[MicroBatchPlan, tuple[int, ...]]] = {}
         self._submitted = 0
-        self._ended = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
         self._stage0: StageRunner | None = None
@@ -106,6 +107,7 @@ class PipelineEngine:
         self._closing = False  # shutdown asked: abort everything, then stop the stages
         self._failure_callbacks: list[Callable[[str], None]] = []
         self._generator = torch.Generator().manual_seed(config.seed)
+        self.snapshot = self._snapshot()
 
     def _clock(self) -> float:
         return time.perf_counter() - self._epoch
@@ -187,9 +189,11 @@ class PipelineEngine:
         if n >= limit:
             raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
                              "(prompt + at least one output token)")
-        pool = self.scheduler.kv  # its capacity and page size only: safe from any thread
-        if pool.round_up(n + 1) > pool.capacity:
-            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of {pool.capacity} tokens")
+        cfg = self.scheduler_config  # read-only config: safe from any thread
+        page = cfg.page_size
+        if -(-(n + 1) // page) * page > cfg.kv_capacity_tokens:
+            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of "
+                             f"{cfg.kv_capacity_tokens} tokens")
 
     def abort(self, req_id: int) -> None:
         """End ``req_id`` early and free its KV (no-op if it already ended)."""
@@ -198,7 +202,7 @@ class PipelineEngine:
     @property
     def num_unfinished(self) -> int:
         """Requests submitted and not yet ended."""
-        return self._submitted - self._ended
+        return self._submitted - self.snapshot.counters.num_ended
 
     @property
     def num_received(self) -> int:
@@ -208,19 +212,28 @@ class PipelineEngine:
     @property
     def num_queued(self) -> int:
         """Requests submitted and not yet admitted (waiting for KV or a chunk budget)."""
-        admitted = len(self.scheduler.live) - len(self.scheduler.waiting)
-        return max(0, self.num_unfinished - admitted)
+        return max(0, self.num_unfinished - self.snapshot.scheduler.num_admitted)
 
     @property
     def is_alive(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
     @property
-    def stage0_free_blocks(self) -> int:
-        assert self._stage0 is not None
-        return self._stage0.cache.num_free_blocks
+    def recorded_iterations(self) -> list[IterationRecord]:
+        """With ``config.record``: every stage iteration so far, in order of return."""
+        return self._driver.iterations
+
+    @property
+    def stage_busy_s(self) -> list[float]:
+        """Compute seconds per stage so far (the bubble fraction's numerator)."""
+        return list(self._driver.stage_busy_s)
 
     # ------------------------------------------------------------------ engine thread
+    def _snapshot(self) -> EngineSnapshot:
+        free = self._stage0.cache.num_free_blocks if self._stage0 is not None else self.config.kv_blocks
+        return EngineSnapshot(self.scheduler.stats(), self.counters.copy(), tuple(self._driver.stage_busy_s),
+                              free)
+
     def _receive(self, channel: Channel) -> None:
         try:
             while True:
@@ -240,6 +253,7 @@ class PipelineEngine:
         except Exception:
             self._fail(f"engine thread failed:\n{traceback.format_exc()}")
         finally:
+            self.snapshot = self._snapshot()
             self._stopped.set()
 
     def _loop(self) -> None:
@@ -261,77 +275,67 @@ class PipelineEngine:
                 if kind == "stop":
                     self._closing = True
                     for rid in list(self._active):
-                        self.scheduler.abort(rid, "engine shut down")
+                        self._abort(rid, "engine shut down")
                 else:
                     self._handle(item)
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     item = None
-            self._reconcile()
             if self._closing:
                 if not self._inflight and not stop_sent:
                     stop_sent = True
                     self._send_stop()
                     if self._to_next is None:
                         return
-                continue
-            self._launch_free_slots()
+            else:
+                while (plan := self._driver.next_plan()) is not None:
+                    self._launch(plan)
+            self.snapshot = self._snapshot()
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
         if kind == "add":
             _, rid, prompt, params, on_event = item
-            req = Request(rid, self._clock(), len(prompt), params.max_tokens)
             eos = self.config.eos_token_id
             stops = set(params.stop_token_ids)
             if eos is not None and not params.ignore_eos:
                 stops.add(eos)
             self._active[rid] = ActiveRequest(rid, prompt, len(prompt), params, frozenset(stops), on_event)
             self.counters.prompt_tokens += len(prompt)
-            self.scheduler.add_request(req)
-            if self._closing:
-                self.scheduler.abort(rid, "engine shut down")
+            rec = self.scheduler.add_request(Request(rid, self._clock(), len(prompt), params.max_tokens))
+            if rec.finish_reason is not None:  # rejected at once
+                self._ended(RequestEnd(rid, rec.finish_reason, rec.detail, rec))
+            elif self._closing:
+                self._abort(rid, "engine shut down")
         elif kind == "abort":
             if item[1] in self._active:
-                self.scheduler.abort(item[1])
+                self._abort(item[1], "aborted by client")
         elif kind == "result":
             self._complete(item[1])
         else:
             raise RuntimeError(f"unknown engine message {kind!r}")
 
-    def _launch_free_slots(self) -> None:
-        sched = self.scheduler
-        for slot in range(self.scheduler_config.num_slots):
-            if sched.in_flight[slot] is not None:
-                continue
-            plan = sched.schedule(slot)
-            if plan is not None:
-                self._reconcile()  # schedule() may have retracted requests: free their blocks first
-                self._launch(plan)
+    def _abort(self, rid: int, reason: str) -> None:
+        end = self.scheduler.abort(rid, reason)
+        if end is not None:  # else it ends when its microbatch returns
+            self._ended(end)
 
     def _launch(self, plan: MicroBatchPlan) -> None:
         assert self._stage0 is not None
         layout = BatchLayout.from_plan(plan)
-        live = self.scheduler.live
-        allocs: list[tuple[int, int]] = []
         ids: list[int] = []
         rows: list[tuple] = []
         for s in layout.seqs:
             a = self._active[s.req_id]
-            target = live[s.req_id].kv_tokens
-            if target != a.kv_tokens:
-                allocs.append((s.req_id, target))
-                a.kv_tokens = target
-                self._cached.add(s.req_id)
             if len(a.tokens) < s.context_len:
                 raise RuntimeError(f"request {s.req_id}: microbatch needs {s.context_len} tokens, "
                                    f"engine has {len(a.tokens)}")
             ids.extend(a.tokens[s.num_cached_tokens:s.context_len])
             if s.samples:
                 rows.append(a.params.row(len(a.tokens) - a.prompt_len))
-        frees, self._pending_frees = self._pending_frees, []
-        meta = make_meta(plan.mb_id, layout, frees, allocs, rows, [])
+        allocs = plan.kv_reservations(self.config.block_size)
+        meta = make_meta(plan.mb_id, layout, list(plan.kv_frees), allocs, rows, [])
         out = self._stage0.run(meta, torch.tensor(ids, dtype=torch.int64))
         self._inflight[plan.mb_id] = (plan, layout.sample_req_ids)
         if self._to_next is None:  # a single stage: it is also the last
@@ -342,70 +346,45 @@ class PipelineEngine:
 
     def _complete(self, result: dict) -> None:
         plan, sample_ids = self._inflight.pop(result["mb"])
-        sched = self.scheduler
-        new: dict[int, int] = {}
-        stopped = []
-        for rid, tok in zip(sample_ids, result["tokens"], strict=True):
-            live = sched.live.get(rid)
-            a = self._active.get(rid)
-            if live is None or live.aborted or a is None:
+        tokens = result["tokens"]
+        active = self._active
+        stopped = [rid for rid, tok in zip(sample_ids, tokens, strict=True) if tok in active[rid].stop_ids]
+        for rank, t0, t1 in result["times"]:  # every stage's record before the return
+            self._driver.stage_finished(plan, rank, t0 - self._epoch, t1 - self._epoch)
+        out = self._driver.returned(plan, stopped)
+        new = 0
+        for rid, tok in zip(sample_ids, tokens, strict=True):
+            if rid in out.discarded_ids:
                 continue
+            a = self._active[rid]
             a.tokens.append(tok)
             a.unsent.append(tok)
-            new[rid] = tok
-            if tok in a.stop_ids:
-                stopped.append(rid)
-        sched.update(plan, stopped)
-        self.counters.generated_tokens += len(new)
+            new += 1
+        self.counters.generated_tokens += new
         self.counters.microbatches += 1
         budgets = self.counters.chunk_budgets
         budgets[plan.chunk_budget] = budgets.get(plan.chunk_budget, 0) + 1
-        for rank, t0, t1 in result["times"]:
-            rec = IterationRecord(plan.mb_id, rank, plan.slot, t0 - self._epoch, t1 - self._epoch,
-                                  plan.num_tokens, plan.num_prefill_tokens, len(plan.decode_req_ids),
-                                  plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx, plan.chunk_budget,
-                                  plan.reason)
-            self.counters.stage_busy_s[rank] += t1 - t0
-            sched.observe(rec)
-            if self.config.record:
-                self.recorded_iterations.append(rec)
-        for rid in new:
-            a = self._active[rid]
-            if not sched.records[rid].is_finished:  # else _reconcile sends it with the finish
+        for end in out.finished:
+            self._ended(end)
+        for rid in sample_ids:
+            a = self._active.get(rid)
+            if a is not None and a.unsent:
                 a.on_event(EngineEvent(rid, tuple(a.unsent)))
                 a.unsent.clear()
 
-    def _reconcile(self) -> None:
-        """Free the blocks of requests that ended or were retracted; send each end once."""
-        sched = self.scheduler
-        for rid in list(self._cached):
-            live = sched.live.get(rid)
-            a = self._active.get(rid)
-            if live is None or a is None or live.rec.num_retractions != a.retractions:
-                self._cached.discard(rid)
-                self._pending_frees.append(rid)
-                if a is not None:
-                    a.kv_tokens = 0
-                    if live is not None:
-                        a.retractions = live.rec.num_retractions
-        if self._stage0 is not None:
-            for rid in self._pending_frees:
-                if rid in self._stage0.cache:
-                    self._stage0.cache.free(rid)
-        for rid in [r for r, a in self._active.items() if sched.records[r].is_finished]:
-            a = self._active.pop(rid)
-            rec = sched.records[rid]
-            self._ended += 1
-            reason = str(rec.finish_reason)
-            self.counters.count_end(reason, rec)
-            a.on_event(EngineEvent(rid, tuple(a.unsent), reason, rec.detail))
-            sched.forget(rid)  # the scheduler keeps no record of ended requests: memory stays flat
-            if self.config.record:
-                self.recorded_requests.append(rec)
+    def _ended(self, end: RequestEnd) -> None:
+        """Send a request's last event (its unsent tokens and why it ended), exactly once."""
+        a = self._active.pop(end.req_id)
+        self.counters.count_end(str(end.reason), end.record)
+        a.on_event(EngineEvent(end.req_id, tuple(a.unsent), str(end.reason), end.detail))
+        self.scheduler.forget(end.req_id)  # the scheduler keeps no record of ended requests
+        if self.config.record:
+            self.recorded_requests.append(end.record)
 
     def _send_stop(self) -> None:
         assert self._stage0 is not None
-        frees, self._pending_frees = self._pending_frees, []
+        frees = list(self.scheduler.drain_kv_frees())
+        self._stage0.apply_kv(frees, [])
         free_blocks = [self._stage0.cache.num_free_blocks]
         if self._to_next is None:
             self.final_free_blocks = free_blocks
@@ -417,7 +396,7 @@ class PipelineEngine:
         log.error("engine stopped: %s", message)
         for rid, a in list(self._active.items()):
             a.on_event(EngineEvent(rid, (), "error", message))
-        self._ended += len(self._active)
+            self.counters.count_end("error", None)
         self._active.clear()
         for cb in self._failure_callbacks:
             try:

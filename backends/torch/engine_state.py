@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastpp.backends.torch.sampling import SamplingParams
+from fastpp.scheduler import SchedulerStats
 from fastpp.types import RequestRecord
 
 
@@ -34,8 +35,6 @@ class ActiveRequest:
     params: SamplingParams
     stop_ids: frozenset[int]
     on_event: Callable[[EngineEvent], None]
-    kv_tokens: int = 0  # tokens reserved for it on the stages (the scheduler's page-rounded count)
-    retractions: int = 0  # retractions already turned into frees
     unsent: list[int] = field(default_factory=list)  # sampled, not yet passed to on_event
 
 
@@ -61,6 +60,9 @@ class Histogram:
         self.total += value
         self.n += 1
 
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds, list(self.counts), self.total, self.n)
+
 
 @dataclass(slots=True)
 class EngineCounters:
@@ -70,19 +72,36 @@ class EngineCounters:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     microbatches: int = 0
+    num_ended: int = 0
     ended: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))  # completed requests
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
-    stage_busy_s: list[float] = field(default_factory=list)
     chunk_budgets: dict[int, int] = field(default_factory=dict)  # C the policy chose -> microbatches
 
-    def __post_init__(self) -> None:
-        if not self.stage_busy_s:
-            self.stage_busy_s = [0.0] * self.num_stages
-
-    def count_end(self, reason: str, rec: RequestRecord) -> None:
+    def count_end(self, reason: str, rec: RequestRecord | None) -> None:
+        """One request ended; ``rec`` None when the engine failed under it."""
+        self.num_ended += 1
         self.ended[reason] = self.ended.get(reason, 0) + 1
+        if rec is None:
+            return
         if rec.ttft_s is not None:
             self.ttft.add(rec.ttft_s)
         if rec.tpot_s is not None:
             self.tpot.add(rec.tpot_s)
+
+    def copy(self) -> EngineCounters:
+        """An independent copy (the engine thread publishes one; readers never see it change)."""
+        return EngineCounters(
+            self.num_stages, self.prompt_tokens, self.generated_tokens, self.microbatches, self.num_ended,
+            dict(self.ended), self.ttft.copy(), self.tpot.copy(), dict(self.chunk_budgets))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What other threads (/metrics, admission) read of the engine: published by the engine
+    thread after each pass of its loop, never changed after."""
+
+    scheduler: SchedulerStats
+    counters: EngineCounters
+    stage_busy_s: tuple[float, ...]  # compute seconds per stage
+    stage0_free_blocks: int

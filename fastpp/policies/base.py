@@ -1,7 +1,8 @@
-"""The two policy protocols (DESIGN.md section 4) and the trivial implementations.
+"""The two policy protocols and the trivial implementations.
 
-Policies read time only from ``view.now`` and are deterministic given their inputs: SGLang runs
-one scheduler replica per PP rank and all replicas must agree.
+A policy reads the state only through the ``PolicyView`` it is given (fastpp/view.py), reads
+time only from ``view.now``, and is deterministic given its inputs and the records it observed:
+SGLang runs one scheduler replica per PP rank and all replicas must agree.
 """
 
 from __future__ import annotations
@@ -13,23 +14,34 @@ from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
-    from fastpp.view import SchedulerView
+    from fastpp.view import PolicyView
 
 
 @runtime_checkable
 class ChunkPolicy(Protocol):
-    """Chooses C, the whole token budget (decodes included) of the next microbatch."""
+    """Chooses C, the whole token budget (decodes included) of the next microbatch.
 
-    def choose(self, view: SchedulerView) -> int: ...
+    ``choose`` returns a positive int; ``last_reason`` then says why (logs, timelines, the
+    plan's ``reason``). ``observe`` gets every stage-iteration record of every microbatch,
+    those of one microbatch before its tokens are folded in.
+    """
+
+    last_reason: str
+
+    def choose(self, view: PolicyView) -> int: ...
 
     def observe(self, rec: IterationRecord) -> None: ...
 
 
 @runtime_checkable
 class DecodeBalancer(Protocol):
-    """Decides which decodes of the launching slot are parked and which parked ones return."""
+    """Decides which decodes of the launching slot are parked and which parked ones return.
 
-    def plan(self, view: SchedulerView, slot: int) -> BalancePlan: ...
+    ``plan`` may park only decodes of ``slot`` (the slot about to launch; the others may be in
+    flight) and restore only parked requests; the scheduler checks and otherwise ignores the plan.
+    """
+
+    def plan(self, view: PolicyView, slot: int) -> BalancePlan: ...
 
     def observe(self, rec: IterationRecord) -> None: ...
 
@@ -45,7 +57,7 @@ class StaticChunkPolicy:
         if self.chunk < 1:
             raise ValueError(f"static chunk must be >= 1 token, got {self.chunk}")
 
-    def choose(self, view: SchedulerView) -> int:
+    def choose(self, view: PolicyView) -> int:
         return self.chunk
 
     def observe(self, rec: IterationRecord) -> None:
@@ -56,7 +68,7 @@ class StaticChunkPolicy:
 class NoBalancer:
     """Upstream behaviour: a request decodes in the slot where its prefill ended, never moved."""
 
-    def plan(self, view: SchedulerView, slot: int) -> BalancePlan:
+    def plan(self, view: PolicyView, slot: int) -> BalancePlan:
         return NO_BALANCE
 
     def observe(self, rec: IterationRecord) -> None:

@@ -37,7 +37,7 @@ from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
-    from fastpp.view import SchedulerView
+    from fastpp.view import PolicyView
 
 DEFAULT_UNIT = 128  # requests per decode microbatch when the profile knows no tile step
 
@@ -148,7 +148,7 @@ class DelayScheduler:
     _gap_sum: float = field(default=0.0, init=False, repr=False)
     _last_gap: tuple[float, float] | None = field(default=None, init=False, repr=False)
 
-    def plan(self, view: SchedulerView, slot: int) -> BalancePlan:
+    def plan(self, view: PolicyView, slot: int) -> BalancePlan:
         """Park decodes of ``slot`` and/or restore parked requests into it (never another slot)."""
         cfg = self.config
         running = view.num_running(slot)
@@ -206,12 +206,12 @@ class DelayScheduler:
         return None
 
     # ------------------------------------------------------------------ helpers
-    def max_park_s(self, view: SchedulerView) -> float:
+    def max_park_s(self, view: PolicyView) -> float:
         """The park bound in seconds: absolute if configured, else relative to the SLO TPOT."""
         cfg = self.config
         return cfg.max_park_s if cfg.max_park_s is not None else cfg.max_park_slo_ratio * view.slo.tpot_s
 
-    def tpot_signal(self, view: SchedulerView) -> float | None:
+    def tpot_signal(self, view: PolicyView) -> float | None:
         """Mean slot-round gap (seconds) of the samples within the window, None if none."""
         horizon = view.now - self.config.signal_window_s
         gaps = view.recent_token_gap
@@ -240,7 +240,7 @@ class DelayScheduler:
             return None
         return self._gap_sum / len(window)
 
-    def _has_prefill_pressure(self, view: SchedulerView) -> bool:
+    def _has_prefill_pressure(self, view: PolicyView) -> bool:
         """Prompts are waiting and there is KV to admit them (the reference's "KV headroom").
 
         Then the microbatches carry prefill chunks anyway, so their size is set by the chunk
@@ -252,7 +252,7 @@ class DelayScheduler:
         total = view.kv_total_tokens
         return total > 0 and view.kv_free_tokens / total > cfg.kv_free_threshold
 
-    def _count_expired(self, view: SchedulerView) -> int:
+    def _count_expired(self, view: PolicyView) -> int:
         """Parked requests at or past the bound: a prefix of ``iter_parked`` (longest first)."""
         deadline = view.now - self.max_park_s(view)
         n = 0
@@ -262,7 +262,7 @@ class DelayScheduler:
             n += 1
         return n
 
-    def _victims(self, view: SchedulerView) -> Victims:
+    def _victims(self, view: PolicyView) -> Victims:
         """The end of the running list to park from, per the mode (AUTO reads the signal)."""
         cfg = self.config
         mode = cfg.mode

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from fastpp.policies.rules import index_above, kv_pressure_index, under_kv_pressure
 from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
-    from fastpp.view import SchedulerView
+    from fastpp.view import PolicyView
 
 Sample = tuple[float, float]  # (time, value) as the view's signal deques hold them
 
@@ -35,8 +36,8 @@ class Statistic(StrEnum):
 class GreedyConfig:
     """Knobs of the greedy controller; reference flag defaults, times in seconds.
 
-    Candidates: with ``step`` set, ``min_chunk, min_chunk + step, ..., max_chunk``; with
-    ``step=None``, the view's ``chunk_candidates`` within ``[min_chunk, max_chunk]``.
+    Candidates: the view's ``chunk_candidates`` (``--chunk-candidates``), within
+    ``[min_chunk, max_chunk]`` where those bounds are set.
 
     The ratios multiply the SLO (alpha, beta, gamma of the paper). The defaults are the
     reference implementation's (shrink when TPOT > 1.08 SLO or TTFT < 0.1 SLO, grow when
@@ -45,9 +46,8 @@ class GreedyConfig:
     because its published results were measured with them.
     """
 
-    min_chunk: int = 128
-    max_chunk: int = 2048
-    step: int | None = 128  # None = the view's chunk_candidates
+    min_chunk: int | None = None  # smallest candidate used; None = the view's smallest
+    max_chunk: int | None = None  # largest candidate used; None = the view's largest
     kv_free_watermark: float = 0.10  # free KV share below which the pressure rule fires
     tpot_violation_ratio: float = 1.08  # shrink when TPOT > ratio * SLO TPOT
     ttft_low_ratio: float = 0.1  # shrink when TTFT < ratio * SLO TTFT (little load)
@@ -62,17 +62,10 @@ class GreedyConfig:
         except ValueError:
             known = ", ".join(s.value for s in Statistic)
             raise ValueError(f"statistic must be one of {known}, got {self.statistic!r}") from None
-        if self.min_chunk < 1:
+        if self.min_chunk is not None and self.min_chunk < 1:
             raise ValueError(f"min_chunk must be >= 1 token, got {self.min_chunk}")
-        if self.max_chunk < self.min_chunk:
+        if self.max_chunk is not None and self.max_chunk < (self.min_chunk or 1):
             raise ValueError(f"max_chunk must be >= min_chunk ({self.min_chunk}), got {self.max_chunk}")
-        if self.step is not None:
-            if self.step < 1:
-                raise ValueError(f"step must be >= 1 token (or None), got {self.step}")
-            if (self.max_chunk - self.min_chunk) % self.step:
-                raise ValueError(
-                    f"max_chunk must be min_chunk plus a multiple of step ({self.step}), "
-                    f"got {self.min_chunk}..{self.max_chunk}")
         if not 0.0 <= self.kv_free_watermark < 1.0:
             raise ValueError(f"kv_free_watermark must be in [0, 1), got {self.kv_free_watermark}")
         for name in ("tpot_violation_ratio", "ttft_low_ratio", "ttft_high_ratio", "tpot_safe_ratio"):
@@ -100,11 +93,9 @@ class GreedyChunkPolicy:
     Rule at a decision, first match wins:
 
     1. KV pressure (free share < ``kv_free_watermark``): remember the current C (once) and use
-       the smallest candidate above the largest running count of any slot. Decodes still all
-       fit, prefill nearly stops, and finishing requests free KV. A heuristic, not an
-       out-of-memory guarantee (the scheduler retracts when memory really runs out). Unlike the
-       reference, this does not wait for a new TTFT sample: under pressure admissions stall and
-       first tokens may stop coming, which is exactly when the rule is needed.
+       the pressure chunk of ``fastpp.policies.rules``. Unlike the reference, this does not wait
+       for a new TTFT sample: under pressure admissions stall and first tokens may stop coming,
+       which is exactly when the rule is needed.
     2. Pressure over and a C remembered: restore it in one decision. The pressure C says
        nothing about the load, so stepping back up one candidate at a time would waste
        D_p-call rounds at a chunk too small for the queue that built up meanwhile.
@@ -117,7 +108,7 @@ class GreedyChunkPolicy:
 
     Signals. TTFT: ``view.recent_ttft``. TPOT: ``view.recent_token_gap``, one sample per decode
     microbatch return, the slot round a decoding request waits between two tokens; per-request
-    TPOT (``recent_tpot``) arrives only when a request finishes, far too late for a controller.
+    TPOT arrives only when a request finishes, far too late for a controller.
     No gap sample means no decode microbatch returned, so no request's TPOT is at risk: TPOT
     then counts as having room. ``mean`` (the reference) averages the samples since the last
     decision; when no TTFT sample came it holds and keeps the TPOT samples for the next
@@ -125,10 +116,8 @@ class GreedyChunkPolicy:
     P90 of the last ``window_s`` seconds: the SLO is on P90s, and a mean hides the tail the
     SLO counts (reference notes, section 7 item 4).
 
-    Safety guard (every call): the returned C is a candidate strictly above the launching
-    slot's decode count, else every decode of the slot could not get its token and the
-    prompt would get nothing; if no candidate is, the largest. The guard changes only what is
-    returned, not the controller's C: other slots may hold fewer decodes.
+    Safety guard (every call): the decode guard of ``fastpp.policies.rules``. It changes only
+    what is returned, not the controller's C: other slots may hold fewer decodes.
 
     Cost: O(1) between decisions; a decision walks only the new samples (``mean``) or the
     window (``p90``, a sort of a few hundred floats), from the newest end of each deque.
@@ -151,7 +140,7 @@ class GreedyChunkPolicy:
         """The controller's current C (before the safety guard); None before the first call."""
         return self._candidates[self._index] if self._candidates else None
 
-    def choose(self, view: SchedulerView) -> int:
+    def choose(self, view: PolicyView) -> int:
         """C for the microbatch about to launch in ``view.slot``."""
         if not self._candidates:
             self._candidates = self._make_candidates(view)
@@ -166,23 +155,20 @@ class GreedyChunkPolicy:
         if chunk > num_decodes:
             return chunk
         self.last_reason = "guard"
-        return self._candidates[self._smallest_above(num_decodes)]
+        return self._candidates[index_above(self._candidates, num_decodes)]
 
     def observe(self, rec: IterationRecord) -> None:
         """Nothing to learn per stage-iteration: the signals come from the view."""
         return None
 
     # ------------------------------------------------------------------ the rule
-    def _decide(self, view: SchedulerView) -> str:
+    def _decide(self, view: PolicyView) -> str:
         cfg = self.config
-        total = view.kv_total_tokens
-        if total > 0 and view.kv_free_tokens / total < cfg.kv_free_watermark:
-            # memory first
+        if under_kv_pressure(view, cfg.kv_free_watermark):  # memory first
             self._skip_samples(view)
             if self._restore_index is None:
                 self._restore_index = self._index
-            most = max(view.num_running(s) for s in range(view.num_slots))
-            self._index = self._smallest_above(most)
+            self._index = kv_pressure_index(view, self._candidates)
             return "kv-pressure"
         if self._restore_index is not None:
             self._skip_samples(view)
@@ -206,25 +192,18 @@ class GreedyChunkPolicy:
             return "grow"
         return "hold"
 
-    def _smallest_above(self, n: int) -> int:
-        """Index of the smallest candidate > n, or of the largest candidate if none is."""
-        for i, c in enumerate(self._candidates):
-            if c > n:
-                return i
-        return len(self._candidates) - 1
-
-    def _make_candidates(self, view: SchedulerView) -> tuple[int, ...]:
+    def _make_candidates(self, view: PolicyView) -> tuple[int, ...]:
         cfg = self.config
-        if cfg.step is not None:
-            return tuple(range(cfg.min_chunk, cfg.max_chunk + 1, cfg.step))
-        cands = tuple(c for c in view.chunk_candidates if cfg.min_chunk <= c <= cfg.max_chunk)
+        lo = cfg.min_chunk or 0
+        hi = cfg.max_chunk if cfg.max_chunk is not None else view.chunk_candidates[-1]
+        cands = tuple(c for c in view.chunk_candidates if lo <= c <= hi)
         if not cands:
             raise ValueError(f"no chunk candidate of {view.chunk_candidates} lies within "
                              f"min_chunk..max_chunk = {cfg.min_chunk}..{cfg.max_chunk}")
         return cands
 
     # ------------------------------------------------------------------ signals
-    def _signals(self, view: SchedulerView) -> tuple[float | None, float | None]:
+    def _signals(self, view: PolicyView) -> tuple[float | None, float | None]:
         """(TTFT, TPOT) in seconds per the configured statistic; None where no sample counts."""
         if self.config.statistic is Statistic.P90:
             horizon = view.now - self.config.window_s
@@ -239,7 +218,7 @@ class GreedyChunkPolicy:
             self._tpot_mean = sum(gap_new) / len(gap_new)
         return sum(ttft_new) / len(ttft_new), self._tpot_mean
 
-    def _skip_samples(self, view: SchedulerView) -> None:
+    def _skip_samples(self, view: PolicyView) -> None:
         """Mark every sample so far as consumed (a decision that did not read them)."""
         if view.recent_ttft:
             self._seen_ttft = view.recent_ttft[-1]

@@ -31,10 +31,11 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
 from fastpp.predictor import ALPPredictor, LatencyPredictor
 from fastpp.profile import Profile
 from fastpp.types import IterationRecord
-from fastpp.view import SchedulerView
+from fastpp.view import PolicyView
 
 _INF = float("inf")
 
@@ -156,19 +157,17 @@ class PredictiveChunkPolicy:
         return policy
 
     # ------------------------------------------------------------------ decision
-    def choose(self, view: SchedulerView) -> int:
+    def choose(self, view: PolicyView) -> int:
         cfg = self.config
         cands = self.candidates or view.chunk_candidates
         slot, d_p = view.slot, view.num_slots
         self._num_stages = self._num_stages or d_p
         n_dec = view.num_running(slot)
-        first = bisect_right(cands, n_dec)  # index of the smallest candidate above the decodes
-        if first == len(cands):
+        first = first_above(cands, n_dec)  # the decode guard
+        if first is None:
             return self._done(cands[-1], "guard: decodes exceed every candidate")
-        if view.kv_free_tokens < cfg.kv_free_watermark * view.kv_total_tokens:
-            top = max(view.num_running(s) for s in range(d_p))
-            k = bisect_right(cands, top)
-            return self._done(cands[min(k, len(cands) - 1)], "kv-pressure")
+        if under_kv_pressure(view, cfg.kv_free_watermark):
+            return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
 
@@ -203,7 +202,7 @@ class PredictiveChunkPolicy:
             return self._done(cands[safe], "best-effort", required, safe_capacity, safe_beat)
         return self._done(cands[first], "infeasible", required)
 
-    def _required_rate(self, view: SchedulerView) -> float:
+    def _required_rate(self, view: PolicyView) -> float:
         """Prompt tokens per second the pipeline must prefill: inflow plus catch-up."""
         cfg, now = self.config, view.now
         inflow = self._inflow(view, now)
@@ -214,21 +213,21 @@ class PredictiveChunkPolicy:
         fresh_tokens = fresh_n = 0
         fresh_arrival_sum = 0.0
         for r in view.iter_waiting_newest_first():
-            if r.rec.arrived_at < stale_before:
+            if r.arrived_at < stale_before:
                 break
-            fresh_tokens += r.fill_len - r.num_computed
+            fresh_tokens += r.remaining_prefill
             fresh_n += 1
-            fresh_arrival_sum += r.rec.arrived_at
+            fresh_arrival_sum += r.arrived_at
         stale_n = view.num_waiting - fresh_n
         stale_tokens = view.waiting_prefill_tokens - fresh_tokens
         arrival_sum = view.waiting_arrival_sum - fresh_arrival_sum
         chunked = view.chunked
         if chunked is not None:
-            if chunked.rec.arrived_at < stale_before:
+            if chunked.arrived_at < stale_before:
                 stale_n += 1
-                arrival_sum += chunked.rec.arrived_at
+                arrival_sum += chunked.arrived_at
             else:
-                stale_tokens -= chunked.fill_len - chunked.num_computed
+                stale_tokens -= chunked.remaining_prefill
         if stale_n <= 0 or stale_tokens <= 0:
             return inflow
         mean_wait = now - arrival_sum / stale_n
@@ -237,7 +236,7 @@ class PredictiveChunkPolicy:
             return _INF  # the backlog is already late: drain as fast as TPOT allows
         return inflow + stale_tokens / budget
 
-    def _inflow(self, view: SchedulerView, now: float) -> float:
+    def _inflow(self, view: PolicyView, now: float) -> float:
         """Prompt tokens per second arrived over the last window_s (amortised O(1): only new
         arrivals are ingested; a young run divides by its age, not the whole window)."""
         fresh = view.num_arrivals - self._arrivals_seen
@@ -257,15 +256,15 @@ class PredictiveChunkPolicy:
         return self._window_tokens / span if span > 0 else 0.0
 
     @staticmethod
-    def _stream(view: SchedulerView, limit: int) -> _Stream:
+    def _stream(view: PolicyView, limit: int) -> _Stream:
         """The continuing chunk then the FCFS queue, up to ``limit`` tokens."""
         stream = _Stream()
         chunked = view.chunked
         if chunked is not None:
-            stream.add(chunked.fill_len - chunked.num_computed, chunked.num_computed)
+            stream.add(chunked.remaining_prefill, chunked.num_computed)
         if stream.total < limit:
             for r in view.iter_waiting():
-                stream.add(r.fill_len - r.num_computed, r.num_computed)
+                stream.add(r.remaining_prefill, r.num_computed)
                 if stream.total >= limit:
                     break
         return stream

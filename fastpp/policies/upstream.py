@@ -53,7 +53,7 @@ from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
     from fastpp.policies import PolicyContext
-    from fastpp.view import SchedulerView
+    from fastpp.view import PolicyView
 
 NUM_PROFILE_SAMPLES = 128  # synthetic prefills upstream times at startup
 PROFILE_SPAN = 1.25  # the longest profiled prompt, as a multiple of C
@@ -195,7 +195,7 @@ class UpstreamChunkPolicy:
         size = min(size, cap) // align * align
         return size if size >= align else None
 
-    def choose(self, view: SchedulerView) -> int:
+    def choose(self, view: PolicyView) -> int:
         """C, unless a chunked prompt continues: then ``predict`` at its prefix."""
         chunked = view.chunked
         if chunked is None:  # new prompts: upstream applies dynamic sizes to 2nd+ chunks only

@@ -103,7 +103,7 @@ def chrome_trace(
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "generator": "fastpp.sim.timeline",
+            "generator": "fastpp.timeline",
             "num_stages": num_stages,
             "truncated": len(times) > len(kept),
             "num_events": len(times),

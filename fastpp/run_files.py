@@ -1,0 +1,169 @@
+"""One run on disk, whoever ran it (the simulator, the CPU engine, an engine plugin): a folder
+with the same four files, so a simulated and a real run compare file by file and any recorded
+run can become a profile (``fastpp profile --from-records DIR``).
+
+    summary.json     the summary (keys of ``sglang.benchmark.serving`` plus ours)
+    requests.jsonl   one RequestRecord per line (``RequestRecord.to_dict``; gaps in ms)
+    iterations.csv   one IterationRecord per stage and microbatch (its field names as header)
+    timeline.json    Chrome trace of the iterations, one track per stage (Perfetto opens it)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+from fastpp.timeline import write_chrome_trace
+from fastpp.types import FinishReason, IterationRecord, RequestRecord
+
+SUMMARY = "summary.json"
+REQUESTS = "requests.jsonl"
+ITERATIONS = "iterations.csv"
+TIMELINE = "timeline.json"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None, recursively: they are not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(json_safe(obj), indent=2) + "\n")
+    return path
+
+
+def write_records_jsonl(records: Iterable[RequestRecord], path: str | Path) -> Path:
+    """Write one ``RequestRecord.to_dict()`` JSON object per line; returns the path."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r.to_dict()) + "\n")
+    return path
+
+
+def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path) -> Path:
+    """Write ``IterationRecord.to_dict()`` rows under a header of its field names (header only
+    when there are no iterations); returns the path."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(IterationRecord.__slots__))
+        writer.writeheader()
+        writer.writerows(it.to_dict() for it in iterations)
+    return path
+
+
+def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],
+              summary: dict, *, stage_names: Sequence[str] | None = None,
+              timeline: bool = True) -> dict[str, Path]:
+    """Write one run's folder (module docstring); returns the paths by kind. The timeline is
+    written only when there are iterations and ``timeline`` is set."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "summary": write_json(summary, out / SUMMARY),
+        "records": write_records_jsonl(records, out / REQUESTS),
+        "iterations": write_iterations_csv(iterations, out / ITERATIONS),
+    }
+    if timeline and iterations:
+        paths["timeline"] = write_chrome_trace(iterations, out / TIMELINE, stage_names=stage_names)
+    return paths
+
+
+# ------------------------------------------------------------------------------------ reading
+
+_INT_FIELDS = {"mb_id", "stage", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
+               "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget"}
+
+
+def read_iterations_csv(path: str | Path) -> list[IterationRecord]:
+    """The IterationRecords of an iterations.csv; ValueError naming the file, line and field of
+    a malformed row."""
+    path = Path(path)
+    out = []
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(IterationRecord.__slots__) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: header lacks {', '.join(sorted(missing))}")
+        for line, row in enumerate(reader, start=2):
+            values: dict[str, Any] = {}
+            for name in IterationRecord.__slots__:
+                text = row[name]
+                try:
+                    values[name] = (int(text) if name in _INT_FIELDS else
+                                    text if name == "reason" else float(text))
+                except (TypeError, ValueError):
+                    raise ValueError(f"{path}, line {line}: field {name}: {text!r} is not a number") \
+                        from None
+            out.append(IterationRecord(**values))
+    return out
+
+
+def read_records_jsonl(path: str | Path) -> list[RequestRecord]:
+    """The RequestRecords of a requests.jsonl (token times rebuilt from the first token time
+    and the gaps); ValueError naming the file, line and field of a malformed one."""
+    path = Path(path)
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                d = json.loads(text)
+                rec = RequestRecord(int(d["req_id"]), float(d["arrived_at"]), int(d["prompt_len"]),
+                                    int(d["output_len"]))
+                rec.num_generated = int(d["num_generated"])
+                rec.scheduled_at = d["scheduled_at"]
+                rec.first_token_at = d["first_token_at"]
+                rec.finished_at = d["finished_at"]
+                reason = d["finish_reason"]
+                rec.finish_reason = None if reason is None else FinishReason(reason)
+                rec.detail = d["detail"]
+                rec.num_retractions = int(d["num_retractions"])
+                rec.num_parked = int(d["num_parked"])
+                if rec.first_token_at is not None:
+                    gaps = [g / 1e3 for g in d["itl_ms"]]
+                    rec.token_times = list(accumulate(gaps, initial=float(rec.first_token_at)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}, line {line}: not JSON: {exc}") from None
+            except KeyError as exc:
+                raise ValueError(f"{path}, line {line}: missing field {exc.args[0]!r}") from None
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}, line {line}: bad value: {exc}") from None
+            out.append(rec)
+    return out
+
+
+@dataclass(slots=True)
+class RunFiles:
+    """A run folder read back."""
+
+    summary: dict
+    records: list[RequestRecord]
+    iterations: list[IterationRecord]
+
+
+def read_run(run_dir: str | Path) -> RunFiles:
+    """Read a folder ``write_run`` wrote. FileNotFoundError names a missing file."""
+    d = Path(run_dir)
+    for name in (SUMMARY, REQUESTS, ITERATIONS):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d}: no {name} (is this a run folder written by fastpp?)")
+    try:
+        summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{d / SUMMARY}: not JSON: {exc}") from None
+    return RunFiles(summary, read_records_jsonl(d / REQUESTS), read_iterations_csv(d / ITERATIONS))
