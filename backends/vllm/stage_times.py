@@ -51,6 +51,7 @@ class StageTimesReader:
         self._files: dict[int, object] = {}
         self._partial: dict[int, str] = {}
         self._times: dict[int, dict[int, tuple[float, float]]] = {}
+        self.num_bad_lines = 0
 
     def clear(self) -> None:
         """Remove the files a previous run left (call before the workers run a step)."""
@@ -81,5 +82,8 @@ class StageTimesReader:
             for line in lines[:-1]:
                 if not line:
                     continue
-                mb, t0, t1 = line.split(",")
-                self._times.setdefault(int(mb), {})[stage] = (float(t0), float(t1))
+                try:
+                    mb, t0, t1 = line.split(",")
+                    self._times.setdefault(int(mb), {})[stage] = (float(t0), float(t1))
+                except ValueError:
+                    self.num_bad_lines += 1  # never let a torn file stop the engine
