@@ -279,12 +279,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def validate_policy(settings: VllmSchedulerSettings) -> None:
     """Build the policies once here, so a bad spec fails before vLLM spends a minute starting."""
-    from fastpp.policies import make_policies
     from fastpp.profile import load_profile
 
     config = settings.scheduler_config(num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16,
                                        max_context=2048)
-    make_policies(settings.policy, config, load_profile(settings.profile) if settings.profile else None)
+    settings.build_policies(config, load_profile(settings.profile) if settings.profile else None)
 
 
 if __name__ == "__main__":

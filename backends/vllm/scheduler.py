@@ -32,7 +32,6 @@ from fastpp.backends.vllm.adapter import Adapter, WallClock, finish_reason_of
 from fastpp.backends.vllm.recorder import RunRecorder
 from fastpp.backends.vllm.settings import STAGE_TIMES_ENV_VAR, VllmSchedulerSettings
 from fastpp.backends.vllm.stage_times import FASTPP_MB_ATTR, StageTimesReader
-from fastpp.policies import make_policies
 from fastpp.profile import load_profile
 from fastpp.types import FinishReason
 
@@ -51,7 +50,7 @@ class FastPPScheduler(Scheduler):
             num_slots=num_stages, max_budget=max_budget, kv_total_tokens=self.kv_total_tokens(),
             page_size=self.block_size, max_context=self.max_model_len, max_running=self.max_num_running_reqs)
         profile = load_profile(settings.profile) if settings.profile else None
-        chunk_policy, balancer = make_policies(settings.policy, config, profile)
+        chunk_policy, balancer = settings.build_policies(config, profile)
         recorder = None
         if settings.record_dir:
             recorder = RunRecorder(settings.record_dir, config.slo, num_stages, backend="vllm")

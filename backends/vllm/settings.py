@@ -9,11 +9,14 @@ and no balancer: stock vLLM's behaviour (see docs/engines/vllm.md).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from fastpp.policies import make_policies
+from fastpp.profile import Profile
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, parse_chunk_candidates
 from fastpp.types import SLO
 
@@ -26,7 +29,10 @@ STAGE_TIMES_ENV_VAR = "FASTPP_VLLM_STAGE_TIMES_DIR"
 class VllmSchedulerSettings:
     """The policy side of one vLLM deployment. Times in seconds, sizes in tokens."""
 
-    policy: str = "static"  # a spec as `fastpp policies` lists them: chunk policy [+ balancer]
+    # A spec as `fastpp policies` lists them (chunk policy [+ balancer]), or ``py:MODULE:FUNC``:
+    # FUNC(config: SchedulerConfig, profile: Profile | None) -> (chunk policy, balancer), for
+    # policies of your own (MODULE must import in vLLM's environment too).
+    policy: str = "static"
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.2
     # What dynamic chunk policies pick from; None = 128..2048 step 128 capped at vLLM's
@@ -47,6 +53,21 @@ class VllmSchedulerSettings:
             raise ValueError(f"default_chunk must be >= 1 token, got {self.default_chunk}")
         if self.token_step < 0:
             raise ValueError(f"token_step must be >= 0, got {self.token_step}")
+
+    def build_policies(self, config: SchedulerConfig,
+                       profile: Profile | None = None) -> tuple[object, object]:
+        """The (chunk policy, balancer) pair ``policy`` names."""
+        if not self.policy.startswith("py:"):
+            return make_policies(self.policy, config, profile)
+        _, _, target = self.policy.partition(":")
+        module_name, _, func_name = target.partition(":")
+        if not module_name or not func_name:
+            raise ValueError(f"policy {self.policy!r}: expected py:MODULE:FUNCTION")
+        try:
+            factory = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"policy {self.policy!r}: cannot import it: {exc}") from None
+        return factory(config, profile)
 
     @property
     def slo(self) -> SLO:
