@@ -332,3 +332,22 @@ def test_launch_options_are_checked_before_vllm_starts(tmp_path, monkeypatch):
     assert launch.stock
     with pytest.raises(FileNotFoundError, match="no vLLM environment"):
         launch.check()
+
+
+def test_parked_requests_come_back_when_nothing_else_can_run():
+    """Liveness: a balancer that parks everything must not idle the pipeline."""
+
+    class ParkAll:
+        def plan(self, view, slot):
+            return BalancePlan(park_ids=tuple(t.req_id for t in view.iter_running(slot)))
+
+        def observe(self, rec):
+            return None
+
+    adapter, engine, _, rec = make_adapter("static")
+    adapter.balancer = ParkAll()
+    loop = FakeEngineLoop(engine, adapter, pp=2)
+    burst(loop, 3, out=4)
+    loop.run()
+    assert len(rec.ends) == 3 and all(r.num_generated == 4 for r in rec.ends)
+    assert adapter.counters.liveness_restores > 0 and adapter.counters.parks > 0

@@ -221,7 +221,7 @@ class Adapter:
         balance = self._balance(slot, now)
         budget, reason = self._choose_budget()
         decodes = self.slots.pick(slot, budget)
-        if not decodes and self.slots.parked and not self.in_flight and not view.has_prefill_work():
+        if not decodes and self.slots.parked and not self.any_in_flight() and not view.has_prefill_work():
             # liveness: parking must never leave the pipeline idle with requests held back
             before = len(self.slots.parked)
             self.slots.restore_longest_parked(slot, budget)
@@ -402,6 +402,10 @@ class Adapter:
             t = tracked.get(r.request_id)
             if t is not None:
                 yield t
+
+    def any_in_flight(self) -> bool:
+        """A step that computes something is in the pipeline (empty steps pass at once)."""
+        return any(b.num_tokens for b in self.in_flight)
 
     def slot_in_flight(self, slot: int) -> bool:
         return any(b.slot == slot and b.num_tokens for b in self.in_flight)
