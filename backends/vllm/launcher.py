@@ -180,7 +180,9 @@ def serve_vllm(launch: VllmLaunch) -> int:
     Ctrl-C / SIGTERM are passed on to vLLM, which then shuts down (and writes the run folder)."""
     launch.check()
     stage_dir, tmp = _stage_times_dir(launch)
-    proc = subprocess.Popen(launch.command(), env=launch.environment(stage_dir))
+    # Its own session: a terminal's Ctrl-C reaches only us, and we pass it on once (vLLM takes a
+    # second SIGINT as "exit now", which would skip writing the run folder).
+    proc = subprocess.Popen(launch.command(), env=launch.environment(stage_dir), start_new_session=True)
 
     def forward(signum, _frame):
         if proc.poll() is None:
