@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -116,6 +117,10 @@ def table(all_results: dict[str, dict[str, list[dict]]], loads: list[str]) -> st
     return "\n".join(lines)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deployments", nargs="+", default=list(DEFAULT_DEPLOYMENTS))
@@ -134,6 +139,10 @@ def main() -> None:
     p.add_argument("--record-dir", type=Path, default=None, help="each deployment's run folder under it")
     p.add_argument("-o", "--output-file", type=Path, default=None)
     args = p.parse_args()
+    # SIGTERM (and SIGINT, ignored in background jobs) stop the run through KeyboardInterrupt, so
+    # the server of the deployment in progress is shut down, not orphaned.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     if not os.environ.get("FASTPP_ENGINES_DIR") and not (REPO / ".engines").is_dir():
         print("note: FASTPP_ENGINES_DIR is not set; using <repo>/.engines", file=sys.stderr)
     out = args.output_file or Path(tempfile.mkstemp(suffix=".jsonl")[1])
