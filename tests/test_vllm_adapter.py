@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import FakeClock
+from conftest import FakeClock, make_profile
 from fastpp.backends.vllm.adapter import Adapter
 from fastpp.backends.vllm.launcher import SCHEDULER_CLS, VllmLaunch, cpu_bind, launch_from_options
 from fastpp.backends.vllm.settings import ENV_VAR, STAGE_TIMES_ENV_VAR, VllmSchedulerSettings
@@ -39,12 +39,12 @@ class Recorded:
 
 
 def make_adapter(policy: str = "static", pp: int = 2, token_step: int = 1, max_budget: int = 256,
-                 kv_blocks: int = 64, stage_times=None):
+                 kv_blocks: int = 64, stage_times=None, profile=None):
     engine = FakeVllm(kv_blocks=kv_blocks)
     settings = VllmSchedulerSettings(policy=policy, token_step=token_step)
     config = settings.scheduler_config(num_slots=pp, max_budget=max_budget, page_size=16, max_context=2048,
                                        kv_total_tokens=engine.kv_total_tokens())
-    chunk, balancer = make_policies(policy, config)
+    chunk, balancer = make_policies(policy, config, profile)
     clock = FakeClock()
     rec = Recorded()
     adapter = Adapter(config, chunk, balancer, engine, clock, max_budget=max_budget, recorder=rec,
@@ -351,3 +351,26 @@ def test_parked_requests_come_back_when_nothing_else_can_run():
     loop.run()
     assert len(rec.ends) == 3 and all(r.num_generated == 4 for r in rec.ends)
     assert adapter.counters.liveness_restores > 0 and adapter.counters.parks > 0
+
+
+def test_every_registered_policy_runs_over_the_adapter(tmp_path):
+    """The simulator's policies, unchanged, decide a vLLM run: each serves a burst to the end
+    without a policy error, and the ones that learn get stage records."""
+    for spec in ("greedy", "greedy:p90+ds", "predictive", "predictive:tokens+ds:tpot_first", "upstream"):
+        reader = StageTimesReader(tmp_path / spec.replace(":", "_"), 2)
+        writers = [StageTimesWriter(reader.folder, s) for s in range(2)]
+        adapter, engine, clock, rec = make_adapter(spec, stage_times=reader, profile=make_profile())
+        loop = FakeEngineLoop(engine, adapter, pp=2)
+        burst(loop, 6, prompt=40, out=5)
+        timed: set[int] = set()
+        while loop.has_requests() or loop.queue:
+            clock.t += 0.01
+            for b in adapter.in_flight:  # the workers' lines for what is in the pipeline
+                if b.num_tokens and b.mb_id not in timed:
+                    timed.add(b.mb_id)
+                    writers[0].write(b.mb_id, clock.t, clock.t + 0.004)
+                    writers[1].write(b.mb_id, clock.t + 0.004, clock.t + 0.009)
+            loop.step()
+        assert len(rec.ends) == 6, spec
+        assert adapter.counters.policy_errors == 0, spec
+        assert rec.iterations and adapter.counters.missing_stage_times == 0, spec
