@@ -63,9 +63,9 @@ def time_plans(sched: Scheduler, clock: Clock, balancer: DelayScheduler, calls: 
     samples = []
     for i in range(calls):
         slot = i % NUM_SLOTS
-        sched.launching_slot = slot
+        view.slot = slot  # what schedule() sets before it asks the balancer
         clock.t += 1e-7  # stays well within max_park_s: the state does not change
-        sched.now = clock.t
+        view.now = clock.t
         t0 = time.perf_counter_ns()
         balancer.plan(view, slot)
         samples.append((time.perf_counter_ns() - t0) / 1e3)
@@ -86,12 +86,12 @@ def main() -> None:
         clock.t += ROUND_S
         assert plan is not None
         sched.update(plan)
-        running = [len(r) for r in sched.running]
+        running = [sched.view.num_running(s) for s in range(NUM_SLOTS)]
         samples = time_plans(sched, clock, balancer, args.calls)
         parking = sorted(samples[1::NUM_SLOTS])
         samples.sort()
-        print(f"{mode:10s}: running {running}, parked {len(sched.parked)}, "
-              f"{len(sched.signals.token_gap)} gap samples")
+        print(f"{mode:10s}: running {running}, parked {sched.view.num_parked}, "
+              f"{len(sched.view.recent_token_gap)} gap samples")
         print(f"{'':10s}  all slots  : median {_pct(samples, 0.5):6.1f} us, "
               f"p99 {_pct(samples, 0.99):6.1f} us over {len(samples)} calls")
         print(f"{'':10s}  parking one: median {_pct(parking, 0.5):6.1f} us, "

@@ -41,7 +41,7 @@ def build(policy: str) -> tuple[Scheduler, Clock]:
     warm = Scheduler(cfg, clock)  # static 8192: gets 512 requests decoding quickly
     for i in range(512):
         warm.add_request(Request(i, 0.0, 200, 4000))
-    while sum(len(r) for r in warm.running) < 512:
+    while sum(warm.view.num_running(s) for s in range(4)) < 512:
         for slot in range(4):
             plan = warm.schedule(slot)
             clock.t += 0.01
@@ -64,9 +64,9 @@ def measure(policy: str, calls: int = 4000) -> list[float]:
     base = clock.t
     samples = []
     for i in range(calls):
-        sched.launching_slot = i % 4
+        view.slot = i % 4  # what schedule() sets before it asks the policy
         clock.t = base + (i % 50) * 0.05  # the queue ages as the decisions go on
-        sched.now = clock.t
+        view.now = clock.t
         t0 = time.perf_counter()
         sched.chunk_policy.choose(view)
         samples.append(time.perf_counter() - t0)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from fastpp.cli.app import _fail, _given, app, err_console
+from fastpp.cli.common import err_console, fail, given
 from fastpp.cli.options import (
     ArrivalOpt,
     CvOpt,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the bench package needs httpx: imported when the command ru
 _EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
 
 
-_HELP = (
+HELP = (
     "Benchmark an OpenAI-compatible server (FastPP, SGLang, vLLM) with a FastPP workload.\n\n"
     "Prompts are random common words, about one token each (no --tokenizer yet); every request asks "
     "for exactly its workload output length (max_tokens with ignore_eos). Ctrl-C stops the run, "
@@ -44,7 +44,6 @@ _HELP = (
 )
 
 
-@app.command(help=_HELP, context_settings={"allow_extra_args": True})
 def bench(
     ctx: typer.Context,
     base_url: Annotated[str | None, typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:30000]")] = None,
@@ -72,16 +71,16 @@ def bench(
     output_details: Annotated[bool, typer.Option("--output-details", help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
-    """Benchmark an OpenAI-compatible server; ``_HELP`` is the user-facing text."""
+    """Benchmark an OpenAI-compatible server; ``HELP`` is the user-facing text."""
     try:
         from fastpp.backends.bench import BenchConfig, BenchError
     except ModuleNotFoundError as exc:
         if exc.name != "httpx":
             raise
-        _fail("fastpp bench needs httpx: pip install 'fastpp[bench]'")
+        fail("fastpp bench needs httpx: pip install 'fastpp[bench]'")
         return
     try:
-        config = BenchConfig(**_given(
+        config = BenchConfig(**given(
             BenchConfig, base_url=_base_url(base_url, host, port, BenchConfig().base_url),
             backend=backend, model=model, workload=workload, num_prompts=num_prompts,
             request_rate=request_rate, arrival=arrival, cv=cv, replay=replay,
@@ -90,12 +89,12 @@ def bench(
             slo=_slo(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
         ))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     try:
         result = _run(config, quiet=quiet or not sys.stderr.isatty())
     except BenchError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     _report(result, output_file, output_details, quiet)
 
@@ -104,7 +103,7 @@ def _base_url(base_url: str | None, host: str | None, port: int | None, default:
     if host is None and port is None:
         return base_url
     if base_url is not None:
-        _fail("give --base-url or --host/--port, not both")
+        fail("give --base-url or --host/--port, not both")
     parts = urlsplit(default)
     return f"http://{host or parts.hostname}:{port or parts.port}"
 
@@ -116,10 +115,10 @@ def _slo(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | 
     from fastpp.backends.bench.config import make_slo, parse_goodput
 
     if extra_args and goodput is None:
-        _fail(f"unexpected arguments: {' '.join(extra_args)}")
+        fail(f"unexpected arguments: {' '.join(extra_args)}")
     if goodput is not None:
         if slo_ttft_ms is not None or slo_tpot_ms is not None:
-            _fail("give --goodput or --slo-ttft-ms/--slo-tpot-ms, not both")
+            fail("give --goodput or --slo-ttft-ms/--slo-tpot-ms, not both")
         return parse_goodput([*goodput, *extra_args])
     return make_slo(slo_ttft_ms, slo_tpot_ms)
 

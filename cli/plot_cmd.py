@@ -1,5 +1,5 @@
-"""``fastpp plot``: figures of a simulate folder, a sweep table or goodput JSON (adds itself to
-the app on import; matplotlib is loaded only when the command runs)."""
+"""``fastpp plot``: figures of a simulate or run folder, a sweep table or goodput JSON
+(matplotlib is loaded only when the command runs)."""
 
 # ruff: noqa: E501  (Typer's Annotated option declarations read best one per line, as in app.py)
 
@@ -10,11 +10,10 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.app import _fail, app, console
+from fastpp.cli.common import console, fail
 from fastpp.sim.plot_inputs import PlotKind
 
 
-@app.command()
 def plot(
     results: Annotated[Path, typer.Argument(help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), or a `fastpp goodput --json` file.", show_default=False)],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: plots/ inside RESULTS, or beside a file).")] = None,
@@ -36,7 +35,7 @@ def draw(results: Path, out: Path | None = None, *, kind: PlotKind = "auto",
 
         paths = plot_results(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
     except (PlotInputError, ImportError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     for path in paths:
         console.print(str(path), soft_wrap=True, highlight=False, markup=False)

@@ -1,5 +1,5 @@
 """``fastpp profile``: write a deployment profile, analytic (a named GPU and model) or measured on
-the CPU engine (``--backend torch``, which also writes a fitted ALPPredictor beside it).
+the CPU engine (``--backend torch``).
 
 Defaults live in ``TorchProfileConfig`` / ``ProfileGrid`` and ``analytic_profile``; an option left
 unset takes theirs.
@@ -16,13 +16,12 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.app import _fail, _given, app, console, err_console
+from fastpp.cli.common import console, err_console, fail, given
 
 BACKENDS = ("analytic", "torch")
 ANALYTIC_MODEL, ANALYTIC_GPU, ANALYTIC_DEPLOY = "Qwen2.5-32B", "A100-40GB-PCIe", "pp4"
 
 
-@app.command()
 def profile(
     backend: Annotated[str, typer.Option(help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine.")] = "analytic",
     model: Annotated[str | None, typer.Option("--model", "-m", help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m]")] = None,
@@ -38,28 +37,27 @@ def profile(
     max_tokens: Annotated[int | None, typer.Option(help="torch: largest microbatch of the linear table, tokens. [default: 1024]")] = None,
     repeats: Annotated[int | None, typer.Option(help="torch: timed runs per shape at least (median kept). [default: 3]")] = None,
     no_link: Annotated[bool, typer.Option("--no-link", help="torch: skip the gloo link measurement (an assumed link is written and said so).")] = False,
-    predictor_out: Annotated[Path | None, typer.Option(help="torch: where to write the fitted ALPPredictor. [default: OUT with .predictor.json]")] = None,
     concurrent_load: Annotated[bool, typer.Option("--concurrent-load", help="torch, pp >= 2: time each stage while the other stages loop forward passes in their own processes, as they compute at once when serving.")] = False,
 ) -> None:
     """Write a profile: analytic (roofline calibrated on measured GPU tables) or measured on the CPU engine."""
     if backend not in BACKENDS:
-        _fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if deploy is not None and pp is not None:
-        _fail("give --deploy or --pp, not both")
+        fail("give --deploy or --pp, not both")
     if backend == "analytic":
         torch_only = {"--weights": weights, "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens,
-                      "--max-tokens": max_tokens, "--repeats": repeats, "--predictor-out": predictor_out,
+                      "--max-tokens": max_tokens, "--repeats": repeats,
                       "--quick": quick or None, "--no-link": no_link or None,
                       "--concurrent-load": concurrent_load or None}
         given = [name for name, value in torch_only.items() if value is not None]
         if given:
-            _fail(f"{', '.join(given)} apply to --backend torch only")
+            fail(f"{', '.join(given)} apply to --backend torch only")
         _analytic(model or ANALYTIC_MODEL, gpu or ANALYTIC_GPU, deploy or (f"pp{pp}" if pp else ANALYTIC_DEPLOY), out)
         return
     if gpu is not None:
-        _fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
+        fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
     _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           predictor_out, concurrent_load)
+           concurrent_load)
 
 
 def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
@@ -71,7 +69,7 @@ def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
         pp, tp, _ = parse_deployment(deploy)
         prof = analytic_profile(model, gpu, pp, tp)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     path = out or Path(f"{prof.name}.json")
     save_profile(prof, path)
@@ -81,7 +79,7 @@ def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
 
 
 def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           predictor_out, concurrent_load=False) -> None:
+           concurrent_load=False) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fastpp.sim.run import parse_deployment
@@ -90,7 +88,7 @@ def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, ma
         from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig
         from fastpp.backends.torch.profiler import profile_torch, write_torch_profile
     except ImportError as exc:
-        _fail(f"--backend torch needs torch (pip install -e '.[torch]'): {exc}")
+        fail(f"--backend torch needs torch (pip install -e '.[torch]'): {exc}")
         return
     try:
         if deploy is not None:
@@ -102,12 +100,12 @@ def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, ma
             grid = grid.with_max_tokens(max_tokens)
         if repeats is not None:
             grid = replace(grid, repeats=repeats)
-        config = TorchProfileConfig(**_given(
+        config = TorchProfileConfig(**given(
             TorchProfileConfig, model=model, pp=pp, weights=weights, dtype=dtype, num_threads=threads,
             kv_capacity_tokens=kv_tokens, measure_link=False if no_link else None,
             concurrent_load=concurrent_load or None), grid=grid)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, disable=not sys.stderr.isatty()) as bar:
@@ -116,10 +114,10 @@ def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, ma
             result = profile_torch(config, progress=lambda what, done, total: bar.update(
                 task, description=f"profiling {what}", completed=done, total=total))
         except (ValueError, RuntimeError, OSError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
             return
     path = out or Path(f"{result.profile.name}.json")
-    path, pred_path = write_torch_profile(result, path, predictor_out)
+    path = write_torch_profile(result, path)
     for line in result.summary_lines():
         console.print(line)
-    console.print(f"wrote {path} and {pred_path}; simulate with: fastpp simulate --profile {path}")
+    console.print(f"wrote {path}; simulate with: fastpp simulate --profile {path}")

@@ -1,4 +1,5 @@
-"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``).
+"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``),
+or vLLM's with our scheduler (``--backend vllm``: fastpp.backends.vllm.launcher).
 
 Engine defaults live in ``EngineConfig``; only the options the user sets override them.
 """
@@ -7,18 +8,16 @@ Engine defaults live in ``EngineConfig``; only the options the user sets overrid
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fastpp.cli.app import _fail, _given, app
+from fastpp.cli.common import fail, given
 from fastpp.cli.options import ChunkCandidatesOpt
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. vllm: vLLM's OpenAI server with our scheduler (arguments after the options go to `vllm serve`). (sglang: not available in this version.)")] = "torch",
@@ -49,13 +48,13 @@ def serve(
     /health, /metrics (Prometheus). Ctrl-C stops it.
     """
     if backend == "sglang":
-        _fail("--backend sglang is not available in this version; use --backend torch")
+        fail("--backend sglang is not available in this version; use --backend torch")
     if backend == "vllm":
         torch_only = {"--kv-blocks": kv_blocks, "--threads": threads}
-        given = [name for name, value in torch_only.items() if value is not None]
-        if given:
-            _fail(f"{', '.join(given)}: options of --backend torch (vLLM sizes its KV cache itself: "
-                  "VLLM_CPU_KVCACHE_SPACE on CPU)")
+        named = [name for name, value in torch_only.items() if value is not None]
+        if named:
+            fail(f"{', '.join(named)}: options of --backend torch (vLLM sizes its KV cache itself: "
+                 "VLLM_CPU_KVCACHE_SPACE on CPU)")
         # options both backends have, in vLLM's spelling
         passed = {"--dtype": dtype, "--seed": seed, "--block-size": block_size,
                   "--max-num-seqs": max_running_requests}
@@ -69,17 +68,17 @@ def serve(
                     engine_python=engine_python)
         return
     if backend != "torch":
-        _fail(f"--backend must be torch or vllm, got {backend!r}")
+        fail(f"--backend must be torch or vllm, got {backend!r}")
     if ctx.args:
-        _fail(f"unknown option(s) for --backend torch: {' '.join(ctx.args)}")
+        fail(f"unknown option(s) for --backend torch: {' '.join(ctx.args)}")
     if engine_python is not None or token_step is not None:
-        _fail("--engine-python and --token-step are options of --backend vllm")
+        fail("--engine-python and --token-step are options of --backend vllm")
     try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
         from fastpp.backends.torch.weights_source import WeightsSource
     except ModuleNotFoundError as exc:
-        _fail(f"fastpp serve needs the torch and serve extras (missing {exc.name}): "
+        fail(f"fastpp serve needs the torch and serve extras (missing {exc.name}): "
               "pip install -e '.[torch,weights,serve]'")
         return
     from fastpp.profile import load_profile
@@ -93,24 +92,23 @@ def serve(
         slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
         loaded = load_profile(profile) if profile else None
         candidates = parse_chunk_candidates(chunk_candidates) if chunk_candidates else None
-        config = EngineConfig(**_given(
+        config = EngineConfig(**given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
             chunk_candidates=candidates,
             profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed,
             record=True if record_dir is not None else None))
     except (ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if max_queue < 1:
-        _fail(f"--max-queue must be >= 1, got {max_queue}")
+        fail(f"--max-queue must be >= 1, got {max_queue}")
     try:
-        on_stop = None if record_dir is None else (lambda engine: _write_records(engine, record_dir, slo))
         code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
-                          on_stop=on_stop)
+                          record_dir=record_dir)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
-        _fail(f"{exc}{hint}")
+        fail(f"{exc}{hint}")
         return
     raise typer.Exit(code)
 
@@ -122,24 +120,6 @@ def _serve_vllm(vllm_args: list[str], **options) -> None:
     try:
         code = serve_vllm(launch_from_options(vllm_args=vllm_args, **options))
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     raise typer.Exit(code)
-
-
-def _write_records(engine, out: Path, slo) -> None:
-    """What a simulation run writes, for a real one: compare them file by file."""
-    from fastpp.metrics import json_safe, summarize, write_iterations_csv, write_records_jsonl
-    from fastpp.timeline import write_chrome_trace
-
-    out.mkdir(parents=True, exist_ok=True)
-    records = sorted(engine.recorded_requests, key=lambda r: r.req_id)
-    iterations = engine.recorded_iterations
-    write_records_jsonl(records, out / "requests.jsonl")
-    write_iterations_csv(iterations, out / "iterations.csv")
-    names = [f"stage {i}" for i in range(engine.config.num_stages)]
-    write_chrome_trace(iterations, out / "timeline.json", stage_names=names)
-    summary = summarize(records, slo=slo, backend="fastpp-torch") if records else {}
-    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
-    logging.getLogger("fastpp.serve").info("wrote %d requests and %d stage iterations to %s",
-                                           len(records), len(iterations), out)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from fastpp.cli.app import _fail, app, console, err_console
+from fastpp.cli.common import console, err_console, fail
 
 if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
     from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
@@ -33,7 +33,6 @@ _SHOWN = {
 _AXES_SHOWN = ("metric", "workload", "model", "gpu", "deploy", "policy", "chunk", "slo_scale", "rate", "seeds")
 
 
-@app.command()
 def sweep(
     workload: Annotated[list[str] | None, typer.Option("--workload", "-w", help="Workload axis (repeat or comma list). [default: azure-conv]")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Policy axis, e.g. static:512,predictive. [default: static:2048]")] = None,
@@ -76,14 +75,14 @@ def sweep(
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
         plan = plan_sweep(grid_from_mapping(values), out)
     except (ValueError, OSError, ImportError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     for note in plan.notes:
         err_console.print(f"[yellow]{note}[/]")
     try:
         result = _execute(plan, runner, quiet=as_json or not sys.stderr.isatty())
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if as_json:
         from fastpp.run_files import json_safe

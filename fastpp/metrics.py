@@ -88,7 +88,7 @@ def _attainment(records: Sequence[RequestRecord], slo: SLO) -> tuple[float, floa
         if r.finish_reason not in _COMPLETED or r.first_token_at is None:
             continue
         t_ok = r.first_token_at - r.arrived_at <= ttft_max
-        tpot = _tpot_s(r)
+        tpot = r.tpot_s
         p_ok = tpot is None or tpot <= tpot_max
         ttft_ok += t_ok
         tpot_ok += p_ok
@@ -103,13 +103,6 @@ def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
     Rejected, aborted and unfinished requests count as misses; a one-token output needs TTFT only.
     """
     return _attainment(records, slo)[0]
-
-
-def _tpot_s(r: RequestRecord) -> float | None:
-    """``RequestRecord.tpot_s`` that tolerates a record with too few stored token times."""
-    if r.num_generated < 2 or r.first_token_at is None or not r.token_times:
-        return None
-    return (r.token_times[-1] - r.first_token_at) / (r.num_generated - 1)
 
 
 def _peak_in_system(records: Sequence[RequestRecord]) -> int:
@@ -154,7 +147,7 @@ def summarize(
     finished = np.array([math.nan if r.finished_at is None else r.finished_at for r in done])
     e2e_ms = (finished - arrived)[~np.isnan(finished)] * 1e3
     ttft_ms = (first_tok - arrived) * 1e3
-    tpot_ms = np.array([t for t in map(_tpot_s, done) if t is not None], float) * 1e3
+    tpot_ms = np.array([t for r in done if (t := r.tpot_s) is not None], float) * 1e3
     # itl: concatenate every token time once; keep the gaps whose two ends share a request.
     lengths = np.fromiter((len(r.token_times) for r in done), np.int64, count=len(done))
     all_times = chain.from_iterable(r.token_times for r in done)

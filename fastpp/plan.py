@@ -8,7 +8,8 @@ these objects and the calls that return them (docs/ARCHITECTURE.md, "The executo
   to reserve first;
 * ``Scheduler.update(plan, stop_ids) -> StepOutput``: which requests ended when it returned;
 * ``Scheduler.abort(req_id) -> RequestEnd | None`` and ``add_request(req) -> RequestRecord``
-  report the ends they cause themselves.
+  report the ends they cause themselves;
+* ``Scheduler.stats() -> SchedulerStats``: counts an executor may publish.
 
 Every request's end is reported exactly once, by the call during which it happened.
 """
@@ -115,6 +116,23 @@ class StepOutput:
 
 
 NO_OUTPUT = StepOutput()  # the common case: nothing ended, nothing discarded
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Counts an executor may publish (e.g. on /metrics): a copy, safe to hand to other threads."""
+
+    num_waiting: int  # queued, not admitted (no KV yet)
+    num_admitted: int  # holding KV: prefilling, decoding or parked
+    num_parked: int
+    num_in_flight: int  # microbatches in the pipeline
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    num_arrived: int  # requests ever added (rejected ones included)
+    num_ended: int  # requests that ended (finished, aborted or rejected)
+    num_microbatches: int  # launched so far
+    num_retractions: int
+    num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,39 +13,19 @@ time, real engines wall time; nothing here reads the system clock.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from fastpp.decode_slots import DecodeSlots
-from fastpp.kv_pool import KVPool
+from fastpp.kv_ledger import KVLedger
 from fastpp.live_request import LiveRequest
-from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, StepOutput
+from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, SchedulerStats, StepOutput
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
+from fastpp.policies.guard import GuardedPolicies
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 from fastpp.view import SchedulerView
 from fastpp.waiting_queue import WaitingQueue
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    """Counts an executor may publish (e.g. on /metrics): a copy, safe to hand to other threads."""
-
-    num_waiting: int  # queued, not admitted (no KV yet)
-    num_admitted: int  # holding KV: prefilling, decoding or parked
-    num_parked: int
-    num_in_flight: int  # microbatches in the pipeline
-    kv_used_tokens: int
-    kv_capacity_tokens: int
-    num_arrived: int  # requests ever added (rejected ones included)
-    num_ended: int  # requests that ended (finished, aborted or rejected)
-    num_microbatches: int  # launched so far
-    num_retractions: int
-    num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
 
 class Scheduler:
@@ -60,30 +40,25 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.chunk_policy: ChunkPolicy = chunk_policy or StaticChunkPolicy(config.default_chunk)
-        self.balancer: DecodeBalancer = balancer or NoBalancer()
-        self.signals = Signals()
+        self.policies = GuardedPolicies(chunk_policy or StaticChunkPolicy(config.default_chunk),
+                                        balancer or NoBalancer(), config.default_chunk)
+        self._signals = Signals()
         n = config.num_slots
-        self._kv = KVPool(config.kv_capacity_tokens, config.page_size)
+        self._kv = KVLedger(config.kv_capacity_tokens, config.page_size)
         self._queue = WaitingQueue()
         self._slots = DecodeSlots(n)
         self._in_flight: list[MicroBatchPlan | None] = [None] * n
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.view = SchedulerView(config, self._queue, self._slots, self._kv, self.signals, self._in_flight)
+        self.view = SchedulerView(config, self._queue, self._slots, self._kv.pool, self._signals,
+                                  self._in_flight)
         self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
         self._records: dict[int, RequestRecord] = {}  # until forget(): every request ever added
-        # Output tokens admitted requests may still write: the admission reserve is a share of it.
-        # Changed in exactly three places: _admit (+), update (- each token), _release_kv (- rest).
-        self._output_backlog = 0
-        self._kv_frees: list[int] = []  # since the last plan
         self._retracted: list[int] = []  # since the last plan
-        self._kv_allocs: list[tuple[int, int]] = []  # while forming a plan
         self._next_mb_id = 0
         self._next_admit_seq = 0
         self._num_ended = 0
-        self._policy_errors: set[str] = set()
-        self.num_retractions = 0
-        self.num_decode_sitouts = 0
+        self._num_retractions = 0
+        self._num_decode_sitouts = 0
 
     # ------------------------------------------------------------------ arrivals / aborts
     def add_request(self, req: Request) -> RequestRecord:
@@ -94,16 +69,17 @@ class Scheduler:
             raise ValueError(f"duplicate request id {req.req_id}")
         rec = RequestRecord(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
         self._records[req.req_id] = rec
-        self.signals.on_arrival(req.arrived_at, req.prompt_len)
-        cfg, kv = self.config, self._kv
+        self._signals.on_arrival(req.arrived_at, req.prompt_len)
+        cfg, kv = self.config, self._kv.pool
         if req.prompt_len >= cfg.max_context:
             return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the context "
                                           f"limit {cfg.max_context}")
         if kv.round_up(req.prompt_len + 1) > kv.capacity:
             return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the KV pool "
                                           f"of {kv.capacity}")
-        # prompt + output must fit the context and, for recomputation after a retraction, the pool
-        target = min(req.output_len, cfg.max_context - req.prompt_len, kv.capacity - req.prompt_len)
+        # Prompt + output must fit the context, and the KV of all but the last token must fit
+        # the pool: else a retracted request could never be admitted again.
+        target = min(req.output_len, cfg.max_context - req.prompt_len, kv.capacity - req.prompt_len + 1)
         live = LiveRequest(rec, target_len=target, fill_len=req.prompt_len)
         self._live[req.req_id] = live
         self._queue.push(live)
@@ -152,7 +128,7 @@ class Scheduler:
         now = view.now = self.clock()
         view.slot = slot
         self._apply_balance(slot, now)
-        budget, reason = self._choose_chunk()
+        budget, reason = self.policies.choose(view)
         decodes = self._pick_decodes(slot, budget)
         decodes = self._reserve_decode_kv(slot, decodes)
         prefill = self._pick_prefill(budget - len(decodes))
@@ -169,36 +145,13 @@ class Scheduler:
         slots = self._slots
         if not slots.running[slot] and not slots.parked:
             return
-        try:
-            plan = self.balancer.plan(self.view, slot)
-            if plan.is_noop:
-                return
-            slots.check(plan, slot)
-        except Exception as exc:  # a policy must never take the engine down
-            self._policy_failed("balancer", exc)
-            return
-        slots.apply(plan, slot, now)
-
-    def _choose_chunk(self) -> tuple[int, str]:
-        policy = self.chunk_policy
-        try:
-            budget = policy.choose(self.view)
-            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-                raise ValueError(f"chunk policy returned {budget!r}, not a positive int")
-            return budget, policy.last_reason
-        except Exception as exc:
-            self._policy_failed("chunk policy", exc)
-            return self.config.default_chunk, "fallback: policy error"
-
-    def _policy_failed(self, which: str, exc: Exception) -> None:
-        key = f"{which}: {type(exc).__name__}"
-        if key not in self._policy_errors:  # log once per kind of failure
-            self._policy_errors.add(key)
-            log.error("%s raised %r; using the static fallback for this decision", which, exc)
+        plan = self.policies.balance(self.view, slot, slots.check)
+        if not plan.is_noop:
+            slots.apply(plan, slot, now)
 
     def _pick_decodes(self, slot: int, budget: int) -> list[LiveRequest]:
         picked = self._slots.pick(slot, budget)
-        self.num_decode_sitouts += len(self._slots.running[slot]) - len(picked)
+        self._num_decode_sitouts += len(self._slots.running[slot]) - len(picked)
         return picked
 
     def _reserve_decode_kv(self, slot: int, decodes: list[LiveRequest]) -> list[LiveRequest]:
@@ -206,32 +159,26 @@ class Scheduler:
 
         The pool is charged here; each request's own ``kv_tokens`` grows in ``_launch``.
         """
-        kv = self._kv
-        need = self._decode_kv_need(decodes)
-        while need > kv.free and decodes:
+        ledger = self._kv
+        need = ledger.decode_need(decodes)
+        while need > ledger.pool.free and decodes:
             victim = max(self._slots.running[slot], key=_admit_order)
             if victim in decodes:
                 decodes = [r for r in decodes if r is not victim]
-                need -= self._decode_kv_need([victim])
+                need -= ledger.decode_need([victim])
             self._retract(victim)
-        kv.alloc(need)
+        ledger.pool.alloc(need)
         return decodes
-
-    def _decode_kv_need(self, decodes: list[LiveRequest]) -> int:
-        if self._kv.page_size == 1:
-            return len(decodes)  # one token each, one token per page
-        round_up = self._kv.round_up
-        return sum(max(0, round_up(r.ctx_len) - r.kv_tokens) for r in decodes)
 
     def _retract(self, r: LiveRequest) -> None:
         """Free a running request's KV and queue it again at the front (recomputed later).
         Its context always fits the pool again: ``add_request`` caps prompt + output there."""
         self._slots.leave(r)
-        self._release_kv(r)
+        self._kv.release(r)
         r.fill_len = r.prompt_len + r.num_generated
         r.num_computed = 0
         r.rec.num_retractions += 1
-        self.num_retractions += 1
+        self._num_retractions += 1
         self._retracted.append(r.req_id)
         self._queue.push_front(r)
 
@@ -240,7 +187,8 @@ class Scheduler:
         chunks: list[tuple[LiveRequest, int, int]] = []
         if budget <= 0:
             return chunks
-        queue, kv = self._queue, self._kv
+        queue, ledger = self._queue, self._kv
+        kv = ledger.pool
         r = queue.chunked
         if r is not None:
             n = min(r.remaining_prefill, budget)
@@ -252,24 +200,18 @@ class Scheduler:
             if cap is not None and len(self._live) - len(queue) >= cap:
                 break
             need = kv.round_up(r.fill_len)
-            reserve = int(self.config.new_token_ratio * self._output_backlog)
+            reserve = ledger.admission_reserve(self.config.new_token_ratio)
             if need > kv.free - reserve and (need > kv.free or self._has_admitted()):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             queue.pop_head()
-            self._admit(r, need)
+            ledger.admit(r, need)
+            r.admit_seq = self._next_admit_seq
+            self._next_admit_seq += 1
             n = min(r.fill_len, budget)
             chunks.append((r, 0, n))
             queue.advance(r, n)
             budget -= n
         return chunks
-
-    def _admit(self, r: LiveRequest, kv_tokens: int) -> None:
-        self._kv.alloc(kv_tokens)
-        r.kv_tokens = kv_tokens
-        self._kv_allocs.append((r.req_id, kv_tokens))
-        r.admit_seq = self._next_admit_seq
-        self._next_admit_seq += 1
-        self._output_backlog += r.remaining_output
 
     def _has_admitted(self) -> bool:
         return len(self._live) > len(self._queue)
@@ -295,13 +237,7 @@ class Scheduler:
             sum_past_x_pre += past * n
             sum_pre_sq += n * n
             num_prefill += n
-        if self._kv.page_size == 1:
-            for r in decodes:
-                r.kv_tokens += 1
-        else:
-            round_up = self._kv.round_up
-            for r in decodes:
-                r.kv_tokens = max(r.kv_tokens, round_up(r.ctx_len))
+        self._kv.grow(decodes)
         dec_ctx = [r.ctx_len for r in decodes]
         self._inflight_decodes[slot] = decodes
         plan = MicroBatchPlan(
@@ -319,26 +255,25 @@ class Scheduler:
             sum_pre_sq=sum_pre_sq,
             sum_dec_ctx=sum(dec_ctx),
             reason=reason,
-            kv_frees=self._take(self._kv_frees),
-            kv_allocs=self._take(self._kv_allocs),
-            retracted_ids=self._take(self._retracted),
+            kv_frees=self._kv.take_frees(),
+            kv_allocs=self._kv.take_allocs(),
+            retracted_ids=self._take_retracted(),
         )
         self._next_mb_id += 1
         self._in_flight[slot] = plan
         return plan
 
-    @staticmethod
-    def _take(items: list) -> tuple:
-        if not items:
+    def _take_retracted(self) -> tuple[int, ...]:
+        if not self._retracted:
             return ()
-        out = tuple(items)
-        items.clear()
+        out = tuple(self._retracted)
+        self._retracted.clear()
         return out
 
     def drain_kv_frees(self) -> tuple[int, ...]:
-        """KV released since the last plan, for an executor that stops and forms no more plans
-        (otherwise the next plan's ``kv_frees`` carries it)."""
-        return self._take(self._kv_frees)
+        """KV released since the last plan, for an executor that frees it before the next plan
+        (an idle engine, or one that stops); otherwise the next plan's ``kv_frees`` carries it."""
+        return self._kv.take_frees()
 
     # ------------------------------------------------------------------ results
     def update(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
@@ -351,9 +286,10 @@ class Scheduler:
         assert self._in_flight[slot] is plan, "update() for a plan that is not in flight"
         self._in_flight[slot] = None
         now = self.view.now = self.clock()
-        self.signals.on_return(slot, now, bool(plan.decode_req_ids))
+        self._signals.on_return(slot, now, bool(plan.decode_req_ids))
         ended: list[RequestEnd] = []
         discarded: list[int] = []
+        num_tokens = 0
         decodes = self._inflight_decodes[slot]
         self._inflight_decodes[slot] = []
         stayed = []
@@ -366,7 +302,7 @@ class Scheduler:
             rec = r.rec
             n = rec.num_generated = rec.num_generated + 1
             rec.token_times.append(now)
-            self._output_backlog -= 1
+            num_tokens += 1
             if n >= r.target_len or (stop_ids and r.req_id in stop_ids):
                 ended.append(self._finish(r, now, stop_ids))
                 continue
@@ -391,26 +327,35 @@ class Scheduler:
             rec = r.rec
             rec.num_generated += 1
             rec.token_times.append(now)
-            self._output_backlog -= 1
+            num_tokens += 1
             r.ctx_len = r.prompt_len + rec.num_generated
             if rec.first_token_at is None:
                 rec.first_token_at = now
-                self.signals.on_first_token(now, now - rec.arrived_at)
+                self._signals.on_first_token(now, now - rec.arrived_at)
             if rec.num_generated >= r.target_len or c.req_id in stop_ids:
                 ended.append(self._finish(r, now, stop_ids))
             else:
                 self._slots.join(r, slot)
+        self._kv.output_backlog -= num_tokens  # each token was one less its request may write
         if not ended:
             return NO_OUTPUT
         return StepOutput(tuple(ended), frozenset(discarded))
 
     def observe(self, rec: IterationRecord) -> None:
         """Forward an executor's stage-iteration record to the policies (errors contained)."""
-        for name, target in (("chunk policy", self.chunk_policy), ("balancer", self.balancer)):
-            try:
-                target.observe(rec)
-            except Exception as exc:
-                self._policy_failed(f"{name}.observe", exc)
+        self.policies.observe(rec)
+
+    @property
+    def chunk_policy(self) -> ChunkPolicy:
+        return self.policies.chunk_policy
+
+    @chunk_policy.setter
+    def chunk_policy(self, policy: ChunkPolicy) -> None:
+        self.policies.chunk_policy = policy
+
+    @property
+    def balancer(self) -> DecodeBalancer:
+        return self.policies.balancer
 
     # ------------------------------------------------------------------ state helpers
     def _detach(self, r: LiveRequest) -> None:
@@ -420,13 +365,7 @@ class Scheduler:
         else:
             self._queue.remove(r)  # False between prefill completion and joining a slot
         if r.kv_tokens:
-            self._release_kv(r)
-
-    def _release_kv(self, r: LiveRequest) -> None:
-        self._kv.release(r.kv_tokens)
-        r.kv_tokens = 0
-        self._output_backlog -= r.remaining_output
-        self._kv_frees.append(r.req_id)
+            self._kv.release(r)
 
     def _finish(self, r: LiveRequest, now: float, stop_ids: Collection[int]) -> RequestEnd:
         self._detach(r)
@@ -435,7 +374,7 @@ class Scheduler:
         rec = r.rec
         detail = "" if r.target_len == rec.output_len else (
             f"output capped at {r.target_len} tokens: prompt + output must fit the context of "
-            f"{self.config.max_context} and the KV pool of {self._kv.capacity} tokens")
+            f"{self.config.max_context} and the KV pool of {self._kv.pool.capacity} tokens")
         return self._end(r, now, FinishReason.LENGTH, detail)
 
     def _end(self, r: LiveRequest, now: float, reason: FinishReason, detail: str) -> RequestEnd:
@@ -482,13 +421,13 @@ class Scheduler:
             num_admitted=len(self._live) - queued,
             num_parked=len(self._slots.parked),
             num_in_flight=sum(p is not None for p in self._in_flight),
-            kv_used_tokens=self._kv.used,
-            kv_capacity_tokens=self._kv.capacity,
-            num_arrived=self.signals.num_arrivals,
+            kv_used_tokens=self._kv.pool.used,
+            kv_capacity_tokens=self._kv.pool.capacity,
+            num_arrived=self._signals.num_arrivals,
             num_ended=self._num_ended,
             num_microbatches=self._next_mb_id,
-            num_retractions=self.num_retractions,
-            num_decode_sitouts=self.num_decode_sitouts,
+            num_retractions=self._num_retractions,
+            num_decode_sitouts=self._num_decode_sitouts,
         )
 
     def forget(self, req_id: int) -> RequestRecord:

@@ -19,18 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from fastpp.length_files import LengthTable, Trace, WorkloadError, read_azure_trace, read_length_csv
 from fastpp.length_tables import (
     EmpiricalLengths,
     LengthSampler,
-    LengthTable,
     QuantileLengths,
     SyntheticLengths,
-    Trace,
-    WorkloadError,
     builtin_quantile_lengths,
     load_builtin_tables,
-    read_azure_trace,
-    read_length_csv,
 )
 from fastpp.types import Request
 from fastpp.uniform_lengths import PREFIX as UNIFORM_PREFIX

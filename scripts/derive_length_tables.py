@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastpp.length_tables import read_azure_trace
+from fastpp.length_files import read_azure_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"

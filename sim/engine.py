@@ -225,14 +225,15 @@ class PipelineSimulation:
             sched.abort_all("run time limit reached")
         if progress is not None:
             progress(self._num_ended(), len(self.requests))
+        stats = sched.stats()
         return SimResult(
             records=self._records,
             iterations=self.driver.iterations,
             stage_busy_s=list(self.driver.stage_busy_s),
             end_at=env.now,
-            num_microbatches=sched.num_microbatches,
-            num_retractions=sched.num_retractions,
-            num_decode_sitouts=sched.num_decode_sitouts,
+            num_microbatches=stats.num_microbatches,
+            num_retractions=stats.num_retractions,
+            num_decode_sitouts=stats.num_decode_sitouts,
             wall_s=time.perf_counter() - wall0,
             notes=notes,
         )

@@ -3,8 +3,10 @@
 Scenario: ``fastpp plot`` (and notebooks) get a path and must know what it holds without the
 objects that wrote it. Three recognised inputs, found by their file layout, not their names:
 
-- a ``fastpp simulate`` folder: ``summary.json`` and/or ``<run_id>_summary.json`` per run, with
-  ``<run_id>_requests.jsonl`` (``RequestRecord.to_dict`` rows) and ``<run_id>_iterations.csv``;
+- runs: a run folder (``fastpp.run_files``: ``summary.json``, ``requests.jsonl`` of
+  ``RequestRecord.to_dict`` rows, ``iterations.csv``), written by ``fastpp serve --record-dir``
+  or an engine plugin, or a ``fastpp simulate`` folder holding one run folder per deployment
+  (and a ``summary.json`` listing their summaries in order);
 - a sweep table: ``results.jsonl`` or ``results.csv`` (one row per grid point: axis columns such
   as workload, policy, deployment, rate, slo_scale and metric columns such as goodput,
   p90_ttft_ms), or a folder holding one;
@@ -43,7 +45,7 @@ class PlotInputError(ValueError):
 class RunData:
     """One deployment of a ``fastpp simulate`` folder."""
 
-    run_id: str  # file prefix, e.g. ``pp4-static-512``
+    run_id: str  # run folder name, e.g. ``pp4-static-512``
     summary: dict[str, Any]
     requests: list[dict[str, Any]] = field(default_factory=list)  # RequestRecord.to_dict rows
     iterations: list[dict[str, Any]] = field(default_factory=list)  # IterationRecord rows
@@ -161,28 +163,29 @@ def load_goodput_json(path: str | Path) -> list[dict[str, Any]]:
     return results
 
 
+def _is_run(path: Path) -> bool:
+    return (path / "summary.json").is_file() and (path / "requests.jsonl").is_file()
+
+
 def load_run_dir(path: str | Path) -> list[RunData]:
-    """Every run of a ``fastpp simulate`` output folder, in ``summary.json`` order (runs it does
-    not list follow by file name). Requests and iterations are empty where the files are absent."""
+    """Every run of a run folder (one) or of a ``fastpp simulate`` folder (its run folders, in
+    the order of its ``summary.json`` list; others follow by name). Iterations are empty where
+    the file is absent."""
     path = Path(path)
-    per_run = {p.name.removesuffix("_summary.json"): p for p in sorted(path.glob("*_summary.json"))}
+    dirs = [path] if _is_run(path) else sorted(d for d in path.iterdir() if d.is_dir() and _is_run(d))
     listed = path / "summary.json"
-    order = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else []
-    if not per_run and not order:
-        raise PlotInputError(f"{path}: no summary.json or *_summary.json: not a simulate folder")
-    summaries = {rid: json.loads(p.read_text(encoding="utf-8")) for rid, p in per_run.items()}
+    order = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() and not _is_run(path) else []
+    if not dirs and not order:
+        raise PlotInputError(f"{path}: no run folders and no summary.json: not a simulate or run folder")
+    summaries = {d: json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in dirs}
     rank = {(s.get("deployment"), s.get("policy")): i for i, s in enumerate(order)}
-    run_ids = sorted(summaries, key=lambda rid: (
-        rank.get((summaries[rid].get("deployment"), summaries[rid].get("policy")), len(rank)), rid))
+    dirs.sort(key=lambda d: (rank.get((summaries[d].get("deployment"), summaries[d].get("policy")),
+                                      len(rank)), d.name))
     runs = []
-    for rid in run_ids:
-        requests = path / f"{rid}_requests.jsonl"
-        iterations = path / f"{rid}_iterations.csv"
-        runs.append(RunData(
-            rid, summaries[rid],
-            _read_jsonl(requests) if requests.is_file() else [],
-            _read_csv(iterations) if iterations.is_file() else [],
-        ))
+    for d in dirs:
+        iterations = d / "iterations.csv"
+        runs.append(RunData(d.name, summaries[d], _read_jsonl(d / "requests.jsonl"),
+                            _read_csv(iterations) if iterations.is_file() else []))
     if not runs:  # only summary.json: the summaries still plot as rows
         runs = [RunData(system_label(s) or f"run{i}", s) for i, s in enumerate(order)]
     return runs
@@ -197,18 +200,18 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
     if path.is_dir():
         if any((path / n).is_file() for n in RESULTS_NAMES):
             return "sweep", path
-        if (path / "summary.json").is_file() or any(path.glob("*_summary.json")):
+        if (path / "summary.json").is_file() or any(_is_run(d) for d in path.iterdir() if d.is_dir()):
             return "run_dir", path
     elif path.suffix in (".jsonl", ".csv"):
         return "sweep", path
     elif path.suffix == ".json":
-        if path.name == "summary.json" or path.name.endswith("_summary.json"):
+        if path.name == "summary.json":
             return "run_dir", path.parent
         load_goodput_json(path)  # raises with the reason when it is not goodput output
         return "goodput", path
     raise PlotInputError(
-        f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a sweep "
-        f"results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)")
+        f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a run "
+        f"folder, a sweep results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)")
 
 
 def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:

@@ -100,7 +100,7 @@ def plot_results(
 
 def _why_empty(source: str) -> str:
     if source == "run_dir":
-        return "no *_requests.jsonl or *_iterations.csv in the folder"
+        return "no run folder with requests.jsonl or iterations.csv"
     if source == "sweep":
         return ("no goodput values, no varying rate with p90_ttft_ms / p90_tpot_ms, and no "
                 "varying slo_scale with slo_attainment or goodput")

@@ -4,6 +4,7 @@ policies from a flat config, run the SimPy model, summarize. The CLI and sweeps 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -118,6 +119,32 @@ class DeploymentConfig:
 
     def with_parallel(self, pp: int, tp: int, policy: str | None = None) -> DeploymentConfig:
         return replace(self, pp=pp, tp=tp, policy=policy or self.policy)
+
+
+def deployments_for(base: DeploymentConfig, specs: Sequence[str] | None) -> list[DeploymentConfig]:
+    """The deployments ``specs`` (``-d``) name, each on ``base``.
+
+    Without a profile file: ``specs`` or, when none, ``DEFAULT_COMPARISON``. With one, the file
+    fixes pp and tp: no specs means ``base`` itself, and specs may only name policies on the
+    file's shape (``pp2@greedy`` for a pp2 file); another shape raises naming both."""
+    if base.profile_path is None:
+        return [base.with_parallel(*parse_deployment(d)) for d in (specs or DEFAULT_COMPARISON)]
+    if not specs:
+        return [base]
+    shape = base.load_profile()
+    out = []
+    for d in specs:
+        pp, tp, policy = parse_deployment(d)
+        if (pp, tp) != (shape.pp, shape.tp):
+            raise ValueError(f"-d {d}: the profile {base.profile_path} is for pp{shape.pp}tp{shape.tp}")
+        out.append(base.with_parallel(pp, tp, policy))
+    return out
+
+
+def check_deployment(deployment: DeploymentConfig) -> None:
+    """Raise ValueError now (not after a long search) if the deployment's profile cannot be
+    built or its policy spec does not name policies it can run."""
+    build_scheduler(deployment.load_profile(), deployment)
 
 
 @dataclass(slots=True)

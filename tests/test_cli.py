@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fastpp.cli.app import app
+from fastpp.run_files import read_run
 
 runner = CliRunner()
 
@@ -24,12 +25,14 @@ def test_simulate_writes_summary_records_iterations_and_timeline(tmp_path):
     assert [s["deployment"] for s in summaries] == ["pp4", "tp4"]
     assert all(s["completed"] == 60 for s in summaries)
     assert "p90_ttft_ms" in summaries[0] and "slo_met" in summaries[0]
-    lines = (tmp_path / "pp4-static-2048_requests.jsonl").read_text().splitlines()
+    lines = (tmp_path / "pp4-static-2048" / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 60 and json.loads(lines[0])["finish_reason"] == "length"
-    trace = json.loads((tmp_path / "pp4-static-2048_timeline.json").read_text())
+    trace = json.loads((tmp_path / "pp4-static-2048" / "timeline.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     assert len(tracks) == 4
-    assert (tmp_path / "tp4-static-2048_iterations.csv").exists()
+    # each deployment is a run folder, the format a recorded real run has too
+    back = read_run(tmp_path / "tp4-static-2048")
+    assert back.summary == summaries[1] and len(back.records) == 60 and back.iterations
 
 
 def test_simulate_json_output_and_per_deployment_policy(tmp_path):
@@ -51,8 +54,9 @@ def test_trace_replay_window_and_speed(tmp_path, shared_data):
 @pytest.mark.parametrize("args,needle", [
     (["--gpu", "B300-NOPE"], "B300-NOPE"),
     (["--model", "GPT-17"], "GPT-17"),
-    (["--slo-ttft-ms", "0"], "ttft_s"),
-    (["--slo-tpot-ms", "-5"], "tpot_s"),
+    (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0, got 0"),
+    (["--slo-tpot-ms", "-5"], "--slo-tpot-ms must be > 0, got -5"),
+    (["--max-time", "-5"], "--max-time must be > 0, got -5"),
     (["--workload", "nope"], "nope"),
     (["-d", "pp4x"], "pp4x"),
     (["--policy", "fancy:1"], "fancy"),
@@ -62,6 +66,37 @@ def test_bad_options_are_named(args, needle, tmp_path):
     res = invoke("simulate", "-n", "5", "-o", str(tmp_path), *args)
     assert res.exit_code == 2
     assert needle in res.output
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_an_unwritable_out_folder_fails_before_simulating(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    res = invoke("simulate", "-n", "5", "-o", str(blocker / "sub"))
+    assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output
+
+
+def test_help_shows_defaults_and_brackets_as_written():
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig
+
+    text = " ".join(invoke("simulate", "--help").output.split())
+    workload, deployment = WorkloadConfig(), DeploymentConfig()  # the defaults' one source
+    assert f"Arrival rate, requests/s. [default: {workload.rate}]" in text
+    assert f"Requests to send. [default: {workload.num_requests}]" in text
+    assert f"Model name. [default: {deployment.model}]" in text
+    assert "random:IN:OUT[:RATIO]" in text
+    assert "Commands:" in invoke("-h").output and invoke("--version").output.startswith("fastpp ")
+
+
+def test_python_dash_m_lists_every_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fastpp", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for command in ("simulate", "goodput", "sweep", "plot", "workloads", "policies", "profile", "serve",
+                    "bench"):
+        assert command in out
 
 
 def test_malformed_trace_line_is_named(tmp_path):

@@ -293,11 +293,13 @@ class Checked:
 
 
 def check_state(sched) -> None:
-    assert sched.kv.used == sum(r.kv_tokens for r in sched.live.values()) <= sched.kv.capacity
-    places = [r.req_id for r in sched.waiting] + [r.req_id for s in sched.running for r in s]
-    places += list(sched.parked)
+    """White box: the scheduler's own structures (a test may look inside)."""
+    kv, slots = sched._kv.pool, sched._slots
+    assert kv.used == sum(r.kv_tokens for r in sched._live.values()) <= kv.capacity
+    places = [r.req_id for r in sched._queue] + [r.req_id for s in slots.running for r in s]
+    places += list(slots.parked)
     assert len(places) == len(set(places)), "a request held twice"
-    for r in sched.parked.values():
+    for r in slots.parked.values():
         assert r.slot == -1 and r.kv_tokens > 0 and not r.in_flight
 
 
@@ -317,6 +319,7 @@ def test_a_real_scheduler_loses_nothing_and_parks_within_the_bound(
                            default_chunk=256, slo=SLO(2.0, 0.01))
     pending = deque(Request(i, 0.0, p, o) for i, (p, o) in enumerate(reqs))
     in_flight: deque = deque()
+    records = {}
     steps = 0
     while pending or sched.has_work:
         steps += 1
@@ -325,12 +328,12 @@ def test_a_real_scheduler_loses_nothing_and_parks_within_the_bound(
         action = rng.random()
         if pending and action < 0.3:
             r = pending.popleft()
-            sched.add_request(Request(r.req_id, clock.t, r.prompt_len, r.output_len))
-        elif in_flight and (action < 0.6 or sched.num_in_flight == num_slots):
+            records[r.req_id] = sched.add_request(Request(r.req_id, clock.t, r.prompt_len, r.output_len))
+        elif in_flight and (action < 0.6 or len(in_flight) == num_slots):
             sched.update(in_flight.popleft())
         else:
             plan = None
-            for slot in (s for s in range(num_slots) if sched.in_flight[s] is None):
+            for slot in (s for s in range(num_slots) if sched.is_slot_free(s)):
                 plan = sched.schedule(slot)
                 if plan is not None:
                     in_flight.append(plan)
@@ -338,10 +341,10 @@ def test_a_real_scheduler_loses_nothing_and_parks_within_the_bound(
             if plan is None and not in_flight and not pending:
                 raise AssertionError("work left but nothing schedulable or in flight")
         check_state(sched)
-    assert not sched._policy_errors, sched._policy_errors  # every plan was valid and applied
-    assert sched.kv.used == 0 and not sched.parked
-    assert sorted(sched.records) == list(range(len(reqs)))
-    for rid, rec in sched.records.items():
+    assert not sched.policies.errors, sched.policies.errors  # every plan was valid and applied
+    assert sched.stats().kv_used_tokens == 0 and sched.stats().num_parked == 0
+    assert sorted(records) == list(range(len(reqs)))
+    for rid, rec in records.items():
         assert rec.finish_reason is FinishReason.LENGTH
         assert rec.num_generated == rec.output_len == len(rec.token_times)
         assert all(a < b for a, b in zip(rec.token_times, rec.token_times[1:], strict=False))
@@ -355,12 +358,11 @@ def test_a_busy_run_parks_and_the_bound_rotates_the_parked():
     inner = delay(base_unit=2, max_park_s=0.02, mode="tpot_first")
     checked = Checked(inner)
     sched = make_scheduler(clock, balancer=checked, num_slots=2, default_chunk=256)
-    for i in range(9):
-        sched.add_request(Request(i, 0.0, 8, 60))
+    records = [sched.add_request(Request(i, 0.0, 8, 60)) for i in range(9)]
     in_flight: deque = deque()
     while sched.has_work:
         clock.t += 0.005
-        free = [s for s in range(2) if sched.in_flight[s] is None]
+        free = [s for s in range(2) if sched.is_slot_free(s)]
         plan = sched.schedule(free[0]) if free else None
         if plan is not None:
             in_flight.append(plan)
@@ -368,6 +370,6 @@ def test_a_busy_run_parks_and_the_bound_rotates_the_parked():
             sched.update(in_flight.popleft())
         check_state(sched)
     assert inner.num_parks > 0 and inner.num_forced_restores > 0
-    parked_reqs = [rec for rec in sched.records.values() if rec.num_parked]
+    parked_reqs = [rec for rec in records if rec.num_parked]
     assert len(parked_reqs) > 1, "the bound should rotate deferral across requests"
-    assert all(rec.finish_reason is FinishReason.LENGTH for rec in sched.records.values())
+    assert all(rec.finish_reason is FinishReason.LENGTH for rec in records)

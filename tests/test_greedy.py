@@ -25,7 +25,8 @@ ROOM_GAP, TIGHT_GAP, BAD_GAP = 0.1, 0.2, 0.3
 class FakeView:
     """The part of SchedulerView the greedy policy reads, with state a test sets directly."""
 
-    def __init__(self, num_slots=4, running=None, kv_free=0.5, candidates=(128, 256, 512)) -> None:
+    def __init__(self, num_slots=4, running=None, kv_free=0.5,
+                 candidates=tuple(range(128, 2049, 128))) -> None:
         self.now = 100.0
         self.num_slots = num_slots
         self.slot = 0
@@ -67,7 +68,7 @@ def grown_to(steps, **config):
 
 # ---------------------------------------------------------------------- config
 @pytest.mark.parametrize("field, value", [
-    ("min_chunk", 0), ("max_chunk", 64), ("step", 0), ("step", 100), ("kv_free_watermark", 1.0),
+    ("min_chunk", 0), ("max_chunk", 0), ("kv_free_watermark", 1.0),
     ("tpot_violation_ratio", 0.0), ("ttft_low_ratio", 0.5), ("tpot_safe_ratio", 1.2),
     ("statistic", "p50"), ("window_s", 0.0),
 ])
@@ -152,14 +153,28 @@ def test_guard_returns_a_candidate_above_the_slots_decodes_without_moving_c():
     assert policy.choose(view) == 2048 and policy.last_reason == "guard"
 
 
-def test_view_candidates_when_no_step():
-    policy, view = GreedyChunkPolicy(GreedyConfig(step=None)), FakeView()
+def test_walks_the_views_candidates_within_the_bounds():
+    view = FakeView(candidates=(128, 256, 512))
+    policy = GreedyChunkPolicy()
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (256, "grow")
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (512, "grow")
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (512, "grow")  # clamped
-    bad = GreedyChunkPolicy(GreedyConfig(step=None, min_chunk=1024, max_chunk=2048))
+    bounded = GreedyChunkPolicy(GreedyConfig(max_chunk=256))
+    assert [decide(bounded, view, [BUSY_TTFT], [ROOM_GAP])[0] for _ in range(3)] == [256, 256, 256]
+    bad = GreedyChunkPolicy(GreedyConfig(min_chunk=1024, max_chunk=2048))
     with pytest.raises(ValueError, match="min_chunk"):
         bad.choose(view)
+
+
+def test_honours_the_chunk_candidates_of_the_deployment():
+    """--chunk-candidates 32:1024:32 (the CPU engine's): greedy starts at 32 and moves by 32."""
+    view = FakeView(candidates=tuple(range(32, 1025, 32)))
+    policy = GreedyChunkPolicy()
+    assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (64, "grow")
+    assert decide(policy, view, [IDLE_TTFT], [ROOM_GAP]) == (32, "shrink:idle")
+    cfg = SchedulerConfig(num_slots=2, kv_capacity_tokens=1000, chunk_candidates=tuple(range(32, 1025, 32)))
+    chunk, _ = make_policies("greedy", cfg)
+    assert chunk.choose(FakeView(num_slots=2, candidates=cfg.chunk_candidates)) == 32
 
 
 # ---------------------------------------------------------------------- signals
@@ -217,18 +232,18 @@ def test_choice_is_always_a_candidate_above_the_slots_decodes(seed, samples, sta
 def test_real_scheduler_budgets_are_candidates_above_the_slots_decodes(seed):
     rng = random.Random(seed)
     clock = FakeClock()
-    policy = GreedyChunkPolicy(GreedyConfig(min_chunk=4, max_chunk=64, step=4, kv_free_watermark=0.3))
+    policy = GreedyChunkPolicy(GreedyConfig(kv_free_watermark=0.3))
     num_slots = rng.randint(1, 4)
     sched = make_scheduler(clock, policy, num_slots=num_slots, kv_capacity_tokens=800,
-                           slo=SLO(0.5, 0.05))
+                           slo=SLO(0.5, 0.05), chunk_candidates=tuple(range(4, 65, 4)))
     in_flight, next_id = [], 0
     for _ in range(60):  # bursts build decode sets above small chunks and fill the KV pool
         for _ in range(rng.randint(0, 3)):
             sched.add_request(Request(next_id, clock.t, rng.randint(1, 30), rng.randint(1, 40)))
             next_id += 1
         for slot in range(num_slots):
-            if sched.in_flight[slot] is None:
-                num_decodes = len(sched.running[slot])
+            if sched.is_slot_free(slot):
+                num_decodes = sched.view.num_running(slot)
                 plan = sched.schedule(slot)
                 if plan is not None:
                     assert plan.chunk_budget % 4 == 0 and 4 <= plan.chunk_budget <= 64

@@ -58,8 +58,8 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
         sched.add_request(Request(i, clock.t, rng.randint(1, 300), rng.randint(1, 60)))
         clock.t += rng.random() * 0.01
         for slot in range(pp):
-            if sched.in_flight[slot] is None:
-                n_dec = len(sched.running[slot])
+            if sched.is_slot_free(slot):
+                n_dec = sched.view.num_running(slot)
                 plan = sched.schedule(slot)
                 if plan is not None:
                     assert plan.chunk_budget in CANDS
@@ -87,7 +87,7 @@ def test_low_load_gets_the_smallest_chunk_that_keeps_up():
     policy = policy_for()
     sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=20)
     clock.t = 0.01
-    sched.now = clock.t
+    sched.view.now = clock.t
     assert policy.choose(sched.view) == CANDS[0]
     assert policy.last.reason == "optimal"
 
@@ -95,7 +95,7 @@ def test_low_load_gets_the_smallest_chunk_that_keeps_up():
 def test_late_backlog_takes_the_largest_tpot_safe_chunk():
     policy = policy_for()
     sched, clock = loaded_scheduler(policy)
-    clock.t = sched.now = 1.95  # every request has waited almost the whole TTFT SLO
+    clock.t = sched.view.now = 1.95  # every request has waited almost the whole TTFT SLO
     chunk = policy.choose(sched.view)
     assert policy.last.reason == "best-effort" and policy.last.required_tok_s == float("inf")
     assert chunk == CANDS[-1]  # the toy deployment is fast: even 512 tokens meet 200 ms
@@ -104,7 +104,7 @@ def test_late_backlog_takes_the_largest_tpot_safe_chunk():
 def test_tpot_bound_caps_the_chunk_and_infeasible_slo_falls_back_to_the_smallest():
     tight = policy_for()
     sched, clock = loaded_scheduler(tight, slo=SLO(2.0, 0.012))
-    clock.t = sched.now = 1.95
+    clock.t = sched.view.now = 1.95
     capped = tight.choose(sched.view)
     assert tight.last.reason == "best-effort" and CANDS[0] < capped < CANDS[-1]
     # the record names what the chosen chunk delivers, and its beat fits the TPOT bound
@@ -112,7 +112,7 @@ def test_tpot_bound_caps_the_chunk_and_infeasible_slo_falls_back_to_the_smallest
     assert tight.last.capacity_tok_s > 0 and 0 < num_slots * tight.last.beat_s <= 0.012 * 1.05
     impossible = policy_for()
     sched, clock = loaded_scheduler(impossible, slo=SLO(2.0, 0.0001))
-    clock.t = sched.now = 1.95
+    clock.t = sched.view.now = 1.95
     assert impossible.choose(sched.view) == CANDS[0]
     assert impossible.last.reason == "infeasible"
 
@@ -124,14 +124,14 @@ def test_kv_pressure_drains_with_the_smallest_chunk_above_every_slot():
                            chunk_candidates=CANDS, new_token_ratio=0.0, default_chunk=512)
     for i in range(20):
         sched.add_request(Request(i, 0.0, 40, 200))
-    while sched.kv.free >= 0.1 * sched.kv.capacity:
+    while sched.view.kv_free_tokens >= 0.1 * sched.view.kv_total_tokens:
         for slot in range(2):
             plan = sched.schedule(slot)
             if plan is not None:
                 clock.t += 0.01
                 sched.update(plan)
     sched.chunk_policy = policy
-    top = max(len(r) for r in sched.running)
+    top = max(sched.view.num_running(s) for s in range(2))
     chunk = policy.choose(sched.view)
     assert policy.last.reason == "kv-pressure"
     assert chunk == min(c for c in CANDS if c > top)

@@ -22,7 +22,6 @@ from fastpp.predictor import (
     mape,
 )
 from fastpp.predictor_fit import bottleneck_table
-from fastpp.types import IterationRecord
 
 # true unscaled coefficients: s per sum_past_x_pre, per sum_pre_sq, per sum_dec_ctx, bias s
 B_TRUE = np.array([2e-9, 1e-9, 2e-8, 3e-4])
@@ -123,14 +122,10 @@ def test_a_long_run_of_outliers_is_learned_as_a_regime_change():
     assert pred.n_updates_ == n + 1
 
 
-def test_observe_is_learn_one_on_the_record():
-    rec = IterationRecord(mb_id=0, stage=1, slot=0, started_at=1.0, finished_at=1.004,
-                          num_tokens=300, num_prefill_tokens=256, num_decode_reqs=44,
-                          sum_past_x_pre=256 * 1024, sum_pre_sq=256 ** 2, sum_dec_ctx=44_000,
-                          chunk_budget=512)
+def test_partial_fit_of_one_sample_is_learn_one():
     a, b = ALPPredictor(TABLE), ALPPredictor(TABLE)
-    a.observe(rec)
-    b.partial_fit([300, 256 * 1024, 256 ** 2, 44_000], rec.duration_s)
+    a.learn_one(300, 256 * 1024, 256 ** 2, 44_000, 0.004)
+    b.partial_fit([300, 256 * 1024, 256 ** 2, 44_000], 0.004)
     np.testing.assert_array_equal(a.coef_, b.coef_)
     assert a.n_updates_ == 1
 

@@ -1,6 +1,7 @@
 """Property tests: over random workloads, parameters and interleavings, the scheduler keeps its
-invariants. A hand-rolled driver launches into free slots, returns microbatches in launch
-order (a pipeline is FIFO), admits arrivals and aborts requests at random points."""
+invariants and its contract with executors. A hand-rolled driver launches into free slots,
+returns microbatches in launch order (a pipeline is FIFO), admits arrivals and aborts requests at
+random points, and keeps an executor's own KV table from the plans alone (fastpp.plan)."""
 
 from __future__ import annotations
 
@@ -48,24 +49,31 @@ class RandomBalancer:
         pass
 
 
-def check_state(sched) -> None:
-    kv = sched.kv
+def check_state(sched, executor_kv: dict[int, int]) -> None:
+    """The scheduler's internal invariants (white box), and that an executor which only applied
+    the plans' kv_frees / kv_reservations holds exactly what the scheduler reserved."""
+    kv, live, queue, slots = sched._kv.pool, sched._live, sched._queue, sched._slots
     assert 0 <= kv.used <= kv.capacity
-    held = sum(r.kv_tokens for r in sched.live.values())
+    held = sum(r.kv_tokens for r in live.values())
     assert held == kv.used, (held, kv.used)
     seen: set[int] = set()
-    places = [r.req_id for r in sched.waiting] + [r.req_id for s in sched.running for r in s]
-    places += list(sched.parked)
+    places = [r.req_id for r in queue] + [r.req_id for s in slots.running for r in s]
+    places += list(slots.parked)
     for rid in places:
         assert rid not in seen, f"request {rid} held twice"
         seen.add(rid)
-    for slot, run in enumerate(sched.running):
-        assert sched.slot_ctx_sum[slot] == sum(r.ctx_len for r in run)
-    assert abs(sched.waiting_arrival_sum - sum(r.arrived_at for r in sched.waiting)) < 1e-6
-    pending = sum(r.remaining_prefill for r in sched.waiting)
-    if sched.chunked is not None:
-        pending += sched.chunked.remaining_prefill
-    assert sched.pending_prefill_tokens == pending
+    for slot, run in enumerate(slots.running):
+        assert slots.ctx_sum[slot] == sum(r.ctx_len for r in run)
+        assert all(r.slot == slot for r in run)
+    assert abs(queue.arrival_sum - sum(r.arrived_at for r in queue)) < 1e-6
+    pending = sum(r.remaining_prefill for r in queue)
+    if queue.chunked is not None:
+        pending += queue.chunked.remaining_prefill
+    assert queue.prefill_tokens == pending
+    assert sched._kv.output_backlog == sum(r.remaining_output for r in live.values() if r.kv_tokens)
+    not_yet_freed = set(sched._kv._frees)
+    shown = {rid: t for rid, t in executor_kv.items() if rid not in not_yet_freed}
+    assert shown == {rid: r.kv_tokens for rid, r in live.items() if r.kv_tokens}
 
 
 workloads = st.lists(
@@ -93,21 +101,32 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
     pending = deque(Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs))
     in_flight: deque = deque()
     tokens_seen: dict[int, int] = {}
+    records = {}
+    ends: list[int] = []  # every end the scheduler reported, by whichever call
+    executor_kv: dict[int, int] = {}
     steps = 0
     while pending or sched.has_work:
         steps += 1
         assert steps < 50_000, "no progress"
         clock.t += 0.001
         action = rng.random()
+        live = sorted(r.req_id for r in records.values() if not r.is_finished)
         if pending and action < 0.3:
-            sched.add_request(pending.popleft())
-        elif action < 0.35 and sched.live:
-            sched.abort(rng.choice(sorted(sched.live)))
-        elif in_flight and (action < 0.65 or sched.num_in_flight == num_slots):
+            rec = sched.add_request(pending.popleft())
+            records[rec.req_id] = rec
+            if rec.is_finished:
+                ends.append(rec.req_id)
+        elif action < 0.35 and live:
+            end = sched.abort(rng.choice(live))
+            if end is not None:
+                ends.append(end.req_id)
+        elif in_flight and (action < 0.65 or len(in_flight) == num_slots):
             plan = in_flight.popleft()
-            sched.update(plan)
+            out = sched.update(plan)
+            ends += [e.req_id for e in out.finished]
+            assert out.discarded_ids <= {e.req_id for e in out.finished if e.reason is FinishReason.ABORTED}
         else:
-            free = [s for s in range(num_slots) if sched.in_flight[s] is None]
+            free = [s for s in range(num_slots) if sched.is_slot_free(s)]
             if free:
                 plan = sched.schedule(free[0])
                 if plan is not None:
@@ -116,20 +135,28 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
                         c.num_tokens for c in plan.prefill)
                     ids = list(plan.decode_req_ids) + [c.req_id for c in plan.prefill]
                     assert len(ids) == len(set(ids)), "a request twice in one microbatch"
+                    assert set(plan.retracted_ids) <= set(plan.kv_frees)
+                    for rid in plan.kv_frees:
+                        assert executor_kv.pop(rid, None) is not None, f"free of {rid}, never reserved"
+                    for rid, tokens in plan.kv_reservations(page):
+                        executor_kv[rid] = max(executor_kv.get(rid, 0), tokens)
+                    assert sum(executor_kv.values()) <= sched.stats().kv_capacity_tokens
                     in_flight.append(plan)
             elif not in_flight and not pending:
                 raise AssertionError("work left but nothing schedulable or in flight")
-        check_state(sched)
-        for rid, rec in sched.records.items():
+        check_state(sched, executor_kv)
+        for rid, rec in records.items():
             assert rec.num_generated == len(rec.token_times)
             assert rec.num_generated >= tokens_seen.get(rid, 0)
             tokens_seen[rid] = rec.num_generated
-    assert len(sched.records) == len(reqs)
-    assert sched.kv.used == 0
-    for rec in sched.records.values():
+    assert sorted(ends) == sorted(records) == list(range(len(reqs))), "each end reported exactly once"
+    assert sched.stats().kv_used_tokens == 0
+    capacity = sched.stats().kv_capacity_tokens
+    for rec in records.values():
         assert rec.finish_reason is not None
         if rec.finish_reason is FinishReason.LENGTH:
-            assert rec.num_generated == min(rec.output_len, 1024 - rec.prompt_len)
+            assert rec.num_generated == min(rec.output_len, 1024 - rec.prompt_len,
+                                            capacity - rec.prompt_len + 1)
         if rec.finish_reason is FinishReason.REJECTED:
             assert rec.detail
         times = rec.token_times
@@ -151,7 +178,7 @@ def test_simulation_ends_every_request_once(reqs, pp, kv, seed):
         if rec.finish_reason is FinishReason.LENGTH:
             assert rec.num_generated == rec.output_len == len(rec.token_times)
             assert rec.first_token_at is not None and rec.first_token_at > rec.arrived_at
-    assert sched.kv.used == 0
+    assert sched.stats().kv_used_tokens == 0
     per_stage: dict[int, list] = {}
     for it in result.iterations:
         assert it.num_tokens <= it.chunk_budget

@@ -70,7 +70,7 @@ def run_and_check(engine: PipelineEngine, seed: int, n: int = 12, max_prompt: in
 
 
 def check_no_leak(engine: PipelineEngine) -> None:
-    assert engine.scheduler.kv.used == 0
+    assert engine.snapshot.stats.kv_used_tokens == 0
     assert engine.final_free_blocks == [engine.config.kv_blocks] * engine.config.num_stages
 
 
@@ -102,10 +102,10 @@ def test_random_chunks_parking_and_retraction_do_not_change_outputs():
                             balancer=RandomBalancer(2)).start()
     try:
         got = run_and_check(engine, seed=5, n=14, max_prompt=100, max_output=40)
-        assert engine.scheduler.num_retractions > 0, "the workload was meant to force retractions"
+        assert engine.snapshot.stats.num_retractions > 0, "the workload was meant to force retractions"
         assert sum(r.num_parked for r in engine.recorded_requests) > 0
         assert sorted(r.req_id for r in engine.recorded_requests) == sorted(got.ends)
-        assert not engine.scheduler.records  # ended requests are forgotten
+        assert not engine.scheduler._records  # ended requests are forgotten
         assert {it.stage for it in engine.recorded_iterations} == {0, 1}
     finally:
         engine.shutdown()

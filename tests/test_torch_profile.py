@@ -16,7 +16,7 @@ from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig
 from fastpp.backends.torch.profile_fit import fit_stage, nnls  # noqa: E402
 from fastpp.backends.torch.profile_link import fit_link  # noqa: E402
 from fastpp.backends.torch.profile_measure import Shape, grid_shapes, measure_host_overhead  # noqa: E402
-from fastpp.backends.torch.profiler import predictor_path_for, profile_torch, write_torch_profile  # noqa: E402
+from fastpp.backends.torch.profiler import profile_torch, write_torch_profile  # noqa: E402
 from fastpp.cli.app import app  # noqa: E402
 from fastpp.predictor import ALPPredictor  # noqa: E402
 from fastpp.profile import load_profile  # noqa: E402
@@ -43,8 +43,8 @@ def tiny_result():
 
 # ---------------------------------------------------------------------------- end to end
 def test_tiny_profile_loads_and_matches_the_engine_split(tiny_result, tmp_path):
-    path, pred_path = write_torch_profile(tiny_result, tmp_path / "cpu_tiny_pp2.json")
-    assert pred_path == tmp_path / "cpu_tiny_pp2.predictor.json"
+    path = write_torch_profile(tiny_result, tmp_path / "cpu_tiny_pp2.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_tiny_pp2.json"]  # one artifact
     prof = load_profile(path)
     assert prof.to_dict() == tiny_result.profile.to_dict()
     assert (prof.kind, prof.gpu, prof.pp, prof.tp, prof.model.name) == ("measured", "CPU", 2, 1, "tiny")
@@ -65,12 +65,11 @@ def test_tiny_profile_loads_and_matches_the_engine_split(tiny_result, tmp_path):
     assert prof.provenance["concurrent_load"].startswith("none")  # stages timed alone by default
 
 
-def test_tiny_predictor_is_fitted_saved_and_its_error_reported(tiny_result, tmp_path):
-    _, pred_path = write_torch_profile(tiny_result, tmp_path / "p.json")
-    loaded = ALPPredictor.load(pred_path, model="tiny", hardware="CPU", pp=2, tp=1)
+def test_tiny_predictor_is_fitted_and_its_error_reported(tiny_result, tmp_path):
+    path = write_torch_profile(tiny_result, tmp_path / "p.json")
+    from_profile = ALPPredictor.from_profile(load_profile(path))  # what the predictive policy uses
     X = np.array([[1, 0, 0, 32], [64, 128 * 64, 64 * 64, 0], [80, 0, 64 * 64, 16 * 128]])
-    assert np.allclose(loaded.predict(X), tiny_result.predictor.predict(X))
-    assert np.all(loaded.predict(X) > 0)
+    assert np.all(from_profile.predict(X) > 0) and np.all(tiny_result.predictor.predict(X) > 0)
     # the errors are measured numbers, written into the profile and the summary
     r = tiny_result
     assert np.isfinite(r.predictor_mape) and r.predictor_mape >= 0
@@ -79,12 +78,10 @@ def test_tiny_predictor_is_fitted_saved_and_its_error_reported(tiny_result, tmp_
     assert all(np.isfinite(f.mape) for f in r.stage_fits)
     text = "\n".join(r.summary_lines())
     assert "ALPPredictor MAPE" in text and "held-out beats" in text
-    with pytest.raises(ValueError, match="made for deployment"):
-        ALPPredictor.load(pred_path, model="tiny", hardware="CPU", pp=3, tp=1)
 
 
 def test_simulator_runs_on_the_measured_profile(tiny_result, tmp_path):
-    path, _ = write_torch_profile(tiny_result, tmp_path / "p.json")
+    path = write_torch_profile(tiny_result, tmp_path / "p.json")
     requests = [Request(i, 0.05 * i, 40 + 7 * i, 8) for i in range(24)]
     run = run_simulation(WorkloadConfig(rate=20.0, num_requests=24),
                          DeploymentConfig(profile_path=str(path), policy="static:64"), requests=requests)
@@ -105,7 +102,7 @@ def test_cli_profiles_tiny_and_simulate_reads_it(tmp_path):
                  "--repeats", "1", "--no-link", "-o", str(path))
     assert res.exit_code == 0, res.output
     assert "ALPPredictor MAPE" in res.output and "stage 1 (1 layers)" in res.output
-    assert (tmp_path / "tiny.predictor.json").exists()
+    assert not (tmp_path / "tiny.predictor.json").exists()
     prof = load_profile(path)
     assert prof.pp == 2 and "assumed" in prof.provenance["link_one_way_points_bytes_s"]
     res = invoke("simulate", "--profile", str(path), "-w", "sharegpt-synthetic", "-n", "12", "-r", "2",
@@ -222,11 +219,6 @@ def test_host_overhead_times_real_scheduler_steps():
                                             max_context=2048, num_samples=50)
     assert 0 < seconds < 0.05
     assert 1 <= tokens <= 512  # static 512-token chunks
-
-
-def test_predictor_path_next_to_the_profile(tmp_path):
-    assert predictor_path_for(tmp_path / "x_pp2.json") == tmp_path / "x_pp2.predictor.json"
-    assert predictor_path_for(tmp_path / "prof") == tmp_path / "prof.predictor.json"
 
 
 def test_quick_grid_measures_fewer_shapes_than_the_default():

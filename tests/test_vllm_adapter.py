@@ -120,7 +120,7 @@ def test_budget_below_the_decode_count_rotates_the_slot():
     """Four decodes in slot 0 and C = 2: two ride each round, the others first next round,
     and none moves to slot 1 (the balancer's job, not the budget's)."""
     adapter, engine, _, rec = make_adapter("static")
-    adapter.chunk_policy = Shrinking()
+    adapter.policies.chunk_policy = Shrinking()
     loop = FakeEngineLoop(engine, adapter, pp=2)
     for i in range(4):
         loop.add(FakeRequest(f"r{i}", 1, 5))
@@ -157,15 +157,15 @@ class Raising:
 
 def test_raising_policies_fall_back_and_serving_goes_on(caplog):
     adapter, engine, _, rec = make_adapter("static", max_budget=64)
-    adapter.chunk_policy = Raising()
-    adapter.balancer = Raising()
+    adapter.policies.chunk_policy = Raising()
+    adapter.policies.balancer = Raising()
     loop = FakeEngineLoop(engine, adapter, pp=2)
     burst(loop, 4)
     loop.run()
     assert len(rec.ends) == 4 and all(r.num_generated == 6 for r in rec.ends)
     assert {d["reason"] for d in rec.decisions} == {"fallback: policy error"}
     assert {d["budget"] for d in rec.decisions} == {64}  # default_chunk = max_num_batched_tokens
-    assert adapter.counters.policy_errors > 0
+    assert adapter.policies.num_failures > 0
     assert sum("raised" in r.message for r in caplog.records) == 2  # once per kind
 
 
@@ -178,11 +178,11 @@ def test_a_balancer_plan_that_breaks_the_rules_is_ignored():
             return None
 
     adapter, engine, _, rec = make_adapter("static")
-    adapter.balancer = Bad()
+    adapter.policies.balancer = Bad()
     loop = FakeEngineLoop(engine, adapter, pp=2)
     burst(loop, 3)
     loop.run()
-    assert len(rec.ends) == 3 and adapter.counters.parks == 0 and adapter.counters.policy_errors > 0
+    assert len(rec.ends) == 3 and adapter.counters.parks == 0 and adapter.policies.num_failures > 0
 
 
 def test_signals_ttft_and_token_gaps():
@@ -345,7 +345,7 @@ def test_parked_requests_come_back_when_nothing_else_can_run():
             return None
 
     adapter, engine, _, rec = make_adapter("static")
-    adapter.balancer = ParkAll()
+    adapter.policies.balancer = ParkAll()
     loop = FakeEngineLoop(engine, adapter, pp=2)
     burst(loop, 3, out=4)
     loop.run()
@@ -372,5 +372,5 @@ def test_every_registered_policy_runs_over_the_adapter(tmp_path):
                     writers[1].write(b.mb_id, clock.t + 0.004, clock.t + 0.009)
             loop.step()
         assert len(rec.ends) == 6, spec
-        assert adapter.counters.policy_errors == 0, spec
+        assert adapter.policies.num_failures == 0, spec
         assert rec.iterations and adapter.counters.missing_stage_times == 0, spec

@@ -50,22 +50,22 @@ def render(engine: Any, model_name: str, http_counts: dict[int, int]) -> str:
     """The /metrics page for a ``PipelineEngine``, from the snapshot its engine thread published
     (never from the live scheduler: only the engine thread touches that)."""
     snap = engine.snapshot
-    sched, c = snap.scheduler, snap.counters
+    stats, c = snap.stats, snap.counters
     cfg = engine.config
     e = Exposition("fastpp", {"model_name": model_name})
     e.one("num_requests_running", "gauge", "Requests admitted (holding KV), parked ones included.",
-          sched.num_admitted)
+          stats.num_admitted)
     e.one("num_requests_waiting", "gauge", "Requests queued and not admitted yet.", engine.num_queued)
-    e.one("num_requests_parked", "gauge", "Decode requests the balancer holds back.", sched.num_parked)
+    e.one("num_requests_parked", "gauge", "Decode requests the balancer holds back.", stats.num_parked)
     e.one("kv_cache_usage_ratio", "gauge", "Share of KV reserved.",
-          sched.kv_used_tokens / sched.kv_capacity_tokens)
+          stats.kv_used_tokens / stats.kv_capacity_tokens)
     e.one("kv_blocks_total", "gauge", "KV blocks per stage.", cfg.kv_blocks)
     e.one("kv_blocks_free", "gauge", "Free KV blocks on stage 0.", snap.stage0_free_blocks)
     e.one("requests_received_total", "counter", "Requests passed to the engine.", engine.num_received)
     e.one("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", c.prompt_tokens)
     e.one("generation_tokens_total", "counter", "Output tokens generated.", c.generated_tokens)
     e.one("microbatches_total", "counter", "Microbatches completed.", c.microbatches)
-    e.one("num_retractions_total", "counter", "KV freed and recomputed.", sched.num_retractions)
+    e.one("num_retractions_total", "counter", "KV freed and recomputed.", stats.num_retractions)
     e.family("request_success_total", "counter", "Requests ended, by finish reason.",
              [({"finished_reason": k}, v) for k, v in sorted(c.ended.items())])
     e.family("chunk_budget_microbatches_total", "counter", "Microbatches by the chunk budget C chosen.",

@@ -7,8 +7,8 @@ which stage died and why, stops accepting connections and returns exit code 1: n
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import uvicorn
 
@@ -16,6 +16,8 @@ from fastpp.backends.openai_server.app import ServerState, create_app
 from fastpp.backends.torch.engine import EngineConfig, PipelineEngine
 from fastpp.backends.torch.text import load_text
 from fastpp.backends.torch.weights_source import WeightsSource
+from fastpp.metrics import pipeline_fields, summarize
+from fastpp.run_files import write_run
 
 log = logging.getLogger("fastpp.serve")
 
@@ -23,11 +25,11 @@ GRACEFUL_SHUTDOWN_S = 5
 
 
 def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0.1", port: int = 8000,
-               max_queue: int = 256, log_level: str = "info",
-               on_stop: Callable[[PipelineEngine], None] | None = None) -> int:
+               max_queue: int = 256, log_level: str = "info", record_dir: Path | None = None) -> int:
     """Serve until interrupted (exit code 0) or until the engine fails (exit code 1).
 
-    ``on_stop(engine)`` runs once the engine has stopped (e.g. to write its recorded runs)."""
+    With ``record_dir`` (and ``config.record``), the run is written there once the engine has
+    stopped, in the simulator's run-folder format (:func:`write_recorded_run`)."""
     tokenizer, template = load_text(source)
     engine = PipelineEngine(source, replace(config, eos_token_id=tokenizer.eos_token_id))
     engine.start()
@@ -51,9 +53,26 @@ def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0
         if engine.final_free_blocks is not None:
             log.info("free KV blocks per stage at shutdown: %s of %d", engine.final_free_blocks,
                      config.kv_blocks)
-        if on_stop is not None:
-            on_stop(engine)
+        if record_dir is not None:
+            write_recorded_run(engine, record_dir)
     if engine.error is not None:
         log.error("engine failed: %s", engine.error)
         return 1
     return 0
+
+
+def write_recorded_run(engine: PipelineEngine, out: Path) -> None:
+    """What a simulation run writes, for a real one (``fastpp.run_files``): compare them file by
+    file, or turn it into a profile."""
+    records = sorted(engine.recorded_requests, key=lambda r: r.req_id)
+    iterations = engine.recorded_iterations
+    summary = summarize(records, slo=engine.config.slo, backend="fastpp-torch") if records else {}
+    if records:
+        start = min(r.arrived_at for r in records)
+        end = max(r.finished_at for r in records if r.finished_at is not None)
+        summary.update(pp=engine.config.num_stages, policy=engine.config.policy,
+                       num_microbatches=len({it.mb_id for it in iterations}),
+                       **pipeline_fields(engine.stage_busy_s, start, end))
+    write_run(out, records, iterations, summary,
+              stage_names=[f"stage {i}" for i in range(engine.config.num_stages)])
+    log.info("wrote %d requests and %d stage iterations to %s", len(records), len(iterations), out)

@@ -97,6 +97,9 @@ class PipelineEngine:
         self._ids = itertools.count()
         self._active: dict[int, ActiveRequest] = {}
         self._inflight: dict[int, tuple[MicroBatchPlan, tuple[int, ...]]] = {}
+        # KV the scheduler released: stage 0 frees it at once, the other stages with the next
+        # microbatch (its plan's kv_frees hold only what schedule() itself released)
+        self._frees_for_next: list[int] = []
         self._submitted = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
@@ -212,7 +215,7 @@ class PipelineEngine:
     @property
     def num_queued(self) -> int:
         """Requests submitted and not yet admitted (waiting for KV or a chunk budget)."""
-        return max(0, self.num_unfinished - self.snapshot.scheduler.num_admitted)
+        return max(0, self.num_unfinished - self.snapshot.stats.num_admitted)
 
     @property
     def is_alive(self) -> bool:
@@ -282,6 +285,7 @@ class PipelineEngine:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     item = None
+            self._free_released_kv()
             if self._closing:
                 if not self._inflight and not stop_sent:
                     stop_sent = True
@@ -321,6 +325,15 @@ class PipelineEngine:
         if end is not None:  # else it ends when its microbatch returns
             self._ended(end)
 
+    def _free_released_kv(self) -> None:
+        """Free on stage 0 the KV of requests that ended or were retracted since the last plan
+        (so an idle engine holds none); the other stages free it with the next microbatch."""
+        assert self._stage0 is not None
+        frees = self.scheduler.drain_kv_frees()
+        if frees:
+            self._stage0.apply_kv(list(frees), [])
+            self._frees_for_next.extend(frees)
+
     def _launch(self, plan: MicroBatchPlan) -> None:
         assert self._stage0 is not None
         layout = BatchLayout.from_plan(plan)
@@ -335,7 +348,8 @@ class PipelineEngine:
             if s.samples:
                 rows.append(a.params.row(len(a.tokens) - a.prompt_len))
         allocs = plan.kv_reservations(self.config.block_size)
-        meta = make_meta(plan.mb_id, layout, list(plan.kv_frees), allocs, rows, [])
+        frees, self._frees_for_next = self._frees_for_next + list(plan.kv_frees), []
+        meta = make_meta(plan.mb_id, layout, frees, allocs, rows, [])
         out = self._stage0.run(meta, torch.tensor(ids, dtype=torch.int64))
         self._inflight[plan.mb_id] = (plan, layout.sample_req_ids)
         if self._to_next is None:  # a single stage: it is also the last
@@ -383,8 +397,8 @@ class PipelineEngine:
 
     def _send_stop(self) -> None:
         assert self._stage0 is not None
-        frees = list(self.scheduler.drain_kv_frees())
-        self._stage0.apply_kv(frees, [])
+        self._free_released_kv()
+        frees, self._frees_for_next = self._frees_for_next, []
         free_blocks = [self._stage0.cache.num_free_blocks]
         if self._to_next is None:
             self.final_free_blocks = free_blocks

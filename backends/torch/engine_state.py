@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastpp.backends.torch.sampling import SamplingParams
-from fastpp.scheduler import SchedulerStats
+from fastpp.plan import SchedulerStats
 from fastpp.types import RequestRecord
 
 
@@ -101,7 +101,7 @@ class EngineSnapshot:
     """What other threads (/metrics, admission) read of the engine: published by the engine
     thread after each pass of its loop, never changed after."""
 
-    scheduler: SchedulerStats
+    stats: SchedulerStats
     counters: EngineCounters
     stage_busy_s: tuple[float, ...]  # compute seconds per stage
     stage0_free_blocks: int

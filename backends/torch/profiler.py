@@ -1,4 +1,4 @@
-"""``fastpp profile --backend torch``: measure the CPU engine and write a profile plus a fitted predictor.
+"""``fastpp profile --backend torch``: measure the CPU engine and write a profile (fitted per stage).
 
 Scenario: before simulating policies for the CPU engine, measure what its stages really cost on
 this machine. Each stage of the ``--pp`` split (``split_layers``, as the engine places layers) is
@@ -271,17 +271,11 @@ def _build_profile(config: TorchProfileConfig, cfg: ModelConfig, stages: tuple[S
         activation_bytes_per_token=cfg.hidden_size * config.dtype_bytes, link=link, stages=stages)
 
 
-def predictor_path_for(profile_path: str | Path) -> Path:
-    """Where the fitted predictor goes by default: ``x.json`` -> ``x.predictor.json``."""
-    path = Path(profile_path)
-    return path.with_name(f"{path.stem if path.suffix == '.json' else path.name}.predictor.json")
-
-
-def write_torch_profile(result: TorchProfileResult, path: str | Path,
-                        predictor_path: str | Path | None = None) -> tuple[Path, Path]:
-    """Save the profile and its predictor; returns both paths."""
+def write_torch_profile(result: TorchProfileResult, path: str | Path) -> Path:
+    """Save the measured profile; returns its path. The fitted ALPPredictor is a quality check
+    reported in ``summary_lines`` and the provenance, not a second artifact: the predictive
+    policy builds its predictor from the profile (its prior is the profile's fitted costs) and
+    learns online from there."""
     path = Path(path)
-    pred_path = Path(predictor_path) if predictor_path is not None else predictor_path_for(path)
     save_profile(result.profile, path)
-    result.predictor.save(pred_path)
-    return path, pred_path
+    return path

@@ -21,8 +21,10 @@ of and decides, before each ``schedule()``, what our policies want from it:
   vLLM's own request counters after its ``update_from_output``; the stage times of the
   microbatch become IterationRecords that the policies observe.
 
-A policy that raises is logged once per kind of failure and replaced for that decision by the
-static budget (``default_chunk``) or no balancing; serving goes on.
+Policies are called through ``fastpp.policies.guard.GuardedPolicies``, as in every executor: a
+policy that raises (or returns a bad value, or an invalid plan) is logged once per kind of
+failure and replaced for that decision by the static budget (``default_chunk``) or no
+balancing; serving goes on.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from typing import Any, Protocol
 
 from fastpp.backends.vllm.tracked import TrackedRequest
 from fastpp.decode_slots import DecodeSlots
-from fastpp.plan import BalancePlan
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
+from fastpp.policies.guard import GuardedPolicies
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
 
-log = logging.getLogger("vllm.fastpp")  # under vLLM's logger: its handlers print it
+log = logging.getLogger("fastpp.vllm")
 
 
 class EngineQueues(Protocol):
@@ -126,7 +128,6 @@ class AdapterCounters:
     liveness_restores: int = 0  # restored because nothing else could run
     preemptions: int = 0
     unexpected_decodes: int = 0  # decodes vLLM scheduled that the decision did not pick
-    policy_errors: int = 0
     missing_stage_times: int = 0  # microbatches returned without the workers' stage times
 
 
@@ -143,8 +144,7 @@ class Adapter:
         if max_budget < 1:
             raise ValueError(f"max_budget must be >= 1 token, got {max_budget}")
         self.config = config
-        self.chunk_policy = chunk_policy
-        self.balancer = balancer
+        self.policies = CountingGuard(chunk_policy, balancer, config.default_chunk)
         self.engine = engine
         self.clock = clock
         self.max_budget = max_budget
@@ -158,7 +158,6 @@ class Adapter:
         self.view = VllmView(self)
         self._next_req_id = 0
         self._seq = 0
-        self._policy_errors: set[str] = set()
 
     # ------------------------------------------------------------------ arrivals and ends
     def arrive(self, engine_req: Any) -> TrackedRequest:
@@ -236,39 +235,20 @@ class Adapter:
         slots = self.slots
         if not slots.running[slot] and not slots.parked:
             return ""
-        try:
-            plan = self.balancer.plan(self.view, slot)
-            if not isinstance(plan, BalancePlan):
-                raise TypeError(f"balancer returned {type(plan).__name__}, not a BalancePlan")
-            if plan.is_noop:
-                return ""
-            slots.check(plan, slot)
-        except Exception as exc:  # a policy must never take the engine down
-            self._policy_failed("balancer", exc)
+        failures = self.policies.num_failures
+        plan = self.policies.balance(self.view, slot, slots.check)
+        if self.policies.num_failures > failures:
             return "fallback: balancer error"
+        if plan.is_noop:
+            return ""
         slots.apply(plan, slot, now)
         self.counters.parks += len(plan.park_ids)
         self.counters.restores += len(plan.restore_ids)
         return plan.reason or "balanced"
 
     def _choose_budget(self) -> tuple[int, str]:
-        policy = self.chunk_policy
-        try:
-            budget = policy.choose(self.view)
-            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-                raise ValueError(f"chunk policy returned {budget!r}, not a positive int")
-            reason = getattr(policy, "last_reason", "")
-        except Exception as exc:
-            self._policy_failed("chunk policy", exc)
-            budget, reason = self.config.default_chunk, "fallback: policy error"
+        budget, reason = self.policies.choose(self.view)
         return min(budget, self.max_budget), reason
-
-    def _policy_failed(self, which: str, exc: Exception) -> None:
-        self.counters.policy_errors += 1
-        key = f"{which}: {type(exc).__name__}"
-        if key not in self._policy_errors:  # log once per kind of failure
-            self._policy_errors.add(key)
-            log.error("%s raised %r; using the static fallback for this decision", which, exc)
 
     # ------------------------------------------------------------------ what vLLM scheduled
     def launched(self, decision: StepDecision, output: Any, num_scheduled: dict[str, int]) -> LaunchedBatch:
@@ -387,11 +367,7 @@ class Adapter:
             started = t0 if prev_end is None else max(t0, prev_end)
             rec = batch.iteration(stage, started, max(started, t1))
             prev_end = t1
-            for name, target in (("chunk policy", self.chunk_policy), ("balancer", self.balancer)):
-                try:
-                    target.observe(rec)
-                except Exception as exc:
-                    self._policy_failed(f"{name}.observe", exc)
+            self.policies.observe(rec)
             if self.recorder is not None:
                 self.recorder.on_iteration(rec)
 
@@ -451,3 +427,15 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now_fn() - self.epoch
+
+
+class CountingGuard(GuardedPolicies):
+    """``GuardedPolicies`` that also counts failures (the decision log marks fallbacks)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_failures = 0
+
+    def failed(self, which: str, exc: Exception) -> None:
+        self.num_failures += 1
+        super().failed(which, exc)

@@ -23,7 +23,7 @@ import logging
 import os
 import time
 
-log = logging.getLogger("vllm.fastpp")  # under vLLM's logger: its handlers print it
+log = logging.getLogger("fastpp.vllm")
 
 _applied: set[str] = set()
 

@@ -27,7 +27,7 @@ from fastpp.metrics import summarize
 from fastpp.run_files import ITERATIONS, REQUESTS, write_run
 from fastpp.types import SLO, IterationRecord, RequestRecord
 
-log = logging.getLogger("vllm.fastpp")
+log = logging.getLogger("fastpp.vllm")
 
 DECISIONS = "decisions.jsonl"
 

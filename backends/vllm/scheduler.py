@@ -35,7 +35,7 @@ from fastpp.backends.vllm.stage_times import FASTPP_MB_ATTR, StageTimesReader
 from fastpp.profile import load_profile
 from fastpp.types import FinishReason
 
-log = logging.getLogger("vllm.fastpp")  # under vLLM's logger: its handlers print it
+log = logging.getLogger("fastpp.vllm")
 
 
 class FastPPScheduler(Scheduler):
@@ -43,6 +43,7 @@ class FastPPScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        _log_like_vllm()
         settings = VllmSchedulerSettings.from_env()
         num_stages = self.parallel_config.pipeline_parallel_size
         max_budget = self.max_num_scheduled_tokens
@@ -126,5 +127,18 @@ class FastPPScheduler(Scheduler):
         if self._fastpp_recorder is not None:
             unfinished = [t.rec for t in self.fastpp.tracked.values()]
             self._fastpp_recorder.close(unfinished)
-        log.info("fastpp scheduler counters: %s", self.fastpp.counters)
+        log.info("fastpp scheduler counters: %s, policy failures %d", self.fastpp.counters,
+                 self.fastpp.policies.num_failures)
+
+
+def _log_like_vllm() -> None:
+    """fastpp's loggers in the engine core print through vLLM's handlers (its format, its
+    stream); vLLM configures only its own logger tree."""
+    ours = logging.getLogger("fastpp")
+    if ours.handlers:
+        return
+    for handler in logging.getLogger("vllm").handlers:
+        ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
 

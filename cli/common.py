@@ -1,0 +1,58 @@
+"""What every command module shares: the consoles, failing with a clear message, and taking only
+the options a user set (so the config dataclasses' defaults stay the single source)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` (verbatim: brackets such as ``fastpp[bench]`` survive) and exit 2."""
+    err_console.print(f"[red]error:[/] {escape(message)}")
+    raise typer.Exit(2)
+
+
+def given(cls: type, **values: Any) -> dict[str, Any]:
+    """Only the options the user set that ``cls`` has a field for."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if v is not None and k in names}
+
+
+def writable_dir(path: Path, option: str = "--out") -> Path:
+    """Create ``path`` if needed and check it can be written, before any long work starts;
+    fail naming ``option`` otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"{option} {path}: cannot create the folder ({exc.strerror or exc})")
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"{option} {path}: not a writable folder")
+    return path
+
+
+def positive(value: float | None, option: str) -> None:
+    """Fail naming ``option`` unless ``value`` is None or > 0."""
+    if value is not None and not value > 0:
+        fail(f"{option} must be > 0, got {value:g}")
+
+
+def slo_from_flags(ttft_ms: float | None, tpot_ms: float | None):
+    """The SLO of ``--slo-ttft-ms`` / ``--slo-tpot-ms`` (unset: ``SLO``'s defaults), failing
+    with the flag's name on a bad value."""
+    from fastpp.types import SLO
+
+    positive(ttft_ms, "--slo-ttft-ms")
+    positive(tpot_ms, "--slo-tpot-ms")
+    default = SLO()
+    return SLO(default.ttft_s if ttft_ms is None else ttft_ms / 1e3,
+               default.tpot_s if tpot_ms is None else tpot_ms / 1e3)

@@ -1,0 +1,85 @@
+"""``fastpp goodput``: the highest Poisson rate at which a deployment meets the SLO."""
+
+# ruff: noqa: E501  (Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
+
+
+def goodput(
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution. [default: azure-conv]")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment(s), e.g. pp4@predictive; repeat to compare. [default: pp4]")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]")] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")] = 2,
+    first_seed: Annotated[int, typer.Option(help="First workload seed of each probe.")] = 0,
+    precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
+    low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 0.5,
+    high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed per probe. [default: enough arrivals for a steady queue]")] = None,
+    attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
+    steady: Annotated[bool, typer.Option("--steady/--no-steady", help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).")] = True,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
+) -> None:
+    """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
+    from fastpp.run_files import json_safe, write_json
+    from fastpp.sim.goodput import slo_goodput
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_deployment, parse_deployment
+
+    slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
+    if seeds < 1:
+        fail(f"--seeds must be >= 1, got {seeds}")
+    if first_seed < 0:
+        fail(f"--first-seed must be >= 0, got {first_seed}")
+    try:
+        wl = WorkloadConfig(**given(WorkloadConfig, name=workload))
+        base = DeploymentConfig(**given(DeploymentConfig, model=model, gpu=gpu, policy=policy), slo=slo)
+        deployments = [base.with_parallel(*parse_deployment(d)) for d in (deploy or ["pp4"])]
+    except ValueError as exc:
+        fail(str(exc))
+    for dep in deployments:  # a bad policy or shape fails now, not after an earlier search
+        try:
+            check_deployment(dep)
+        except ValueError as exc:
+            fail(f"{dep.label}: {exc}")
+    if plot is not None:
+        writable_dir(plot, "--plot")
+    if not steady and not as_json:
+        err_console.print("[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "
+                          "before its queue (or KV cache) fills may pass at a rate that a longer "
+                          "run would not sustain[/]")
+    results = []
+    for dep in deployments:
+        if not as_json:
+            err_console.print(f"[bold]{dep.label} {dep.policy}[/]: searching ...")
+        try:
+            res = slo_goodput(
+                wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
+                num_requests=num_requests, precision=precision,
+                low=low, high=high, criterion="p90" if attainment is None else "attainment",
+                attainment=attainment or 0.9, require_steady=steady,
+                progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
+            )
+        except ValueError as exc:
+            fail(f"{dep.label}: {exc}")
+        results.append({"deployment": dep.label, "policy": dep.policy, **res.to_dict()})
+        if not as_json:
+            console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
+    if as_json:
+        console.print_json(json.dumps(json_safe(results)))
+    if plot is not None:
+        from fastpp.cli.plot_cmd import draw
+
+        draw(write_json(results, plot / "goodput.json"), plot, slo_ttft_ms=slo.ttft_s * 1e3,
+             slo_tpot_ms=slo.tpot_s * 1e3)

@@ -1,0 +1,124 @@
+"""``fastpp simulate``: one workload on one or more deployments, side by side."""
+
+# ruff: noqa: E501  (Typer's Annotated option declarations read best one per line)
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
+from fastpp.cli.options import (
+    ArrivalOpt,
+    ChunkCandidatesOpt,
+    CvOpt,
+    DataDirOpt,
+    ReplayOpt,
+    ReplaySpeedOpt,
+    ReplayStartOpt,
+    ReplayWindowOpt,
+    WorkloadOpt,
+)
+from fastpp.cli.render import summary_table
+
+
+def simulate(
+    workload: WorkloadOpt = None,
+    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 4.0]")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")] = None,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = None,
+    replay: ReplayOpt = None,
+    replay_start: ReplayStartOpt = None,
+    replay_window: ReplayWindowOpt = None,
+    replay_speed: ReplaySpeedOpt = None,
+    data_dir: DataDirOpt = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
+    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
+    chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
+    chunk_candidates: ChunkCandidatesOpt = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
+    max_time: Annotated[float | None, typer.Option(help="Stop at this simulated second (> 0); abort what is left.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("runs/simulate"),
+    timeline: Annotated[bool, typer.Option(help="Write a Chrome-trace timeline per deployment.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
+) -> None:
+    """Simulate a deployment serving a workload; compare PP and TP side by side."""
+    from fastpp.scheduler_config import parse_chunk_candidates
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, deployments_for
+
+    if chunk is not None and policy is not None:
+        fail("give --policy or --chunk, not both")
+    positive(max_time, "--max-time")
+    slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
+    try:
+        wl_values = given(
+            WorkloadConfig, name=workload, rate=rate, num_requests=num_requests, duration_s=duration,
+            arrival=arrival, cv=cv, replay=replay, replay_start_s=replay_start,
+            replay_window_s=replay_window, replay_speed=replay_speed, seed=seed, data_dir=data_dir,
+        )
+        if duration is not None and num_requests is None:
+            wl_values["num_requests"] = None  # a duration replaces the default request count
+        wl = WorkloadConfig(**wl_values)
+        base = DeploymentConfig(**given(
+            DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
+            policy=f"static:{chunk}" if chunk is not None else policy,
+            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+        ), slo=slo)
+        deployments = deployments_for(base, deploy)
+        requests = wl.requests()
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    writable_dir(out)
+    _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time)
+
+
+def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_json: bool,
+                    max_time: float | None) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpp.run_files import json_safe, write_json
+    from fastpp.sim.output import write_simulation
+    from fastpp.sim.run import run_simulation
+
+    runs = []
+    quiet = as_json or not sys.stderr.isatty()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+        for dep in deployments:
+            task = bar.add_task(f"simulating {dep.label}", total=len(requests))
+            try:
+                run = run_simulation(
+                    wl, dep, requests=requests, max_time_s=max_time,
+                    progress=lambda done, total, t=task: bar.update(t, completed=done),
+                )
+            except (ValueError, OSError) as exc:
+                fail(f"{dep.label}: {exc}")
+            runs.append(run)
+            write_simulation(run, out, timeline=timeline)
+    summaries = [r.summary for r in runs]
+    write_json(summaries, out / "summary.json")
+    if as_json:
+        console.print_json(json.dumps(json_safe(summaries)))
+        return
+    first = runs[0]
+    title = (f"{first.profile.model.name} on {first.profile.gpu} ({first.profile.interconnect}), "
+             f"{wl.describe()}, SLO {first.deployment.slo.ttft_s * 1e3:.0f}/"
+             f"{first.deployment.slo.tpot_s * 1e3:.0f} ms")
+    console.print(summary_table(summaries, title))
+    for r in runs:
+        for note in r.summary.get("notes", []):
+            console.print(f"[yellow]{r.deployment.label}: {note}[/]")
+    files = "summary.json, requests.jsonl, iterations.csv" + (", timeline.json for Perfetto" if timeline else "")
+    console.print(f"outputs in {out}/: summary.json, and one folder per deployment ({files})",
+                  markup=False, highlight=False)
