@@ -8,9 +8,11 @@ deployment is served once (``fastpp serve --backend vllm --pp 2``, eager mode) a
 load ``--reps`` times; repetition r of a load sends the same requests to every deployment
 (seed ``--seed + r``). Loads:
 
-* ``bursty``: gamma arrivals with coefficient of variation ``--burst-cv`` at ``--burst-rate``;
-* ``poisson``: Poisson arrivals at ``--poisson-rate`` (set it to 70-90% of the saturation
-  rate, e.g. from a ``-r inf`` run of stock vLLM: its request throughput).
+* ``bursty``: gamma arrivals with coefficient of variation ``--burst-cv`` at ``--burst-rate``
+  (``--burst-rate inf``: every request at once, the burst that freezes stock vLLM's split);
+* ``poisson``: Poisson arrivals at ``--poisson-rate`` req/s, or ``auto``: ``--load-fraction``
+  (default 0.8) of the request throughput the first deployment reached on the bursty load
+  (run it first, with ``--burst-rate inf``: all requests at once measure saturation).
 
 Deployments are labels: ``stock`` (vLLM's own scheduler), or a policy spec for ours (``static``,
 ``greedy``, ``greedy+ds``, ``static+ds``, ``predictive``...). Balancers run with
@@ -42,7 +44,7 @@ from pathlib import Path
 from fastpp.backends.openai_server.launcher import FASTPP_COMMAND, ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DEPLOYMENTS = ("stock", "static", "greedy", "static+ds", "greedy+ds", "predictive")
+DEFAULT_DEPLOYMENTS = ("stock", "static+ds", "greedy", "greedy+ds", "predictive")
 METRICS = (("output_throughput", "out tok/s"), ("median_ttft_ms", "TTFT P50"), ("p90_ttft_ms", "TTFT P90"),
            ("median_tpot_ms", "TPOT P50"), ("p90_tpot_ms", "TPOT P90"), ("goodput", "goodput r/s"))
 
@@ -71,12 +73,25 @@ def bench(url: str, model: str, load: str, rep: int, args: argparse.Namespace, o
         cmd += ["-r", str(args.burst_rate), "--arrival", "gamma", "--cv", str(args.burst_cv)]
     else:
         cmd += ["-r", str(args.poisson_rate), "--arrival", "poisson"]
+    if load == "bursty" and args.burst_rate == float("inf"):
+        cmd = cmd[:cmd.index("--arrival")]  # all at once: no arrival process
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"fastpp bench failed:\n{done.stdout}\n{done.stderr}")
     rec = json.loads(out.read_text().splitlines()[-1])
     rec["goodput"] = rec["request_throughput"] * rec.get("slo_attainment", float("nan"))
     return rec
+
+
+def auto_rate(results: dict[str, list[dict]], args: argparse.Namespace) -> float:
+    """``--load-fraction`` of the request throughput reached on the bursty load so far."""
+    bursty = results.get("bursty") or []
+    if not bursty:
+        raise SystemExit("--poisson-rate auto needs the bursty load to run first (--loads bursty poisson)")
+    rate = args.load_fraction * statistics.fmean(r["request_throughput"] for r in bursty)
+    print(f"  poisson rate: {args.load_fraction:.0%} of {rate / args.load_fraction:.3f} req/s "
+          f"= {rate:.3f} req/s", flush=True)
+    return round(rate, 3)
 
 
 def run_deployment(label: str, args: argparse.Namespace, out: Path, record_dir: Path | None) -> dict:
@@ -89,6 +104,8 @@ def run_deployment(label: str, args: argparse.Namespace, out: Path, record_dir: 
         model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         for rep in range(args.reps):
             for load in args.loads:
+                if load == "poisson" and args.poisson_rate is None:
+                    args.poisson_rate = auto_rate(results, args)
                 rec = bench(srv.url, model, load, rep, args, out)
                 rec.update(deployment=label, load=load, rep=rep)
                 results[load].append(rec)
@@ -126,11 +143,12 @@ def main() -> None:
     p.add_argument("--deployments", nargs="+", default=list(DEFAULT_DEPLOYMENTS))
     p.add_argument("--loads", nargs="+", default=["bursty", "poisson"], choices=["bursty", "poisson"])
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("-n", "--num-prompts", type=int, default=48)
-    p.add_argument("-w", "--workload", default="random:256:64")
-    p.add_argument("--burst-rate", type=float, default=1.0)
+    p.add_argument("-n", "--num-prompts", type=int, default=16)
+    p.add_argument("-w", "--workload", default="random:64:64")
+    p.add_argument("--burst-rate", type=float, default=float("inf"))
     p.add_argument("--burst-cv", type=float, default=4.0)
-    p.add_argument("--poisson-rate", type=float, default=0.8)
+    p.add_argument("--poisson-rate", default="auto", help="req/s, or auto (see the docstring)")
+    p.add_argument("--load-fraction", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--slo-ttft-ms", type=float, default=3000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=300.0)
@@ -139,6 +157,7 @@ def main() -> None:
     p.add_argument("--record-dir", type=Path, default=None, help="each deployment's run folder under it")
     p.add_argument("-o", "--output-file", type=Path, default=None)
     args = p.parse_args()
+    args.poisson_rate = None if args.poisson_rate == "auto" else float(args.poisson_rate)
     # SIGTERM (and SIGINT, ignored in background jobs) stop the run through KeyboardInterrupt, so
     # the server of the deployment in progress is shut down, not orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -151,8 +170,11 @@ def main() -> None:
     for label in args.deployments:
         print(f"{label}:", flush=True)
         all_results[label] = run_deployment(label, args, out, args.record_dir)
-    print(f"\nworkload {args.workload}, {args.num_prompts} requests per run, {args.reps} reps; bursty: gamma "
-          f"CV {args.burst_cv} at {args.burst_rate} req/s; poisson: {args.poisson_rate} req/s; SLO TTFT "
+    burst = ("all at once" if args.burst_rate == float("inf")
+             else f"gamma CV {args.burst_cv} at {args.burst_rate} req/s")
+    print(f"\nworkload {args.workload}, {args.num_prompts} requests per run, {args.reps} reps; "
+          f"bursty: {burst}; "
+          f"poisson: {args.poisson_rate} req/s; SLO TTFT "
           f"{args.slo_ttft_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
           f"total {time.monotonic() - started:.0f} s")
     print(table(all_results, args.loads))
