@@ -138,6 +138,32 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def structure(record_dir: Path, label: str) -> str | None:
+    """What the scheduler did, from its decisions.jsonl (load-independent, unlike latencies):
+    the share of schedule() calls that scheduled nothing, the mean decode count of a step that
+    had decodes, and the mean |decodes of slot 0 - slot 1| over those steps."""
+    path = record_dir / label.replace("+", "_").replace(":", "_") / "decisions.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    decoding = [r for r in rows if r["scheduled_decodes"]]
+    empty = sum(r["total_scheduled"] == 0 for r in rows) / len(rows)
+    mean_decodes = statistics.fmean(len(r["scheduled_decodes"]) for r in decoding) if decoding else 0.0
+    gap = statistics.fmean(abs(r["running"][0] - r["running"][-1]) for r in decoding) if decoding else 0.0
+    return (f"| {label} | {len(rows)} | {empty:.0%} | {mean_decodes:.1f} | {gap:.1f} | "
+            f"{sum(1 for r in rows if r['reason'].startswith('fallback'))} |")
+
+
+def structure_table(record_dir: Path, labels: list[str]) -> str:
+    rows = [row for label in labels if (row := structure(record_dir, label)) is not None]
+    if not rows:
+        return ""
+    head = ("\nscheduler steps, all runs of a deployment (decisions.jsonl):\n"
+            "| deployment | schedule() calls | empty | decodes per decode step | slot gap | fallbacks |\n"
+            "|---|---|---|---|---|---|")
+    return "\n".join([head, *rows])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deployments", nargs="+", default=list(DEFAULT_DEPLOYMENTS))
@@ -178,6 +204,8 @@ def main() -> None:
           f"{args.slo_ttft_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
           f"total {time.monotonic() - started:.0f} s")
     print(table(all_results, args.loads))
+    if args.record_dir is not None:
+        print(structure_table(args.record_dir, args.deployments))
     print(f"\nruns: {out}")
 
 
