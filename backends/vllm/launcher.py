@@ -19,8 +19,9 @@ CPU workarounds, applied when the machine has no NVIDIA device (``cpu`` override
   stage ("0|1" on two cores). vLLM refuses to place two ranks on one NUMA node by itself.
 * ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV per rank) unless set: vLLM's default sizes it from
   free memory.
-* ``--enforce-eager`` unless ``compile=True``: start-up in about a minute instead of a
-  torch.compile warm-up of several; the plugin's fix (plugin.py) makes eager mode work with PP.
+* ``--enforce-eager`` unless ``compile=True`` or the vLLM arguments say ``--no-enforce-eager``:
+  start-up in about a minute instead of a torch.compile warm-up of several; the plugin's fix
+  (plugin.py) makes eager mode work with PP.
 * The metadata name: the CPU build is the distribution ``vllm-cpu`` but vLLM's CLI asks for
   ``vllm``; setup_vllm.sh writes the shim, and the launcher checks for it (see the error).
 
