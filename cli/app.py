@@ -39,7 +39,9 @@ app.command("plot")(plot_cmd.plot)
 app.command("workloads")(catalog_cmd.workloads)
 app.command("policies")(catalog_cmd.policies)
 app.command("profile")(profile_cmd.profile)
-app.command("serve")(serve_cmd.serve)
+# sglang / vllm: what follows fastpp's own options goes to the engine's server
+app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    serve_cmd.serve)
 app.command("bench", help=bench_cmd.HELP, context_settings={"allow_extra_args": True})(bench_cmd.bench)
 
 

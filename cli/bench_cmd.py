@@ -2,8 +2,9 @@
 
 Options mirror ``sglang.benchmark.serving`` where one exists (``--backend``, ``--base-url`` or
 ``--host``/``--port``, ``--num-prompts``, ``--request-rate``, ``--max-concurrency``, ``--seed``,
-``--goodput ttft:MS tpot:MS``, ``--output-file``, ``--output-details``); the workload options are
-``fastpp simulate``'s. Defaults live in ``BenchConfig``.
+``--goodput ttft:MS tpot:MS``, ``--output-file``, ``--output-details``, ``--tag``); the workload
+options are ``fastpp simulate``'s. Defaults live in ``BenchConfig``; the default server is
+``fastpp serve``'s (port 8000). A server started with ``--api-key`` gets ``OPENAI_API_KEY``.
 """
 
 # ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
@@ -39,16 +40,16 @@ _EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
 HELP = (
     "Benchmark an OpenAI-compatible server (FastPP, SGLang, vLLM) with a FastPP workload.\n\n"
     "Prompts are random common words, about one token each (no --tokenizer yet); every request asks "
-    "for exactly its workload output length (max_tokens with ignore_eos). Ctrl-C stops the run, "
-    "cancels what is in flight and still reports what finished."
+    "for exactly its workload output length (max_tokens with ignore_eos). OPENAI_API_KEY, if set, is "
+    "sent as the bearer key. Ctrl-C stops the run, cancels what is in flight and still reports what finished."
 )
 
 
 def bench(
     ctx: typer.Context,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:30000]")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:8000, fastpp serve's]")] = None,
     host: Annotated[str | None, typer.Option(help="Server host, instead of --base-url. [default: 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="Server port, instead of --base-url. [default: 30000]")] = None,
+    port: Annotated[int | None, typer.Option(help="Server port, instead of --base-url (SGLang's own default is 30000). [default: 8000]")] = None,
     backend: Annotated[str | None, typer.Option("--backend", help="openai (/v1/completions) or openai-chat (/v1/chat/completions). [default: openai]")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to send. [default: the first of GET /v1/models]")] = None,
     workload: WorkloadOpt = None,
@@ -68,6 +69,7 @@ def bench(
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms (instead of --goodput).")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms (instead of --goodput).")] = None,
     output_file: Annotated[Path | None, typer.Option("--output-file", "-o", help="Append the run as one JSON line (sglang's keys) to this file.")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="A label written into the JSON line's tag key, as sglang's --tag.")] = None,
     output_details: Annotated[bool, typer.Option("--output-details", help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
@@ -86,7 +88,7 @@ def bench(
             request_rate=request_rate, arrival=arrival, cv=cv, replay=replay,
             replay_start_s=replay_start, replay_window_s=replay_window, replay_speed=replay_speed,
             data_dir=data_dir, seed=seed, max_concurrency=max_concurrency, timeout_s=timeout_s,
-            slo=_slo(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
+            slo=_slo(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms), tag=tag,
         ))
     except ValueError as exc:
         fail(str(exc))

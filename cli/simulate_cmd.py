@@ -41,7 +41,7 @@ def simulate(
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
     deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]")] = None,
-    profile: Annotated[str | None, typer.Option(help="Profile JSON to simulate instead of the analytic model.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile to simulate instead of the analytic model: a JSON file, or a shipped profile's name (cpu_smollm2-135m_pp2, ...).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,

@@ -117,6 +117,23 @@ def _peak_in_system(records: Sequence[RequestRecord]) -> int:
     return max(0, int(np.cumsum(deltas[order]).max(initial=0)))
 
 
+def per_second_peak_concurrency(records: Sequence[RequestRecord]) -> int:
+    """sglang.benchmark.serving's ``max_concurrent_requests``: over completed requests, seconds
+    count from the first one's arrival; a request counts in every whole-second bucket from the
+    one it arrived in to the one it ended in; the answer is the fullest bucket. (Our own
+    instantaneous peak is ``max_in_flight_requests``.)"""
+    done = [r for r in records if r.finish_reason in _COMPLETED and r.finished_at is not None]
+    if not done:
+        return 0
+    t0 = min(r.arrived_at for r in done)
+    first = np.array([int(r.arrived_at - t0) for r in done])
+    last = np.array([int(r.finished_at - t0) for r in done])  # type: ignore[operator]
+    deltas = np.zeros(int(last.max()) + 2, np.int64)
+    np.add.at(deltas, first, 1)
+    np.add.at(deltas, last + 1, -1)
+    return int(np.cumsum(deltas).max())
+
+
 def summarize(
     records: Sequence[RequestRecord],
     *,
@@ -181,9 +198,10 @@ def summarize(
     summary["max_itl_ms"] = float(itl_ms.max()) if itl_ms.size else math.nan
     summary["concurrency"] = _rate(float(e2e_ms.sum()) / 1e3, duration_s)
     summary["max_output_tokens_per_s"] = float(np.bincount(buckets).max()) if buckets.size else 0.0
-    summary["max_concurrent_requests"] = _peak_in_system(records)
+    summary["max_concurrent_requests"] = per_second_peak_concurrency(records)
 
     # FastPP additions
+    summary["max_in_flight_requests"] = _peak_in_system(records)
     queue_ms = np.array([r.queueing_s for r in records if r.scheduled_at is not None], float) * 1e3
     summary.update(
         num_requests=len(records),

@@ -139,9 +139,10 @@ _INT_FIELDS = {"mb_id", "stage", "slot", "num_tokens", "num_prefill_tokens", "nu
                "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget"}
 
 
-def read_iterations_csv(path: str | Path) -> list[IterationRecord]:
+def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[IterationRecord]:
     """The IterationRecords of an iterations.csv; ValueError naming the file, line and field of
-    a malformed row."""
+    a malformed row. ``torn_tail``: a malformed LAST row is dropped instead (a file streamed by
+    a process that was killed mid-write)."""
     path = Path(path)
     out = []
     with path.open(encoding="utf-8", newline="") as f:
@@ -149,7 +150,10 @@ def read_iterations_csv(path: str | Path) -> list[IterationRecord]:
         missing = set(IterationRecord.__slots__) - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: header lacks {', '.join(sorted(missing))}")
-        for line, row in enumerate(reader, start=2):
+        rows = list(reader)
+        if torn_tail and rows and (None in rows[-1].values() or not _is_iteration_row(rows[-1])):
+            rows.pop()
+        for line, row in enumerate(rows, start=2):
             values: dict[str, Any] = {}
             for name in IterationRecord.__slots__:
                 text = row[name]
@@ -163,38 +167,52 @@ def read_iterations_csv(path: str | Path) -> list[IterationRecord]:
     return out
 
 
-def read_records_jsonl(path: str | Path) -> list[RequestRecord]:
+def _is_iteration_row(row: dict) -> bool:
+    try:
+        float(row["finished_at"]), int(row["chunk_budget"])
+    except (TypeError, ValueError, KeyError):
+        return False
+    return True
+
+
+def read_records_jsonl(path: str | Path, *, torn_tail: bool = False) -> list[RequestRecord]:
     """The RequestRecords of a requests.jsonl (token times rebuilt from the first token time
-    and the gaps); ValueError naming the file, line and field of a malformed one."""
+    and the gaps); ValueError naming the file, line and field of a malformed one.
+    ``torn_tail``: a last line that is not JSON is dropped instead (see read_iterations_csv)."""
     path = Path(path)
     out = []
-    with path.open(encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                d = json.loads(text)
-                rec = RequestRecord(int(d["req_id"]), float(d["arrived_at"]), int(d["prompt_len"]),
-                                    int(d["output_len"]))
-                rec.num_generated = int(d["num_generated"])
-                rec.scheduled_at = d["scheduled_at"]
-                rec.first_token_at = d["first_token_at"]
-                rec.finished_at = d["finished_at"]
-                reason = d["finish_reason"]
-                rec.finish_reason = None if reason is None else FinishReason(reason)
-                rec.detail = d["detail"]
-                rec.num_retractions = int(d["num_retractions"])
-                rec.num_parked = int(d["num_parked"])
-                if rec.first_token_at is not None:
-                    gaps = [g / 1e3 for g in d["itl_ms"]]
-                    rec.token_times = list(accumulate(gaps, initial=float(rec.first_token_at)))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {line}: not JSON: {exc}") from None
-            except KeyError as exc:
-                raise ValueError(f"{path}, line {line}: missing field {exc.args[0]!r}") from None
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}, line {line}: bad value: {exc}") from None
-            out.append(rec)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if torn_tail and lines:
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    for line, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            d = json.loads(text)
+            rec = RequestRecord(int(d["req_id"]), float(d["arrived_at"]), int(d["prompt_len"]),
+                                int(d["output_len"]))
+            rec.num_generated = int(d["num_generated"])
+            rec.scheduled_at = d["scheduled_at"]
+            rec.first_token_at = d["first_token_at"]
+            rec.finished_at = d["finished_at"]
+            reason = d["finish_reason"]
+            rec.finish_reason = None if reason is None else FinishReason(reason)
+            rec.detail = d["detail"]
+            rec.num_retractions = int(d["num_retractions"])
+            rec.num_parked = int(d["num_parked"])
+            if rec.first_token_at is not None:
+                gaps = [g / 1e3 for g in d["itl_ms"]]
+                rec.token_times = list(accumulate(gaps, initial=float(rec.first_token_at)))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {line}: not JSON: {exc}") from None
+        except KeyError as exc:
+            raise ValueError(f"{path}, line {line}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}, line {line}: bad value: {exc}") from None
+        out.append(rec)
     return out
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from fastpp.metrics import pipeline_fields, summarize
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
+from fastpp.profile_names import resolve_profile
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
 from fastpp.sim.engine import PipelineSimulation, ProgressFn, SimResult
@@ -111,8 +111,8 @@ class DeploymentConfig:
         return re.sub(r"[^A-Za-z0-9.]+", "-", f"{self.label}-{self.policy}").strip("-")
 
     def load_profile(self) -> Profile:
-        if self.profile_path is not None:
-            return load_profile(Path(self.profile_path))
+        if self.profile_path is not None:  # a file, or the name of a shipped profile
+            return load_profile(resolve_profile(self.profile_path))
         from fastpp.sim.analytic import analytic_profile
 
         return analytic_profile(self.model, self.gpu, self.pp, self.tp)

@@ -26,11 +26,15 @@ from fastpp.backends.bench import (
 )
 from fastpp.backends.bench.prompts import WORDS, synthetic_prompt
 from fastpp.cli.app import app
-from fastpp.types import SLO, FinishReason, Request
+from fastpp.metrics import per_second_peak_concurrency
+from fastpp.types import SLO, FinishReason, Request, RequestRecord
 
+SGLANG_HEAD = ["tag", "backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len",
+               "random_input_len", "random_output_len", "random_range_ratio", "server_info"]
 SGLANG_KEYS = {
-    "backend", "dataset_name", "request_rate", "max_concurrency", "server_info", "duration",
-    "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+    *SGLANG_HEAD, "duration",
+    "completed", "total_input_tokens", "total_output_tokens", "total_output_tokens_retokenized",
+    "request_throughput",
     "input_throughput", "output_throughput", "total_throughput", "concurrency",
     "max_output_tokens_per_s", "max_concurrent_requests",
     *(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p95", "p99")
@@ -126,8 +130,11 @@ def test_summary_and_jsonl_have_sglangs_keys_and_append(serve, tmp_path):
     append_jsonl(res, out, details=True)
     first, second = (json.loads(line) for line in out.read_text().splitlines())
     assert set(first) >= SGLANG_KEYS and not DETAIL_KEYS & set(first)
-    assert list(first)[:5] == ["backend", "dataset_name", "request_rate", "max_concurrency", "server_info"]
+    assert list(first)[: len(SGLANG_HEAD)] == SGLANG_HEAD
     assert first["dataset_name"] == "azure-conv" and first["backend"] == "openai"
+    assert first["random_input_len"] is None and first["total_output_tokens_retokenized"] is None
+    assert first["goodput_slos_ms"] == {"ttft": 500.0, "tpot": 50.0}
+    assert first["slo_attainment_by_metric"] == {"ttft": 1.0, "tpot": 1.0} and first["request_goodput"] > 0
     assert first["request_rate"] is None  # inf is not JSON: written as null
     assert first["server_info"]["version"] == "fake-0.1"
     assert first["slo_met"] is True and first["slo_attainment"] == 1.0
@@ -195,7 +202,7 @@ def test_no_server_and_no_model_is_a_clear_error():
 def test_max_concurrency_is_respected(serve):
     srv = serve(ttft_s=0.03, itl_s=0.01)
     res = bench(srv, reqs(9), max_concurrency=3)
-    assert srv.stats.peak_streams == 3 and res.summary["max_concurrent_requests"] <= 3
+    assert srv.stats.peak_streams == 3 and res.summary["max_in_flight_requests"] <= 3
     unlimited = serve(ttft_s=0.03, itl_s=0.01)
     bench(unlimited, reqs(9))
     assert unlimited.stats.peak_streams > 3
@@ -242,10 +249,17 @@ def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
 
 def test_ctrl_c_between_arrivals_keeps_what_finished():
     with FakeOpenAIServer(FakeBehaviour(ttft_s=0.005, itl_s=0.002)) as srv:
-        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
+        def interrupt_after_the_first_request() -> None:  # not on a timer: a loaded box is slow
+            deadline = time.monotonic() + 8.0  # the second request is due at 10 s
+            while srv.stats.num_requests < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # let its response finish
+            os.kill(os.getpid(), signal.SIGINT)
+
+        killer = threading.Thread(target=interrupt_after_the_first_request)
+        killer.start()
         res = run_bench(BenchConfig(base_url=srv.url), requests=reqs(3, gap_s=10.0))
-        timer.join()
+        killer.join()
     assert res.is_interrupted and res.num_not_sent == 2
     assert res.summary["completed"] == 1 and res.records[0].finish_reason == FinishReason.LENGTH
 
@@ -332,3 +346,28 @@ def test_cli_rejects_bad_options_on_stderr(serve):
     assert res.exit_code == 2 and "not both" in res.stderr
     res = runner.invoke(app, ["bench", "--base-url", "http://127.0.0.1:1", "--port", "2"])
     assert res.exit_code == 2 and "not both" in res.stderr
+
+
+def test_random_workload_keys_and_sglangs_per_second_concurrency(serve):
+    res = bench(serve(ttft_s=0.005, itl_s=0.002), reqs(3), workload="random:64:16:0.25", tag="run-a")
+    record = jsonl_record(res)
+    assert record["tag"] == "run-a" and record["dataset_name"] == "random"
+    assert record["workload"] == "random:64:16:0.25"
+    lengths = (record["random_input_len"], record["random_output_len"], record["random_range_ratio"])
+    assert lengths == (64, 16, 0.25)
+    assert BenchConfig().base_url == "http://127.0.0.1:8000"  # fastpp serve's default port
+
+
+def test_per_second_peak_concurrency_counts_whole_second_buckets():
+    def done(rid: int, sent: float, end: float) -> RequestRecord:
+        r = RequestRecord(rid, sent, 4, 2)
+        r.finish_reason, r.finished_at = FinishReason.LENGTH, end
+        return r
+
+    # two requests that never overlap in time but share the 1-second bucket [1, 2): sglang counts 2
+    records = [done(0, 0.0, 0.5), done(1, 1.1, 1.2), done(2, 1.6, 1.9)]
+    assert per_second_peak_concurrency(records) == 2
+    failed = RequestRecord(3, 1.0, 4, 2)
+    failed.finish_reason = FinishReason.ABORTED
+    assert per_second_peak_concurrency([*records, failed]) == 2  # only completed requests count
+    assert per_second_peak_concurrency([]) == 0

@@ -94,7 +94,8 @@ def test_definitions_on_a_small_run():
     assert s["p90_e2e_latency_ms"] == pytest.approx(np.percentile([2500, 500, 1250], 90))
     assert s["concurrency"] == pytest.approx((2.5 + 0.5 + 1.25) / 3.25)
     assert s["max_output_tokens_per_s"] == 3.0  # tokens at 1.0, 1.5, 1.5 in second [1, 2)
-    assert s["max_concurrent_requests"] == 2
+    assert s["max_in_flight_requests"] == 2  # our instantaneous peak
+    assert s["max_concurrent_requests"] == 2  # sglang's: seconds [1, 2) and [2, 3) hold two each
     assert s["max_queueing_delay_ms"] == pytest.approx(500.0)
     assert "slo_met" not in s
 
@@ -108,7 +109,8 @@ def test_failed_and_unfinished_requests_are_counted_not_measured():
     assert (s["completed"], s["num_requests"]) == (1, 4)
     assert (s["num_rejected"], s["num_aborted"], s["num_unfinished"]) == (1, 1, 1)
     assert s["mean_ttft_ms"] == pytest.approx(1000.0)
-    assert s["max_concurrent_requests"] == 3  # rejected-on-arrival adds nothing
+    assert s["max_in_flight_requests"] == 3  # rejected-on-arrival adds nothing
+    assert s["max_concurrent_requests"] == 1  # sglang counts completed requests only
 
 
 def test_empty_input_gives_nan_not_an_error():

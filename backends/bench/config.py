@@ -48,7 +48,7 @@ class BenchConfig:
     (``max_tokens`` with ``ignore_eos``).
     """
 
-    base_url: str = "http://127.0.0.1:30000"  # SGLang's default port; no trailing slash kept
+    base_url: str = "http://127.0.0.1:8000"  # `fastpp serve`'s default port; no trailing slash kept
     backend: Backend = Backend.OPENAI
     model: str | None = None  # None: the first id GET /v1/models lists
     workload: str = DEFAULT_WORKLOAD  # a fastpp.workloads.WORKLOADS name (lengths only)
@@ -65,6 +65,7 @@ class BenchConfig:
     max_concurrency: int | None = None  # None: no client-side limit on requests in flight
     timeout_s: float = 300.0  # per request, from send to the end of its stream
     slo: SLO | None = None  # adds the SLO section (attainment) to the summary
+    tag: str | None = None  # sglang's --tag: a free label written into the JSONL record
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -98,8 +99,18 @@ class BenchConfig:
 
     @property
     def dataset_name(self) -> str:
-        """The JSONL ``dataset_name``: the workload, or ``replay:<trace>``."""
-        return self.workload if self.replay is None else f"replay:{self.replay}"
+        """The JSONL ``dataset_name``: ``random`` for ``random:IN:OUT[:RATIO]`` (sglang's name; the
+        numbers go to ``random_lengths``), another workload's name, or ``replay:<trace>``."""
+        if self.replay is not None:
+            return f"replay:{self.replay}"
+        return "random" if self.workload.startswith("random:") else self.workload
+
+    @property
+    def random_lengths(self) -> UniformLengths | None:
+        """The uniform length distribution of a ``random:`` workload (None for any other)."""
+        if self.replay is None and self.workload.startswith("random:"):
+            return UniformLengths.parse(self.workload)
+        return None
 
     @property
     def traffic_rate(self) -> float | None:

@@ -1,10 +1,25 @@
 """Reporting a bench run: sglang's console block and its JSONL line (``--output-file``).
 
-The JSONL record leads with sglang's keys in sglang's order (``backend, dataset_name,
-request_rate, max_concurrency, server_info``, then every key ``fastpp.metrics.summarize``
-produces), followed by FastPP's bench keys. NaN and inf are written as null, as elsewhere in
-FastPP (so ``request_rate`` is null both for "all at once" and for a replay; ``dataset_name``
-tells them apart). ``--output-details`` adds sglang's per-request lists in seconds.
+The JSONL record uses ``sglang.benchmark.serving``'s keys, in its order and with its meanings:
+``tag, backend, dataset_name, request_rate, max_concurrency, sharegpt_output_len,
+random_input_len, random_output_len, random_range_ratio, server_info``, then the results
+(``fastpp.metrics.summarize``'s keys, which are sglang's, with ``total_output_tokens_retokenized``
+after ``total_output_tokens`` and ``max_concurrent_requests`` as sglang counts it: the fullest
+1-second bucket), then sglang's goodput keys when an SLO is given, then FastPP's own keys.
+Where we differ, the value says so rather than the key lying:
+
+- ``dataset_name`` is ``random`` for a ``random:IN:OUT[:RATIO]`` workload, with IN, OUT and RATIO
+  in ``random_input_len``, ``random_output_len``, ``random_range_ratio`` (null for other
+  workloads); another FastPP workload writes its own name, a replay ``replay:<trace>``;
+  ``workload`` keeps the full spec.
+- ``total_output_tokens_retokenized`` and ``sharegpt_output_len`` are null: the bench has no
+  tokenizer to re-count the text with, and no ShareGPT dataset.
+- ``max_in_flight_requests`` is FastPP's instantaneous peak (what ``fastpp simulate`` reports
+  as ``max_concurrent_requests``).
+
+NaN and inf are written as null, as elsewhere in FastPP (so ``request_rate`` is null both for
+"all at once" and for a replay; ``dataset_name`` tells them apart). ``--output-details`` adds
+sglang's per-request lists in seconds.
 """
 
 from __future__ import annotations
@@ -48,15 +63,34 @@ def failure_lines(result: BenchResult, limit: int = 3) -> list[str]:
 def jsonl_record(result: BenchResult, *, details: bool = False) -> dict[str, Any]:
     """The run as one JSON-ready dict (see the module docstring for the key order)."""
     cfg = result.config
+    lengths = cfg.random_lengths
     record: dict[str, Any] = {
+        "tag": cfg.tag,
         "backend": result.summary["backend"],
         "dataset_name": cfg.dataset_name,
         "request_rate": result.summary["request_rate"],
         "max_concurrency": cfg.max_concurrency,
+        "sharegpt_output_len": None,
+        "random_input_len": lengths.max_in if lengths else None,
+        "random_output_len": lengths.max_out if lengths else None,
+        "random_range_ratio": lengths.range_ratio if lengths else None,
         "server_info": result.server_info,
     }
-    record.update((k, v) for k, v in result.summary.items() if k not in record)
+    for key, value in result.summary.items():
+        if key not in record:
+            record[key] = value
+        if key == "total_output_tokens":
+            record["total_output_tokens_retokenized"] = None  # no tokenizer in the bench
+    if cfg.slo is not None:  # sglang's goodput keys (its GoodputMetrics)
+        s = result.summary
+        record.update(
+            goodput_slos_ms={"ttft": cfg.slo.ttft_s * 1e3, "tpot": cfg.slo.tpot_s * 1e3},
+            request_goodput=(s["slo_attainment"] * len(result.records) / s["duration"]
+                             if s["duration"] else None),
+            slo_attainment_by_metric={"ttft": s["ttft_attainment"], "tpot": s["tpot_attainment"]},
+        )
     record.update(
+        workload=cfg.workload if cfg.replay is None else None,
         model=result.model,
         base_url=cfg.base_url,
         seed=cfg.seed,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -135,7 +136,7 @@ async def run_bench_async(
         # TCP_NODELAY as aiohttp (sglang's client) sets it: Nagle can hold a request body ~40 ms
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     )
-    async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
+    async with httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth_headers()) as http:
         model, server_info = await _unless_stopped(_ask_server(http, config), stop)
         client = OpenAIClient(http, config.base_url, config.backend, model, config.timeout_s, clock)
         bodies = [client.payload(p, r.output_len) for p, r in zip(prompts, reqs, strict=True)]
@@ -144,6 +145,13 @@ async def run_bench_async(
     sent = [records[r.req_id] for r in reqs if r.req_id in records]
     summary = _summary(config, sent, prompt_tokens, duration_s)
     return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set())
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $OPENAI_API_KEY`` when that is set, as the openai client and
+    sglang's benchmark send it (for a server started with --api-key)."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 async def _ask_server(http: httpx.AsyncClient, config: BenchConfig) -> tuple[str, dict[str, Any] | None]:

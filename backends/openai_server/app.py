@@ -1,29 +1,48 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions (SSE streaming, usage), /v1/models,
-/health and /metrics, with OpenAI-style error bodies for every 4xx and 5xx answer."""
+/health and /metrics, with OpenAI-style error bodies for every 4xx and 5xx answer.
+
+A generation request goes: JSON body (400 if malformed, nested too deep or not valid Unicode
+text) -> fields (400 naming the field) -> tokenizing in a worker thread, after a context check
+that needs no tokenizing where the tokenizer allows one -> prompt and ``max_tokens`` against
+the context (400) -> queue limit (503) -> submitted to the engine -> the response. Nothing
+before the response can start streaming, so a streamed request is admitted or refused with a
+plain status like any other.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastpp.backends.openai_server.generation import ClientDisconnected, Delta, Generation
-from fastpp.backends.openai_server.metrics import render
-from fastpp.backends.openai_server.protocol import APIError, GenerationRequest, parse_chat, parse_completion
+from fastpp.backends.openai_server.guard import RequestGuard
+from fastpp.backends.openai_server.metrics import make_registry, render
+from fastpp.backends.openai_server.protocol import (
+    DEFAULT_MAX_TOKENS,
+    APIError,
+    GenerationRequest,
+    first_invalid_text,
+    parse_chat,
+    parse_completion,
+)
 from fastpp.backends.torch.engine import EngineDeadError
 from fastpp.backends.torch.text import ChatTemplate, Tokenizer
 
 log = logging.getLogger(__name__)
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": logged for a non-streamed request whose client left
+TOKENIZER_THREADS = 2  # tokenizing runs here, off the event loop (the library releases the GIL)
 
 
 @dataclass
@@ -33,20 +52,24 @@ class ServerState:
     template: ChatTemplate
     model_name: str
     max_queue: int  # answer 503 when this many requests wait for admission
+    api_key: str | None = None  # /v1/* needs "Authorization: Bearer <api_key>" when set
     created: int = field(default_factory=lambda: int(time.time()))
     http_counts: dict[int, int] = field(default_factory=dict)
+    tokenizer_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="fastpp-tokenize"))
 
     def count(self, status: int) -> None:
         self.http_counts[status] = self.http_counts.get(status, 0) + 1
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="fastpp", docs_url=None, redoc_url=None)
+    app = FastAPI(title="fastpp", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.fastpp = state
+    app.add_middleware(RequestGuard, api_key=state.api_key, count=state.count)
+    registry = make_registry(state.engine, state.model_name, state.http_counts)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        state.count(exc.status)
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -69,23 +92,25 @@ def create_app(state: ServerState) -> FastAPI:
             "max_model_len": state.engine.model_config.max_context}]}
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render(state.engine, state.model_name, state.http_counts),
-                                 media_type="text/plain; version=0.0.4")
+    async def metrics(request: Request) -> Response:
+        page, content_type = render(registry, request.headers.get("accept"))
+        return Response(page, media_type=content_type)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = parse_completion(await _json(request))
+        _check_model(state, req)
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
         else:
-            ids = state.tokenizer.encode(req.prompt_text or "")
+            ids = await _tokenize(state, req, req.prompt_text or "", "prompt")
         return await _respond(state, request, req, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         req, messages = parse_chat(await _json(request))
-        ids = state.tokenizer.encode(state.template.render(messages))
+        _check_model(state, req)
+        ids = await _tokenize(state, req, state.template.render(messages), "messages")
         return await _respond(state, request, req, ids, chat=True)
 
     return app
@@ -94,34 +119,88 @@ def create_app(state: ServerState) -> FastAPI:
 async def _json(request: Request) -> Any:
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        body = json.loads(raw)
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply to parse") from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    where = first_invalid_text(body)
+    if where is not None:
+        raise APIError(400, f"'{where}': contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not "
+                       "valid Unicode text", param=where)
+    return body
 
 
-async def _respond(state: ServerState, request: Request, req: GenerationRequest, ids: list[int],
-                   chat: bool) -> Response:
-    eng = state.engine
+def _check_model(state: ServerState, req: GenerationRequest) -> None:
     if req.model is not None and req.model != state.model_name:
         raise APIError(404, f"model {req.model!r} does not exist; this server serves {state.model_name!r}",
                        param="model", type_="not_found_error", code="model_not_found")
+
+
+def _check_queue(state: ServerState) -> None:
+    eng = state.engine
     if not eng.is_alive:
         raise APIError(503, f"engine stopped: {eng.error or 'shutting down'}", type_="server_error")
     if eng.num_queued >= state.max_queue:
         raise APIError(503, f"server overloaded: {eng.num_queued} requests waiting "
                        f"(limit {state.max_queue}); retry later", type_="server_overloaded",
                        code="queue_full")
+
+
+async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param: str) -> list[int]:
+    """The text's token ids, encoded in a worker thread; a text (or a max_tokens) that cannot
+    fit the context by its length alone is refused first, without encoding it."""
+    limit = state.engine.model_config.max_context
+    at_least = state.tokenizer.min_tokens(text)
+    if at_least >= limit:
+        raise APIError(400, f"prompt of at least {at_least} tokens ({len(text)} characters) does not fit "
+                       f"the context of {limit} tokens", param=param, code="context_length_exceeded")
+    _max_tokens(state, req, max(at_least, 1))  # 400 now if even the shortest prompt leaves no room
+    _check_queue(state)  # refuse early, before spending a worker on it
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(state.tokenizer_pool, state.tokenizer.encode, text)
+
+
+def _max_tokens(state: ServerState, req: GenerationRequest, prompt_len: int) -> int:
+    """The output budget: as asked, refused if prompt + it exceed the context; when not asked,
+    DEFAULT_MAX_TOKENS within what the context leaves."""
+    limit = state.engine.model_config.max_context
+    room = limit - prompt_len
+    if req.max_tokens is None:
+        return max(1, min(DEFAULT_MAX_TOKENS, room))
+    if req.max_tokens > room:
+        raise APIError(400, f"'{req.max_tokens_param}': {req.max_tokens} output tokens after a prompt of "
+                       f"{prompt_len} tokens exceed the context of {limit} tokens (at most {room})",
+                       param=req.max_tokens_param, code="context_length_exceeded")
+    return req.max_tokens
+
+
+async def _respond(state: ServerState, request: Request, req: GenerationRequest, ids: list[int],
+                   chat: bool) -> Response:
+    eng = state.engine
+    param = "messages" if chat else "prompt"
     try:
         eng.check_prompt(ids)
     except ValueError as exc:
-        raise APIError(400, str(exc), param="messages" if chat else "prompt",
+        raise APIError(400, str(exc), param=param,
                        code="context_length_exceeded" if "fit" in str(exc) else None) from None
-    gen = Generation(eng, state.tokenizer, req, ids, request.is_disconnected)
+    try:
+        gen = Generation(eng, state.tokenizer, req, ids, _max_tokens(state, req, len(ids)),
+                         request.is_disconnected)
+    except ValueError as exc:  # the sampler's own checks, should the protocol's ever differ
+        raise APIError(400, str(exc)) from None
+    # the queue check and the submission with no await between: a burst cannot overshoot the limit
+    _check_queue(state)
+    try:
+        gen.start()
+    except EngineDeadError as exc:
+        raise APIError(503, f"engine stopped: {exc}", type_="server_error") from None
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=param) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if req.stream:
-        state.count(200)
-        return StreamingResponse(_sse(state, gen, rid, created, chat), media_type="text/event-stream")
+        return _GenerationStream(gen, _sse(state, gen, rid, created, chat), media_type="text/event-stream")
     try:
         text, finish = [], None
         async for d in gen.stream():
@@ -130,9 +209,9 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
     except EngineDeadError as exc:
         raise APIError(503, f"engine stopped: {exc}", type_="server_error") from None
     except ClientDisconnected:
-        state.count(CLIENT_CLOSED)
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the request was aborted
-    state.count(200)
+    finally:
+        gen.close()
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
@@ -141,6 +220,21 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": created, "model": state.model_name, "choices": [choice],
                          "usage": _usage(len(ids), gen.completion_tokens)})
+
+
+class _GenerationStream(StreamingResponse):
+    """An SSE response that aborts its generation however the response ends, even if the body
+    iterator never started (a client gone before the first byte)."""
+
+    def __init__(self, gen: Generation, content: AsyncIterator[str], media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.gen = gen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.close()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -174,6 +268,12 @@ async def _sse(state: ServerState, gen: Generation, rid: str, created: int, chat
             first = False
     except (APIError, EngineDeadError) as exc:
         err = exc if isinstance(exc, APIError) else APIError(503, str(exc), type_="server_error")
+        yield f"data: {json.dumps(err.body())}\n\n"
+    except ClientDisconnected:
+        return
+    except Exception as exc:  # a bug: say so in the stream and end it properly, rather than cut it
+        log.exception("streamed request %s failed", rid)
+        err = APIError(500, f"internal server error: {exc}", type_="server_error")
         yield f"data: {json.dumps(err.body())}\n\n"
     else:
         if gen.req.include_usage:

@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from fastpp.backends.openai_server.detokenize import Detokenizer
 from fastpp.backends.openai_server.protocol import APIError, GenerationRequest
 from fastpp.backends.torch.engine_state import EngineEvent
 from fastpp.backends.torch.sampling import SamplingParams
@@ -33,35 +32,50 @@ class Delta:
 
 
 class Generation:
-    """Submits one request and yields its :class:`Delta` s; aborts it if the consumer goes away."""
+    """One request: ``start()`` submits it to the engine, ``stream()`` yields its :class:`Delta` s,
+    ``close()`` aborts it unless it ended (call it however the response ends: it is idempotent).
+
+    The sampling parameters are built on construction, so a ``ValueError`` there (naming the
+    field) comes before any response has started.
+    """
 
     def __init__(self, engine, tokenizer: Tokenizer, req: GenerationRequest, prompt_ids: list[int],
-                 is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 max_tokens: int, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.engine = engine
         self.req = req
         self.prompt_ids = prompt_ids
-        self.detok = Detokenizer(tokenizer)
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                     seed=req.seed, stop_token_ids=req.stop_token_ids,
+                                     ignore_eos=req.ignore_eos)
+        self.detok = tokenizer.stream_decoder()
         self.is_disconnected = is_disconnected
         self.completion_tokens = 0
         self.req_id: int | None = None
+        self._events: asyncio.Queue[EngineEvent] | None = None
         self._done = False
         self._checked_at = 0.0  # event-loop time of the last disconnect check
 
-    def params(self) -> SamplingParams:
-        r = self.req
-        return SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, seed=r.seed,
-                              stop_token_ids=r.stop_token_ids, ignore_eos=r.ignore_eos)
-
-    async def stream(self) -> AsyncIterator[Delta]:
+    def start(self) -> None:
+        """Submit to the engine now (from the event loop); raises what ``engine.submit`` raises."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        self.req_id = self.engine.submit(self.prompt_ids, self.params(),
+        self._events = events
+        self.req_id = self.engine.submit(self.prompt_ids, self.params,
                                          lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+
+    def close(self) -> None:
+        """Abort the request in the engine unless it already ended (frees its KV)."""
+        if self.req_id is not None and not self._done:
+            self._done = True
+            self.engine.abort(self.req_id)
+
+    async def stream(self) -> AsyncIterator[Delta]:
+        assert self._events is not None, "start() first"
         hold = max((len(s) for s in self.req.stop), default=1) - 1
         pending = ""  # decoded, not yet yielded
         try:
             while True:
-                ev = await self._next(events)
+                ev = await self._next(self._events)
                 self.completion_tokens += len(ev.token_ids)
                 pending += self.detok.feed(ev.token_ids)
                 if ev.finish_reason is not None:
@@ -69,9 +83,7 @@ class Generation:
                     pending += self.detok.flush()
                 cut = self._find_stop(pending)
                 if cut is not None:
-                    if not self._done:
-                        self.engine.abort(self.req_id)
-                        self._done = True
+                    self.close()
                     yield Delta(pending[:cut], "stop", self.completion_tokens)
                     return
                 if ev.finish_reason is not None:
@@ -82,8 +94,7 @@ class Generation:
                     yield Delta(pending[:emit], None, self.completion_tokens)
                     pending = pending[emit:]
         finally:
-            if not self._done:  # the client went away or the server is stopping
-                self.engine.abort(self.req_id)
+            self.close()  # the client went away or the server is stopping
 
     async def _next(self, events: asyncio.Queue[EngineEvent]) -> EngineEvent:
         """The next event; every ``IDLE_CHECK_S`` (busy or not) checks that the client is there."""

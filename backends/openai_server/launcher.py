@@ -4,7 +4,6 @@ over loopback (needs httpx)."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -81,13 +80,13 @@ class ServerProcess:
         return pids
 
     def metrics(self) -> dict[str, float]:
-        """``/metrics`` samples by full name with labels (model_name label dropped)."""
+        """``/metrics`` samples as ``name{label="value",...}`` (labels sorted, model_name dropped)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         text = httpx.get(self.url + "/metrics", timeout=10).text
         values = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line:
-                continue
-            name, value = line.rsplit(" ", 1)
-            name = re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")
-            values[name] = float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "model_name")
+                values[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
         return values

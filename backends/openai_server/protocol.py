@@ -1,14 +1,17 @@
 """Request bodies of /v1/completions and /v1/chat/completions, validated into plain fields.
 
 Every problem raises :class:`APIError` with an OpenAI-style body: ``{"error": {"message",
-"type", "param", "code"}}``, where ``param`` names the offending field. Parameters we do not
-implement are refused when they would change the result (``n > 1``, ``logprobs``, ``echo``,
-non-zero penalties), never silently ignored.
+"type", "param", "code"}}``, where ``param`` names the offending field. No parameter is silently
+ignored: a field this server does not know is refused, and a known one it does not implement
+(``n > 1``, ``best_of``, ``logprobs``, ``echo``, penalties, tools and functions,
+``response_format`` other than text...) is accepted only at the value that changes nothing. A
+field sent as ``null`` counts as not sent.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +38,8 @@ class GenerationRequest:
 
     prompt_text: str | None  # text to tokenize (None when the client sent token ids)
     prompt_ids: tuple[int, ...] | None
-    max_tokens: int
+    max_tokens: int | None  # None: not given (the server picks DEFAULT_MAX_TOKENS, within the context)
+    max_tokens_param: str  # the field that set it: max_tokens or max_completion_tokens
     temperature: float
     top_p: float
     seed: int | None
@@ -49,6 +53,67 @@ class GenerationRequest:
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
 MAX_STOP_STRINGS = 4
+
+# fields both endpoints implement, and the ones that change nothing here (``user``: an end-user id
+# for the provider's abuse monitoring; ``parallel_tool_calls``: moot, tools are refused)
+_COMMON = frozenset({
+    "model", "max_tokens", "n", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "stop",
+    "stop_token_ids", "stream", "stream_options", "seed", "temperature", "top_p", "ignore_eos", "user"})
+_COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+_CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call",
+                   "parallel_tool_calls", "response_format", "top_logprobs", "modalities"}
+# implemented only at the value that changes nothing: field -> (is that value?, why else refused)
+_NOOP_ONLY: dict[str, tuple[Any, str]] = {
+    "best_of": (lambda v: v == 1 and _is_int(v), "only best_of = 1 is supported (one sample per request)"),
+    "echo": (lambda v: v is False, "echoing the prompt is not supported"),
+    "suffix": (lambda v: v == "", "suffixes (insertion) are not supported"),
+    "logprobs": (lambda v: v is False, "log probabilities are not supported"),
+    "top_logprobs": (lambda v: False, "needs logprobs, and log probabilities are not supported"),
+    "logit_bias": (lambda v: v == {}, "logit bias is not supported"),
+    "response_format": (lambda v: v == {"type": "text"}, "only {'type': 'text'} is supported "
+                        "(no JSON mode or structured output)"),
+    "tools": (lambda v: v == [], "tool calling is not supported"),
+    "tool_choice": (lambda v: v == "none", "tool calling is not supported; only 'none' is accepted"),
+    "functions": (lambda v: v == [], "function calling is not supported"),
+    "function_call": (lambda v: v == "none", "function calling is not supported; only 'none' is accepted"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "must be true or false"),
+    "modalities": (lambda v: v == ["text"], "only ['text'] is supported"),
+    "user": (lambda v: isinstance(v, str), "must be a string"),
+}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_fields(body: dict[str, Any], known: frozenset[str]) -> None:
+    """Refuse a field that is unknown, or known but set to something this server would ignore."""
+    for key, value in body.items():
+        if value is None:
+            continue
+        if key not in known:
+            raise _bad(key, "unknown parameter; this server does not support it")
+        rule = _NOOP_ONLY.get(key)
+        if rule is not None and not rule[0](value):
+            raise _bad(key, rule[1])
+
+
+def first_invalid_text(body: Any) -> str | None:
+    """Where in a parsed JSON body a string holds a lone UTF-16 surrogate (``"\\ud800"``: valid
+    JSON, not valid Unicode text), as a field path like ``messages[0].content``; None if nowhere.
+    Iterative, so any nesting depth the JSON parser accepted is fine."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                here = f"{path}.{k}" if path else str(k)
+                if _SURROGATE.search(k):
+                    return here
+                stack.append((here, v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -90,26 +155,23 @@ def _bool(body: dict, key: str, default: bool) -> bool:
     return v
 
 
-def _common(body: dict, max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
+def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    check_fields(body, known)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"must be a string, got {model!r}")
-    max_tokens = DEFAULT_MAX_TOKENS
+    max_tokens, max_tokens_param = None, max_tokens_keys[0]
     for key in max_tokens_keys:
         if body.get(key) is not None:
-            max_tokens = _int(body, key, None, 1)  # type: ignore[assignment]
+            max_tokens, max_tokens_param = _int(body, key, None, 1), key
             break
     if _int(body, "n", 1, 1) != 1:
         raise _bad("n", "only n = 1 is supported")
     for key in ("presence_penalty", "frequency_penalty"):
         if _float(body, key, 0.0, -2.0, 2.0) != 0.0:
             raise _bad(key, "penalties are not supported; send 0 or omit it")
-    if body.get("logprobs") not in (None, False, 0):
-        raise _bad("logprobs", "log probabilities are not supported")
-    if body.get("logit_bias"):
-        raise _bad("logit_bias", "not supported")
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -128,24 +190,28 @@ def _common(body: dict, max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("stream_options", f"must be an object, got {options!r}")
-    include_usage = bool(options and options.get("include_usage"))
     if options is not None and not stream:
         raise _bad("stream_options", "only allowed when stream is true")
+    options = options or {}
+    for key in options:
+        if key != "include_usage" and options[key] is not None:
+            raise _bad(f"stream_options.{key}", "unknown stream option; only include_usage is supported")
+    include_usage = _bool(options, "include_usage", False)
     seed = _int(body, "seed", None, -(2**63), 2**63 - 1)
+    top_p = _float(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:  # the sampler's range is (0, 1]: no token would be left to sample
+        raise _bad("top_p", "must be in (0, 1], got 0")
     return dict(
-        model=model, max_tokens=max_tokens, temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_float(body, "top_p", 1.0, 0.0, 1.0), seed=seed, stop=stops, stop_token_ids=tuple(stop_ids),
-        ignore_eos=_bool(body, "ignore_eos", False), stream=stream, include_usage=include_usage,
+        model=model, max_tokens=max_tokens, max_tokens_param=max_tokens_param,
+        temperature=_float(body, "temperature", 1.0, 0.0, 2.0), top_p=top_p, seed=seed, stop=stops,
+        stop_token_ids=tuple(stop_ids), ignore_eos=_bool(body, "ignore_eos", False), stream=stream,
+        include_usage=include_usage,
     )
 
 
 def parse_completion(body: Any) -> GenerationRequest:
     """``POST /v1/completions``: ``prompt`` is a string or a list of token ids (one prompt)."""
-    fields = _common(body, ("max_tokens",))
-    if body.get("echo"):
-        raise _bad("echo", "not supported")
-    if body.get("suffix"):
-        raise _bad("suffix", "not supported")
+    fields = _common(body, ("max_tokens",), _COMPLETION)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
@@ -164,17 +230,18 @@ def parse_completion(body: Any) -> GenerationRequest:
 
 def parse_chat(body: Any) -> tuple[GenerationRequest, list[tuple[str, str]]]:
     """``POST /v1/chat/completions``: the request and its messages as (role, text) pairs."""
-    fields = _common(body, ("max_completion_tokens", "max_tokens"))
+    fields = _common(body, ("max_completion_tokens", "max_tokens"), _CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list")
-    if body.get("tools"):
-        raise _bad("tools", "tool calling is not supported")
     pairs = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(where, "must be an object with 'role' and 'content'")
+        extra = next((k for k, v in m.items() if k not in ("role", "content") and v not in (None, [])), None)
+        if extra is not None:  # name, tool_calls, ...: the template would drop them
+            raise _bad(f"{where}.{extra}", "not supported; a message has only 'role' and 'content'")
         role = m.get("role")
         if role not in ("system", "developer", "user", "assistant"):
             raise _bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")

@@ -25,15 +25,17 @@ GRACEFUL_SHUTDOWN_S = 5
 
 
 def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0.1", port: int = 8000,
-               max_queue: int = 256, log_level: str = "info", record_dir: Path | None = None) -> int:
+               max_queue: int = 256, log_level: str = "info", record_dir: Path | None = None,
+               api_key: str | None = None) -> int:
     """Serve until interrupted (exit code 0) or until the engine fails (exit code 1).
 
     With ``record_dir`` (and ``config.record``), the run is written there once the engine has
-    stopped, in the simulator's run-folder format (:func:`write_recorded_run`)."""
+    stopped, in the simulator's run-folder format (:func:`write_recorded_run`). With ``api_key``,
+    /v1/* needs ``Authorization: Bearer <api_key>``."""
     tokenizer, template = load_text(source)
     engine = PipelineEngine(source, replace(config, eos_token_id=tokenizer.eos_token_id))
     engine.start()
-    state = ServerState(engine, tokenizer, template, source.served_name, max_queue)
+    state = ServerState(engine, tokenizer, template, source.served_name, max_queue, api_key=api_key)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
 
@@ -42,13 +44,14 @@ def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0
         server.should_exit = True
 
     engine.on_failure(on_failure)
-    log.info("serving %s on http://%s:%d (%d stage(s), policy %s)", source.served_name, host, port,
-             config.num_stages, config.policy)
+    log.info("serving %s on http://%s:%d (%d stage(s), policy %s%s)", source.served_name, host, port,
+             config.num_stages, config.policy, ", API key required on /v1" if api_key else "")
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
         pass
     finally:
+        state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         engine.shutdown()
         if engine.final_free_blocks is not None:
             log.info("free KV blocks per stage at shutdown: %s of %d", engine.final_free_blocks,

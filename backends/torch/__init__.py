@@ -16,7 +16,7 @@ The model layer underneath, in one process::
     h = stages[0](token_ids, layout, caches[0])     # [T] ids -> [T, D] hidden
     logits = stages[1](h, layout, caches[1])         # -> [S, V] for layout.sample_req_ids
 
-The tokenizer (``tokenizer.ByteBPETokenizer``) is not re-exported: it needs the ``regex`` package.
+The tokenizer (``tokenizer.LibTokenizer``) is not re-exported: it needs the ``tokenizers`` package.
 """
 
 from fastpp.backends.torch.config import CONFIGS, ModelConfig, from_hf_config, get_config

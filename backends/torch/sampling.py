@@ -4,6 +4,7 @@ Greedy (``temperature == 0``) takes the argmax, lowest id on ties, exactly as th
 forward does, so greedy outputs can be compared token for token. Otherwise softmax at the
 temperature, optionally restricted to the top-p nucleus. A request with a seed draws from a
 generator keyed by (seed, step): its output does not depend on what else shares the microbatch.
+Any Python int is a valid seed: the generator's 64-bit seed is derived modulo 2**64.
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ from dataclasses import dataclass
 import torch
 
 _SEED_STRIDE = 1_000_003  # decorrelates (seed, step) pairs
+_SEED_MOD = 1 << 64  # torch.Generator.manual_seed takes at most 64 bits
+
+
+def generator_seed(seed: int, step: int) -> int:
+    """The 64-bit seed of request ``seed``'s generator at output ``step``, in [0, 2**64).
+
+    Reduced modulo 2**64, so a seed of any size works (``seed * stride + step`` overflows 64 bits
+    for |seed| above about 1.8e13); for every seed whose product fitted before, this is the same
+    value torch derived from it, so those outputs are unchanged."""
+    return (seed * _SEED_STRIDE + step) % _SEED_MOD
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +74,6 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow], generator: torch.
             sorted_p, order = probs.sort(descending=True)
             keep = sorted_p.cumsum(0) - sorted_p < top_p  # always keeps the most likely token
             probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-        gen = generator if seed is None else torch.Generator().manual_seed(seed * _SEED_STRIDE + step)
+        gen = generator if seed is None else torch.Generator().manual_seed(generator_seed(seed, step))
         out.append(int(torch.multinomial(probs, 1, generator=gen)))
     return out

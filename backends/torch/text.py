@@ -2,15 +2,26 @@
 
 SmolLM2 (and Qwen2) chat models use ChatML; random-weight configs use raw bytes as token ids and
 a plain ``role: content`` template, so every code path of the server runs without a download.
+Real tokenizers are the ``tokenizers`` library's (``tokenizer.LibTokenizer``).
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from fastpp.backends.torch.weights_source import WeightsSource
+
+
+class TextDecoder(Protocol):
+    """Incremental detokenizer: ``feed(ids)`` returns the new text (never half a character),
+    ``flush()`` what was held back at the end; special tokens are skipped."""
+
+    def feed(self, ids: Iterable[int]) -> str: ...
+
+    def flush(self) -> str: ...
 
 
 class Tokenizer(Protocol):
@@ -23,9 +34,44 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str: ...
 
+    def stream_decoder(self) -> TextDecoder: ...
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))``, computed without encoding (0 if unknown)."""
+        ...
+
+    def token_id(self, token: str) -> int | None: ...
+
+
+_NOT_A_BYTE = "\ufffd"  # what an id outside 0..255 decodes to (random models with larger vocabs)
+
+
+class _ByteStream:
+    """Bytes to text as they come: a UTF-8 sequence cut mid-character waits for its end."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: Iterable[int], final: bool = False) -> str:
+        out: list[str] = []
+        run = bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out.append(self._utf8.decode(bytes(run), final=True))  # a non-byte id ends any sequence
+            run.clear()
+            out.append(_NOT_A_BYTE)
+        out.append(self._utf8.decode(bytes(run), final=final))
+        return "".join(out)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
 
 class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255; no special tokens, no EOS."""
+    """UTF-8 bytes as token ids 0..255; no special tokens, no EOS. Ids >= 256 (a random model's
+    larger vocabulary) decode to U+FFFD."""
 
     eos_token_id: int | None = None
 
@@ -37,7 +83,16 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+        return _ByteStream().feed(ids, final=True)
+
+    def stream_decoder(self) -> _ByteStream:
+        return _ByteStream()
+
+    def min_tokens(self, text: str) -> int:
+        return len(text)  # every character is at least one byte
+
+    def token_id(self, token: str) -> int | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +126,10 @@ def load_text(source: WeightsSource) -> tuple[Tokenizer, ChatTemplate]:
         return ByteTokenizer(), ChatTemplate(chatml=False)
     if source.kind == "smollm2":
         from fastpp.backends.torch.gguf_weights import smollm2_gguf_path
-        from fastpp.backends.torch.tokenizer import ByteBPETokenizer
+        from fastpp.backends.torch.tokenizer import LibTokenizer
 
-        return ByteBPETokenizer.from_gguf(smollm2_gguf_path()), ChatTemplate(True, SMOLLM2_SYSTEM)
+        return LibTokenizer.from_gguf(smollm2_gguf_path()), ChatTemplate(True, SMOLLM2_SYSTEM)
     from fastpp.backends.torch.hf_tokenizer import load_hf_tokenizer
 
     tokenizer = load_hf_tokenizer(source.path)
-    return tokenizer, ChatTemplate(chatml="<|im_start|>" in tokenizer.vocab)
+    return tokenizer, ChatTemplate(chatml=tokenizer.token_id("<|im_start|>") is not None)

@@ -1,137 +1,164 @@
-"""Byte-level BPE tokenizer (GPT-2 family) built from a GGUF file's vocab and merges.
+"""Tokenizers from the ``tokenizers`` library (Rust; what every serving engine uses).
 
-Matches HF ``tokenizers`` for the pre-tokenizers it names in ``PRE_TOKENIZERS``: text is split
-around special tokens, then into pre-token pieces by regex, each piece's UTF-8 bytes are mapped
-to printable characters (GPT-2's byte-to-unicode table) and merged by rank. Decoding inverts
-the byte mapping. Needs the ``regex`` package (for ``\\p{L}`` / ``\\p{N}``).
+:class:`LibTokenizer` wraps a ``tokenizers.Tokenizer``: a Hugging Face ``tokenizer.json`` loaded
+as is (normalizers, pre-tokenizers, ``ignore_merges``, Sequence post-processors: all the
+library's), or one built here from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level BPE,
+``gpt2`` model). Encoding is linear in the text and releases the GIL, so a server can encode in a
+worker thread while its event loop keeps answering. Streaming detokenization uses the library's
+``decoders.DecodeStream``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-import regex
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers.decoders import DecodeStream
 
-# GPT-2's pre-token pattern
-_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-# GGUF ``tokenizer.ggml.pre`` -> (isolate every digit first?, pattern). SmolLM's HF tokenizer is
-# Digits(individual_digits=True) followed by ByteLevel's GPT-2 regex.
-PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {"gpt2": (False, _GPT2), "smollm": (True, _GPT2)}
-_DIGIT = regex.compile(r"(\p{N})")
 _CONTROL = 3  # GGUF token_type of control (special) tokens
-_MAX_CACHED_WORDS = 1 << 16  # the per-word BPE cache is cleared when it reaches this size
+# GGUF ``tokenizer.ggml.pre`` -> the Hugging Face pre-tokenizer it stands for. SmolLM's is Digits
+# (each digit alone) then ByteLevel's GPT-2 regex.
+_GGUF_PRE = {
+    "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    "smollm": lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
+}
+# normalizers after which every normalized character came from at most this many input characters
+# (NFC composes; the longest canonical decomposition is 4 characters)
+_SHRINK = {None: 1, "NFD": 1, "NFKD": 1, "NFC": 4, "NFKC": 4}
+# pre-tokenizer parts that keep every byte of the text (so each byte lands in exactly one token)
+_LOSSLESS_PRE = {"ByteLevel", "Digits", "Split"}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable unicode characters."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    table = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + n)
-            n += 1
-    return table
+class StreamDecoder:
+    """Text deltas of a growing token list (special tokens skipped), never half a character.
 
-
-class ByteBPETokenizer:
-    """``encode(text) -> ids`` and ``decode(ids) -> text``; ``decode(encode(t)) == t`` for any text.
-
-    Special tokens written literally in the text (``<|im_start|>``) encode to their ids. No BOS
-    is added (SmolLM2 adds none).
+    ``feed`` returns what the new ids add; ``flush`` at the end returns what was held back
+    (an incomplete UTF-8 sequence, as U+FFFD), so the deltas add up to ``decode(ids, skip_special=True)``.
     """
 
-    def __init__(self, tokens: Sequence[str], merges: Iterable[str], special_ids: Iterable[int],
-                 eos_token_id: int | None, pre: str, pattern: str | None = None) -> None:
-        """``pre`` names a known pre-tokenizer; ``pattern``, if given, replaces its split regex
-        (Hugging Face ``Split`` pre-tokenizers carry their own, e.g. Qwen2's)."""
-        if pre not in PRE_TOKENIZERS:
-            raise ValueError(f"pre-tokenizer {pre!r} not supported; known: {sorted(PRE_TOKENIZERS)}")
-        self.split_digits, known = PRE_TOKENIZERS[pre]
-        pattern = pattern or known
-        self._pattern = regex.compile(pattern)
-        self.tokens = list(tokens)
-        self.vocab = {t: i for i, t in enumerate(self.tokens)}
-        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
-        self.special_ids = frozenset(special_ids)
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._ids: list[int] = []
+        self._sent: list[str] = []
+
+    def feed(self, ids: Iterable[int]) -> str:
+        parts = []
+        for i in ids:
+            self._ids.append(i)
+            text = self._stream.step(self._tok, i)
+            if text:
+                parts.append(text)
+        out = "".join(parts)
+        self._sent.append(out)
+        return out
+
+    def flush(self) -> str:
+        full = self._tok.decode(self._ids, skip_special_tokens=True)
+        sent = "".join(self._sent)
+        rest = full[len(sent):] if full.startswith(sent) else ""
+        self._sent.append(rest)
+        return rest
+
+
+class LibTokenizer:
+    """``encode(text) -> ids`` (with the tokenizer's own special tokens, e.g. a BOS) and ``decode``."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int | None) -> None:
+        self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
-        specials = sorted((self.tokens[i] for i in self.special_ids), key=len, reverse=True)
-        self._special_re = regex.compile("(" + "|".join(regex.escape(s) for s in specials) + ")") \
-            if specials else None
-        self._byte_enc = _bytes_to_unicode()
-        self._byte_dec = {c: b for b, c in self._byte_enc.items()}
-        self._cache: dict[str, list[int]] = {}
+        self._chars_per_token = _chars_per_token_bound(tokenizer)
 
     @property
     def vocab_size(self) -> int:
-        return len(self.tokens)
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        # encode_batch_fast releases the GIL (plain encode holds it for the whole call)
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=True)[0].ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self.tokenizer)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` without encoding (0 when none is known)."""
+        if self._chars_per_token is None:
+            return 0
+        return math.ceil(len(text) / self._chars_per_token)
 
     @staticmethod
-    def from_gguf(path: str | Path) -> ByteBPETokenizer:
-        """The tokenizer stored in a GGUF file's ``tokenizer.ggml.*`` metadata (model ``gpt2``)."""
+    def from_file(path: str | Path, eos_token_id: int | None) -> LibTokenizer:
+        """A Hugging Face ``tokenizer.json``, as the library reads it."""
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises plain Exception with its parser's message
+            raise ValueError(f"{path}: not a tokenizer the tokenizers library can load: {exc}") from None
+        return LibTokenizer(tok, eos_token_id)
+
+    @staticmethod
+    def from_gguf(path: str | Path) -> LibTokenizer:
+        """The tokenizer in a GGUF file's ``tokenizer.ggml.*`` metadata (model ``gpt2``)."""
         from gguf import GGUFReader  # optional dependency: only this constructor needs it
 
         fields = GGUFReader(path).fields
         kind = fields["tokenizer.ggml.model"].contents()
         if kind != "gpt2":
-            raise ValueError(f"tokenizer model {kind!r} is not byte-level BPE ('gpt2')")
+            raise ValueError(f"{path}: GGUF tokenizer model {kind!r} is not byte-level BPE ('gpt2')")
+        pre = fields["tokenizer.ggml.pre"].contents()
+        if pre not in _GGUF_PRE:
+            raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} not supported; known: {sorted(_GGUF_PRE)}")
+        tokens = fields["tokenizer.ggml.tokens"].contents()
         types = fields["tokenizer.ggml.token_type"].contents()
-        return ByteBPETokenizer(
-            tokens=fields["tokenizer.ggml.tokens"].contents(),
-            merges=fields["tokenizer.ggml.merges"].contents(),
-            special_ids=[i for i, t in enumerate(types) if t == _CONTROL],
-            eos_token_id=int(fields["tokenizer.ggml.eos_token_id"].contents()),
-            pre=fields["tokenizer.ggml.pre"].contents(),
-        )
+        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"].contents()]
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        tok.pre_tokenizer = _GGUF_PRE[pre]()
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i, t in enumerate(types) if t == _CONTROL])
+        add_bos = fields.get("tokenizer.ggml.add_bos_token")
+        if add_bos is not None and add_bos.contents():
+            bos_id = int(fields["tokenizer.ggml.bos_token_id"].contents())
+            bos = tokens[bos_id]
+            tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                               special_tokens=[(bos, bos_id)])
+        return LibTokenizer(tok, int(fields["tokenizer.ggml.eos_token_id"].contents()))
 
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        parts = self._special_re.split(text) if self._special_re else [text]
-        for k, part in enumerate(parts):
-            if k % 2:  # captured special token
-                ids.append(self.vocab[part])
-                continue
-            pieces = _DIGIT.split(part) if self.split_digits else [part]
-            for piece in pieces:
-                for word in self._pattern.findall(piece):
-                    ids.extend(self._bpe(word))
-        return ids
 
-    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        out: list[str] = []
-        buf = bytearray()
-        for i in ids:
-            tok = self.tokens[i]
-            if i in self.special_ids:
-                out.append(buf.decode("utf-8", errors="replace"))
-                buf.clear()
-                if not skip_special:
-                    out.append(tok)
-            else:
-                buf.extend(self._byte_dec[c] for c in tok)
-        out.append(buf.decode("utf-8", errors="replace"))
-        return "".join(out)
+def _parts(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    if spec is None:
+        return []
+    return spec.get(key, []) if spec.get("type") == "Sequence" else [spec]
 
-    def _bpe(self, word: str) -> list[int]:
-        """Merge one pre-token's byte symbols by rank (lowest first) and map them to ids."""
-        cached = self._cache.get(word)
-        if cached is not None:
-            return cached
-        symbols = [self._byte_enc[b] for b in word.encode("utf-8")]
-        ranks = self.ranks
-        while len(symbols) > 1:
-            best, best_rank = -1, len(ranks)
-            for j in range(len(symbols) - 1):
-                r = ranks.get((symbols[j], symbols[j + 1]))
-                if r is not None and r < best_rank:
-                    best, best_rank = j, r
-            if best < 0:
-                break
-            symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
-        ids = [self.vocab[s] for s in symbols]
-        if len(self._cache) >= _MAX_CACHED_WORDS:
-            self._cache.clear()
-        self._cache[word] = ids
-        return ids
+
+def _chars_per_token_bound(tokenizer: Tokenizer) -> int | None:
+    """Most text characters one token can stand for, where that is knowable from the tokenizer's
+    description: a byte-level BPE (every text byte in exactly one token, so a token covers at most
+    its own byte length) behind no normalizer or a Unicode normal form. None otherwise (Unigram,
+    WordPiece's [UNK] for a whole word, normalizers that drop characters...)."""
+    spec = json.loads(tokenizer.to_str())
+    model = spec.get("model") or {}
+    pre = _parts(spec.get("pre_tokenizer"), "pretokenizers")
+    norms = [n.get("type") for n in _parts(spec.get("normalizer"), "normalizers")]
+    if model.get("type") != "BPE" or not any(p.get("type") == "ByteLevel" for p in pre):
+        return None
+    if any(p.get("type") not in _LOSSLESS_PRE or p.get("behavior") not in (None, "Isolated") for p in pre):
+        return None
+    if any(n not in _SHRINK for n in norms):
+        return None
+    shrink = max((_SHRINK[n] for n in norms), default=1)
+    # byte-level tokens spell one byte per character; added tokens match their text literally
+    longest = max((len(t) for t in (model.get("vocab") or {})), default=1)
+    added = max((len(t["content"].encode("utf-8")) for t in spec.get("added_tokens") or []), default=1)
+    return max(longest, added, 1) * shrink

@@ -1,9 +1,10 @@
 """Chunk policies and decode balancers, looked up by name in one table.
 
 A policy spec names a chunk policy with an optional argument and optional balancer, joined by
-``+``: ``static:2048``, ``static`` (the configured default chunk). Builders get a
-``PolicyContext``: the scheduler config and, where the executor has one, the deployment's profile
-(policies that predict latency need it).
+``+``: ``static:2048``, ``static`` (the configured default chunk), ``predictive+ds``. Builders
+get a ``PolicyContext``: the scheduler config and, where the executor has one, the deployment's
+profile (policies that predict latency need it). From Python, ``make_chunk_policy`` and
+``make_balancer`` build one policy by name, or from its typed config.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from dataclasses import dataclass
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
 from fastpp.policies.delay import DelayConfig, DelayScheduler
 from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig
-from fastpp.policies.upstream import build_upstream
+from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
+from fastpp.policies.upstream import UpstreamChunkConfig, UpstreamChunkPolicy, build_upstream
 from fastpp.profile import Profile
 from fastpp.scheduler_config import SchedulerConfig
 
 __all__ = [
     "ChunkPolicy", "DecodeBalancer", "NoBalancer", "StaticChunkPolicy", "POLICIES", "BALANCERS",
-    "PolicyInfo", "PolicyContext", "make_policies",
+    "PolicyInfo", "PolicyContext", "make_policies", "make_chunk_policy", "make_balancer",
 ]
 
 
@@ -57,7 +59,6 @@ def _static(arg: str | None, ctx: PolicyContext) -> StaticChunkPolicy:
 
 
 def _predictive(arg: str | None, ctx: PolicyContext) -> object:
-    from fastpp.policies.predictive import PredictiveChunkPolicy
     from fastpp.predictor import ALPPredictor, TokensOnlyPredictor
 
     profile = ctx.require_profile("predictive")
@@ -117,3 +118,65 @@ def _build(table: dict[str, PolicyInfo], kind: str, part: str, ctx: PolicyContex
     if arg and not info.argument:
         raise ValueError(f"{kind} {name!r} takes no argument, got {arg!r}")
     return info.build(arg or None, ctx)
+
+
+def _context(profile: Profile | None, default_chunk: int) -> PolicyContext:
+    """What the registry's builders read, for a policy built outside any scheduler."""
+    if profile is None:
+        return PolicyContext(SchedulerConfig(num_slots=1, kv_capacity_tokens=1, default_chunk=default_chunk))
+    return PolicyContext(SchedulerConfig(
+        num_slots=profile.pp, kv_capacity_tokens=profile.kv_capacity_tokens, page_size=profile.page_size,
+        max_context=profile.model.max_context, default_chunk=default_chunk, token_step=profile.token_step),
+        profile)
+
+
+def make_chunk_policy(
+    spec: str = "static",
+    *,
+    profile: Profile | None = None,
+    config: GreedyConfig | PredictiveConfig | UpstreamChunkConfig | None = None,
+    default_chunk: int = 2048,
+) -> ChunkPolicy:
+    """One chunk policy, by name or from its typed config.
+
+    ``spec`` is a name as ``fastpp policies`` lists them, with its optional argument:
+    ``static`` (``default_chunk`` tokens) or ``static:512``, ``greedy`` / ``greedy:p90``,
+    ``predictive`` / ``predictive:tokens``, ``upstream`` / ``upstream:2048``. ``predictive`` and
+    ``upstream`` predict latency and need the deployment's ``profile``. Give ``config`` (a
+    ``GreedyConfig``, ``PredictiveConfig`` or ``UpstreamChunkConfig``) instead of an argument to
+    set every knob. The SLO and the chunk candidates are not arguments: a policy reads them
+    from the view of whichever scheduler runs it. Raises ValueError naming a bad name,
+    argument or config.
+    """
+    name, _, arg = spec.partition(":")
+    if config is None:
+        return _build(POLICIES, "chunk policy", spec, _context(profile, default_chunk))  # type: ignore[return-value]
+    if arg:
+        raise ValueError(f"give {spec!r}'s argument or a config, not both")
+    typed: dict[str, type] = {"greedy": GreedyConfig, "predictive": PredictiveConfig,
+                              "upstream": UpstreamChunkConfig}
+    if name not in typed:
+        raise ValueError(f"chunk policy {name!r} takes no config; typed configs exist for "
+                         f"{', '.join(typed)}")
+    if not isinstance(config, typed[name]):
+        raise ValueError(f"chunk policy {name!r} takes a {typed[name].__name__}, got "
+                         f"{type(config).__name__}")
+    if name == "greedy":
+        return GreedyChunkPolicy(config)  # type: ignore[arg-type]
+    ctx = _context(profile, default_chunk)
+    if name == "predictive":
+        return PredictiveChunkPolicy.from_profile(ctx.require_profile(name), config)  # type: ignore[arg-type]
+    return UpstreamChunkPolicy.from_profile(config, ctx.require_profile(name))  # type: ignore[arg-type]
+
+
+def make_balancer(spec: str = "ds", *, config: DelayConfig | None = None) -> DecodeBalancer:
+    """One decode balancer: ``none``, ``ds`` (delay scheduling) or ``ds:MODE``; or ``ds`` with a
+    ``DelayConfig`` for every knob. Raises ValueError naming a bad name, argument or config."""
+    name, _, arg = spec.partition(":")
+    if config is None:
+        return _build(BALANCERS, "balancer", spec, _context(None, 2048))  # type: ignore[return-value]
+    if name != "ds" or arg:
+        raise ValueError(f"a DelayConfig goes with 'ds' and no argument, got {spec!r}")
+    if not isinstance(config, DelayConfig):
+        raise ValueError(f"balancer 'ds' takes a DelayConfig, got {type(config).__name__}")
+    return DelayScheduler(config)

@@ -27,16 +27,19 @@ FALLBACK_REASON = "fallback: policy error"
 class GuardedPolicies:
     """One scheduler's chunk policy and decode balancer, called with their errors contained.
 
-    ``errors`` holds one key per kind of failure seen ("chunk policy: ValueError", ...).
+    ``errors`` holds one key per kind of failure seen ("chunk policy: ValueError", ...);
+    ``num_fallbacks`` counts the decisions that fell back, by policy ("chunk policy",
+    "balancer", "chunk policy.observe", ...).
     """
 
-    __slots__ = ("chunk_policy", "balancer", "fallback_chunk", "errors")
+    __slots__ = ("chunk_policy", "balancer", "fallback_chunk", "errors", "num_fallbacks")
 
     def __init__(self, chunk_policy: ChunkPolicy, balancer: DecodeBalancer, fallback_chunk: int) -> None:
         self.chunk_policy = chunk_policy
         self.balancer = balancer
         self.fallback_chunk = fallback_chunk
         self.errors: set[str] = set()
+        self.num_fallbacks: dict[str, int] = {}
 
     def choose(self, view: PolicyView) -> tuple[int, str]:
         """(C, reason) from the chunk policy; (fallback chunk, FALLBACK_REASON) if it fails."""
@@ -82,6 +85,7 @@ class GuardedPolicies:
             self.failed("balancer.observe", exc)
 
     def failed(self, which: str, exc: Exception) -> None:
+        self.num_fallbacks[which] = self.num_fallbacks.get(which, 0) + 1
         key = f"{which}: {type(exc).__name__}"
         if key not in self.errors:  # log once per kind of failure
             self.errors.add(key)

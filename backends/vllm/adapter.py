@@ -1,0 +1,441 @@
+"""Our policies over vLLM's requests: slots, parking, the step decision, records and signals.
+
+vLLM keeps its queues, KV blocks and token counters; this module keeps what vLLM has no notion
+of and decides, before each ``schedule()``, what our policies want from it:
+
+* Slots. vLLM's engine core keeps up to ``pp`` scheduled batches in a FIFO batch queue and
+  calls ``schedule()`` once per step, empty steps included, so the batches in the queue at any
+  time are consecutive calls. We number the calls and call ``seq % pp`` the slot: batches in
+  the pipeline together always have distinct slots, and a decode whose token came back from
+  slot s is next schedulable exactly when slot s launches again (docs/engines/vllm.md proves
+  both from core.py). A request joins the slot where its last prefill chunk ran, as in our
+  Scheduler, and leaves it when it ends, is preempted or is parked.
+* The decision (``begin_step``). The balancer may park decodes of the launching slot and
+  restore parked ones into it; the chunk policy chooses the step's budget C (decode tokens
+  included, capped at vLLM's ``max_num_batched_tokens``); the slot's decodes that ride are
+  ``DecodeSlots.pick(slot, C)`` (all, or C of them round-robin). Every other decoding request is
+  held out of this step; vLLM fills what is left of C with prefill its own way.
+* What ran (``launched``): read from vLLM's SchedulerOutput (``num_scheduled_tokens``), never
+  from the decision; the decision log keeps both, so tests can compare them.
+* The return (``returned``): tokens, first tokens, ends, joins and the token-gap signal, from
+  vLLM's own request counters after its ``update_from_output``; the stage times of the
+  microbatch become IterationRecords that the policies observe.
+
+Policies are called through ``fastpp.policies.guard.GuardedPolicies``, as in every executor: a
+policy that raises (or returns a bad value, or an invalid plan) is logged once per kind of
+failure and replaced for that decision by the static budget (``default_chunk``) or no
+balancing; serving goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastpp.backends.vllm.tracked import TrackedRequest
+from fastpp.decode_slots import DecodeSlots
+from fastpp.policies.base import ChunkPolicy, DecodeBalancer
+from fastpp.policies.guard import GuardedPolicies
+from fastpp.scheduler_config import SchedulerConfig
+from fastpp.signals import Signals
+from fastpp.types import FinishReason, IterationRecord, RequestRecord
+
+log = logging.getLogger("fastpp.vllm")
+
+
+class EngineQueues(Protocol):
+    """What the adapter reads of the engine's own state (``FastPPScheduler`` over vLLM)."""
+
+    def engine_waiting(self) -> Iterable[Any]:
+        """vLLM requests not admitted (no KV), in the order vLLM will admit them."""
+        ...
+
+    def engine_running(self) -> list[Any]:
+        """vLLM's running list (admitted requests holding KV), in vLLM's order."""
+        ...
+
+    def kv_total_tokens(self) -> int: ...
+
+    def kv_free_tokens(self) -> int: ...
+
+
+class Recorder(Protocol):
+    """Where the adapter reports what happened (``recorder.RunRecorder``)."""
+
+    def on_decision(self, entry: dict) -> None: ...
+
+    def on_iteration(self, rec: IterationRecord) -> None: ...
+
+    def on_request_end(self, rec: RequestRecord) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepDecision:
+    """What our policies want from the ``schedule()`` call about to run."""
+
+    seq: int  # schedule() call number, from 0; also the microbatch id
+    slot: int
+    budget: int  # C, capped at max_num_batched_tokens
+    reason: str  # the chunk policy's reason (or the fallback's)
+    decode_ids: frozenset[str]  # engine ids of the slot's decodes that ride this step
+    held_ids: frozenset[str]  # engine ids of every other decoding request (held out this step)
+    balance: str  # the balancer's reason, "" when it did nothing
+
+
+@dataclass(slots=True)
+class LaunchedBatch:
+    """One scheduled step as vLLM scheduled it, until its output returns."""
+
+    decision: StepDecision
+    output: Any  # vLLM's SchedulerOutput (identity-checked at the return)
+    scheduled_at: float
+    decodes: list[TrackedRequest]
+    decode_ctx: list[int]
+    prefill: list[tuple[TrackedRequest, int, int, bool]]  # (request, L_past, L_pre, completes)
+    num_tokens: int
+    num_prefill_tokens: int
+    sum_past_x_pre: int
+    sum_pre_sq: int
+    sum_dec_ctx: int
+
+    @property
+    def slot(self) -> int:
+        return self.decision.slot
+
+    @property
+    def mb_id(self) -> int:
+        return self.decision.seq
+
+    def iteration(self, stage: int, started_at: float, finished_at: float) -> IterationRecord:
+        return IterationRecord(self.mb_id, stage, self.slot, started_at, finished_at, self.num_tokens,
+                               self.num_prefill_tokens, len(self.decodes), self.sum_past_x_pre,
+                               self.sum_pre_sq, self.sum_dec_ctx, self.decision.budget,
+                               self.decision.reason)
+
+
+@dataclass(slots=True)
+class AdapterCounters:
+    """Counts worth a log line and a test assertion."""
+
+    steps: int = 0  # schedule() calls
+    empty_steps: int = 0  # calls that scheduled nothing
+    decode_sitouts: int = 0  # decodes of the launching slot left out because C was too small
+    parks: int = 0
+    restores: int = 0
+    liveness_restores: int = 0  # restored because nothing else could run
+    preemptions: int = 0
+    unexpected_decodes: int = 0  # decodes vLLM scheduled that the decision did not pick
+    missing_stage_times: int = 0  # microbatches returned without the workers' stage times
+
+
+class Adapter:
+    """Slots, parking, decisions and records of one vLLM engine core. Not thread-safe: vLLM's
+    engine core calls the scheduler from one thread."""
+
+    def __init__(self, config: SchedulerConfig, chunk_policy: ChunkPolicy, balancer: DecodeBalancer,
+                 engine: EngineQueues, clock: Callable[[], float], *, max_budget: int,
+                 recorder: Recorder | None = None,
+                 stage_times: Callable[[int], dict[int, tuple[float, float]] | None] | None = None) -> None:
+        from fastpp.backends.vllm.view import VllmView  # the view reads the adapter's state
+
+        if max_budget < 1:
+            raise ValueError(f"max_budget must be >= 1 token, got {max_budget}")
+        self.config = config
+        self.policies = CountingGuard(chunk_policy, balancer, config.default_chunk)
+        self.engine = engine
+        self.clock = clock
+        self.max_budget = max_budget
+        self.recorder = recorder
+        self.stage_times = stage_times
+        self.signals = Signals()
+        self.slots = DecodeSlots(config.num_slots)
+        self.tracked: dict[str, TrackedRequest] = {}  # by vLLM request id, until the request ends
+        self.in_flight: deque[LaunchedBatch] = deque()  # scheduled steps, oldest first
+        self.counters = AdapterCounters()
+        self.view = VllmView(self)
+        self._next_req_id = 0
+        self._seq = 0
+
+    # ------------------------------------------------------------------ arrivals and ends
+    def arrive(self, engine_req: Any) -> TrackedRequest:
+        """A request reached the scheduler (vLLM's ``add_request``)."""
+        now = self.clock()
+        arrived_at = min(now, self.engine_time(engine_req.arrival_time))
+        rec = RequestRecord(self._next_req_id, arrived_at, engine_req.num_prompt_tokens,
+                            max(1, int(engine_req.max_tokens)))
+        self._next_req_id += 1
+        t = TrackedRequest(rec, engine_req)
+        self.tracked[engine_req.request_id] = t
+        self.signals.on_arrival(arrived_at, rec.prompt_len)
+        return t
+
+    def engine_time(self, wall_s: float) -> float:
+        """A ``time.time()`` instant (vLLM's arrival times) on our clock."""
+        return wall_s - self.epoch
+
+    @property
+    def epoch(self) -> float:
+        return getattr(self.clock, "epoch", 0.0)
+
+    def ended(self, engine_id: str, reason: FinishReason, detail: str = "") -> None:
+        """The request ended outside a return (an abort): free its slot, close its record."""
+        t = self.tracked.get(engine_id)
+        if t is not None:
+            self._end(t, self.clock(), reason, detail)
+
+    def preempted(self, engine_id: str) -> None:
+        """vLLM freed the request's KV; it waits to be recomputed and then rejoins a slot."""
+        t = self.tracked.get(engine_id)
+        if t is None:
+            return
+        self.slots.leave(t)
+        t.rec.num_retractions += 1
+        self.counters.preemptions += 1
+
+    def _end(self, t: TrackedRequest, now: float, reason: FinishReason, detail: str) -> None:
+        if t.ended:
+            return
+        t.ended = True
+        self.slots.leave(t)
+        rec = t.rec
+        rec.finish_reason = reason
+        rec.finished_at = now
+        rec.detail = detail
+        del self.tracked[t.engine_id]
+        if self.recorder is not None:
+            self.recorder.on_request_end(rec)
+
+    # ------------------------------------------------------------------ the decision
+    def begin_step(self) -> StepDecision:
+        """Balance the launching slot, choose C, pick the decodes that ride."""
+        now = self.clock()
+        seq = self._seq
+        self._seq += 1
+        slot = seq % self.config.num_slots
+        view = self.view
+        view.begin(now, slot)
+        balance = self._balance(slot, now)
+        budget, reason = self._choose_budget()
+        decodes = self.slots.pick(slot, budget)
+        if not decodes and self.slots.parked and not self.any_in_flight() and not view.has_prefill_work():
+            # liveness: parking must never leave the pipeline idle with requests held back
+            before = len(self.slots.parked)
+            self.slots.restore_longest_parked(slot, budget)
+            self.counters.liveness_restores += before - len(self.slots.parked)
+            decodes = self.slots.pick(slot, budget)
+        self.counters.decode_sitouts += len(self.slots.running[slot]) - len(decodes)
+        picked = frozenset(t.engine_id for t in decodes)
+        held = frozenset(eid for eid, t in self.tracked.items() if t.is_decoding and eid not in picked)
+        return StepDecision(seq, slot, budget, reason, picked, held, balance)
+
+    def _balance(self, slot: int, now: float) -> str:
+        slots = self.slots
+        if not slots.running[slot] and not slots.parked:
+            return ""
+        failures = self.policies.num_failures
+        plan = self.policies.balance(self.view, slot, slots.check)
+        if self.policies.num_failures > failures:
+            return "fallback: balancer error"
+        if plan.is_noop:
+            return ""
+        slots.apply(plan, slot, now)
+        self.counters.parks += len(plan.park_ids)
+        self.counters.restores += len(plan.restore_ids)
+        return plan.reason or "balanced"
+
+    def _choose_budget(self) -> tuple[int, str]:
+        budget, reason = self.policies.choose(self.view)
+        return min(budget, self.max_budget), reason
+
+    # ------------------------------------------------------------------ what vLLM scheduled
+    def launched(self, decision: StepDecision, output: Any, num_scheduled: dict[str, int]) -> LaunchedBatch:
+        """vLLM's ``schedule()`` returned ``output``; ``num_scheduled`` is its
+        ``num_scheduled_tokens`` (engine id -> tokens). Counters of the requests in it were
+        already advanced by vLLM (``_update_after_schedule``)."""
+        now = self.clock()
+        decodes: list[TrackedRequest] = []
+        prefill: list[tuple[TrackedRequest, int, int, bool]] = []
+        sum_past_x_pre = sum_pre_sq = num_prefill = 0
+        for eid, n in num_scheduled.items():
+            t = self.tracked.get(eid)
+            if t is None:
+                continue  # not ours (cannot happen: every request passes add_request)
+            if t.is_decoding:
+                if eid not in decision.decode_ids:
+                    self.counters.unexpected_decodes += 1
+                decodes.append(t)
+                continue
+            engine = t.engine
+            past = engine.num_computed_tokens - n
+            completes = engine.num_computed_tokens >= engine.num_tokens
+            prefill.append((t, past, n, completes))
+            sum_past_x_pre += past * n
+            sum_pre_sq += n * n
+            num_prefill += n
+            if t.rec.scheduled_at is None:
+                t.rec.scheduled_at = now
+        dec_ctx = [t.ctx_len for t in decodes]
+        batch = LaunchedBatch(decision, output, now, decodes, dec_ctx, prefill, len(decodes) + num_prefill,
+                              num_prefill, sum_past_x_pre, sum_pre_sq, sum(dec_ctx))
+        self.counters.steps += 1
+        if batch.num_tokens == 0:
+            self.counters.empty_steps += 1
+        self.in_flight.append(batch)
+        if self.recorder is not None:
+            self.recorder.on_decision(self._decision_entry(batch, num_scheduled))
+        return batch
+
+    def _decision_entry(self, batch: LaunchedBatch, num_scheduled: dict[str, int]) -> dict:
+        d = batch.decision
+        return {
+            "mb_id": d.seq, "slot": d.slot, "at": round(batch.scheduled_at, 6),
+            "budget": d.budget, "reason": d.reason, "balance": d.balance,
+            "chosen_decodes": sorted(d.decode_ids),
+            "scheduled": dict(num_scheduled),  # vLLM's SchedulerOutput.num_scheduled_tokens
+            "scheduled_decodes": sorted(t.engine_id for t in batch.decodes),
+            "total_scheduled": batch.num_tokens,
+            "running": [self.view.num_running(s) for s in range(self.config.num_slots)],
+            "parked": len(self.slots.parked),
+        }
+
+    # ------------------------------------------------------------------ the return
+    def returned(self, output: Any) -> LaunchedBatch:
+        """vLLM folded in the step that scheduled ``output`` (its ``update_from_output`` ran)."""
+        if not self.in_flight or self.in_flight[0].output is not output:
+            raise RuntimeError("update_from_output for a step that is not the oldest in flight: "
+                               "vLLM's batch queue is no longer FIFO (docs/engines/vllm.md)")
+        batch = self.in_flight.popleft()
+        now = self.clock()
+        self._stage_records(batch, now)
+        slot = batch.slot
+        stayed = []
+        for t in batch.decodes:
+            if t.ended:
+                continue
+            self._take_tokens(t, now)
+            if self._end_if_finished(t, now):
+                continue
+            if t.slot == slot:  # not preempted meanwhile
+                stayed.append(t)
+        self.slots.decoded(slot, stayed)
+        for t, _past, _n, completes in batch.prefill:
+            if t.ended or not completes:
+                continue
+            got = self._take_tokens(t, now)
+            if self._end_if_finished(t, now) or not got or t.is_decoding or not is_running(t.engine):
+                continue  # preempted while in flight: it is recomputed before it decodes
+            t.ctx_len = t.engine.num_tokens
+            self.slots.join(t, slot)
+        self.signals.on_return(slot, now, bool(batch.decodes))
+        return batch
+
+    def _take_tokens(self, t: TrackedRequest, now: float) -> int:
+        """Fold in the tokens vLLM appended to ``t`` since we last looked; returns how many."""
+        rec = t.rec
+        new = t.engine.num_output_tokens - rec.num_generated
+        if new <= 0:
+            return 0
+        rec.num_generated += new
+        rec.token_times.extend([now] * new)
+        if rec.first_token_at is None:
+            rec.first_token_at = now
+            self.signals.on_first_token(now, now - rec.arrived_at)
+        return new
+
+    def _end_if_finished(self, t: TrackedRequest, now: float) -> bool:
+        reason = finish_reason_of(t.engine)
+        if reason is None:
+            return False
+        self._end(t, now, *reason)
+        return True
+
+    def _stage_records(self, batch: LaunchedBatch, now: float) -> None:
+        if batch.num_tokens == 0:
+            return
+        times = self.stage_times(batch.mb_id) if self.stage_times is not None else None
+        if not times:
+            self.counters.missing_stage_times += 1
+            return
+        prev_end = None
+        for stage in sorted(times):
+            t0, t1 = (self.engine_time(x) for x in times[stage])
+            # A later stage's call starts waiting for the activations; its compute starts when
+            # the previous stage's ends (the transfer between processes on one host is short).
+            started = t0 if prev_end is None else max(t0, prev_end)
+            rec = batch.iteration(stage, started, max(started, t1))
+            prev_end = t1
+            self.policies.observe(rec)
+            if self.recorder is not None:
+                self.recorder.on_iteration(rec)
+
+    # ------------------------------------------------------------------ queries
+    def iter_tracked(self, engine_reqs: Iterable[Any]) -> Iterator[TrackedRequest]:
+        tracked = self.tracked
+        for r in engine_reqs:
+            t = tracked.get(r.request_id)
+            if t is not None:
+                yield t
+
+    def any_in_flight(self) -> bool:
+        """A step that computes something is in the pipeline (empty steps pass at once)."""
+        return any(b.num_tokens for b in self.in_flight)
+
+    def slot_in_flight(self, slot: int) -> bool:
+        return any(b.slot == slot and b.num_tokens for b in self.in_flight)
+
+
+# vLLM's RequestStatus names of finished requests -> our FinishReason (and a detail)
+_FINISHED: dict[str, tuple[FinishReason, str]] = {
+    "FINISHED_STOPPED": (FinishReason.STOP, ""),
+    "FINISHED_LENGTH_CAPPED": (FinishReason.LENGTH, ""),
+    "FINISHED_ABORTED": (FinishReason.ABORTED, "aborted by client"),
+    "FINISHED_IGNORED": (FinishReason.REJECTED, "ignored by vLLM (prompt too long for the KV cache)"),
+    "FINISHED_ERROR": (FinishReason.ABORTED, "vLLM reported an error"),
+    "FINISHED_REPETITION": (FinishReason.STOP, "repetition detected"),
+}
+
+
+def is_running(engine_req: Any) -> bool:
+    """True while vLLM holds the request in its running list (admitted, with KV)."""
+    return getattr(engine_req.status, "name", str(engine_req.status)) == "RUNNING"
+
+
+def finish_reason_of(engine_req: Any) -> tuple[FinishReason, str] | None:
+    """Our reason for a finished vLLM request, None while it runs."""
+    name = getattr(engine_req.status, "name", str(engine_req.status))
+    if not name.startswith("FINISHED"):
+        return None
+    return _FINISHED.get(name, (FinishReason.ABORTED, f"vLLM status {name}"))
+
+
+@dataclass(slots=True)
+class WallClock:
+    """Seconds since ``epoch`` (a ``time.time()`` instant): vLLM stamps arrivals with
+    ``time.time()``, so our clock must be on the same base."""
+
+    epoch: float
+    now_fn: Callable[[], float] = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.now_fn is None:
+            import time
+
+            self.now_fn = time.time
+
+    def __call__(self) -> float:
+        return self.now_fn() - self.epoch
+
+
+class CountingGuard(GuardedPolicies):
+    """``GuardedPolicies`` that also counts failures (the decision log marks fallbacks)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_failures = 0
+
+    def failed(self, which: str, exc: Exception) -> None:
+        self.num_failures += 1
+        super().failed(which, exc)

@@ -1,0 +1,189 @@
+"""Real vLLM 0.32.0, pipeline-parallel (pp 2) on CPU, with our scheduler class.
+
+Needs the engine environment of scripts/engines/setup_vllm.sh (``$FASTPP_ENGINES_DIR``,
+default ``<repo>/.engines``; or ``$FASTPP_VLLM_PYTHON``) and its SmolLM2 model directory.
+Without them the module is skipped, saying so, except in CI (``CI`` set), where that fails.
+Three servers start once each (module fixtures, about a minute each here): stock vLLM, ours with
+the static budget, and ours with a flaky ``static:48+ds`` (tests/vllm_test_policies.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from fastpp.backends.vllm.launcher import default_engine_python, model_dir
+from fastpp.run_files import read_run
+
+pytestmark = pytest.mark.slow
+httpx = pytest.importorskip("httpx")
+
+TESTS = Path(__file__).resolve().parent
+START_TIMEOUT_S = 600.0  # a loaded 2-core machine; ready in 60-150 s when it is quiet
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
+           "List three colors:", "The quick brown fox", "In 1492, Columbus sailed",
+           "Water boils at", "My favourite food is"]
+MAX_TOKENS = 24
+LONG_PROMPTS = [" ".join([p] * 5) for p in PROMPTS]  # 30-60 tokens each: a budget of 48 binds
+
+
+def _engine_missing() -> str | None:
+    python = default_engine_python()
+    if not python.is_file():
+        return f"no vLLM environment at {python} (run scripts/engines/setup_vllm.sh)"
+    try:
+        model_dir("smollm2")
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+_MISSING = _engine_missing()
+if _MISSING and os.environ.get("CI"):
+    pytest.fail(f"CI must run the vLLM tests: {_MISSING}", pytrace=False)
+if _MISSING:
+    pytest.skip(_MISSING, allow_module_level=True)
+
+from fastpp.backends.openai_server.launcher import ServerProcess  # noqa: E402  (needs httpx)
+
+
+class Server:
+    """A running ``fastpp serve --backend vllm`` and what it recorded."""
+
+    def __init__(self, proc: ServerProcess, record_dir: Path | None) -> None:
+        self.proc = proc
+        self.url = proc.url
+        self.record_dir = record_dir
+        self.model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def complete(self, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+        """Greedy completions of all prompts sent at once; the token ids of each."""
+        def one(prompt: str) -> list[int]:
+            body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}
+            r = httpx.post(self.url + "/v1/completions", json=body, timeout=300)
+            r.raise_for_status()
+            choice = r.json()["choices"][0]
+            assert choice["token_ids"] is not None, choice
+            return choice["token_ids"]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, prompts))
+
+    def decisions(self) -> list[dict]:
+        assert self.record_dir is not None
+        text = (self.record_dir / "decisions.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines()]
+
+
+def _serve(tmp_path_factory, name: str, *args: str):
+    record_dir = None
+    if "stock" not in args:
+        record_dir = tmp_path_factory.mktemp(name)
+        args = (*args, "--record-dir", str(record_dir))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        started = time.monotonic()
+        proc = ServerProcess("--backend", "vllm", "--model", "smollm2", "--pp", "2", *args,
+                             "--max-model-len", "1024", start_timeout_s=START_TIMEOUT_S)
+        proc.__enter__()
+    print(f"\n{name}: vLLM ready in {time.monotonic() - started:.0f} s")
+    return proc, record_dir
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory):
+    proc, _ = _serve(tmp_path_factory, "stock", "--policy", "stock")
+    try:
+        yield Server(proc, None)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory):
+    proc, record_dir = _serve(tmp_path_factory, "static", "--policy", "static")
+    try:
+        yield Server(proc, record_dir)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def flaky(tmp_path_factory):
+    proc, record_dir = _serve(tmp_path_factory, "flaky", "--policy", "py:vllm_test_policies:flaky",
+                              "--token-step", "1")
+    try:
+        yield Server(proc, record_dir)
+    finally:
+        proc.stop()
+
+
+def test_static_budget_gives_stock_vllms_tokens(stock, static):
+    """Temperature 0, the same prompts sent at once: our scheduler with vLLM's own budget and no
+    balancer produces exactly stock vLLM's tokens."""
+    ours, theirs = static.complete(PROMPTS), stock.complete(PROMPTS)
+    assert all(len(t) == MAX_TOKENS for t in ours)
+    assert ours == theirs
+    decisions = static.decisions()
+    assert decisions and {d["reason"] for d in decisions} == {"static"}
+    assert all(d["chosen_decodes"] == d["scheduled_decodes"] for d in decisions)
+
+
+def test_budget_and_decode_placement_are_what_vllm_scheduled(flaky):
+    """Read back from vLLM's own SchedulerOutput (``scheduled``: request id -> tokens): every
+    step scheduled at most the budget the policy chose and exactly the decodes it chose to ride;
+    the budget binds while prompts wait; the balancer moved decodes between slots."""
+    tokens = flaky.complete(LONG_PROMPTS)
+    assert all(len(t) == MAX_TOKENS for t in tokens)
+    decisions = flaky.decisions()
+    chosen = [d for d in decisions if not d["reason"].startswith("fallback")]
+    assert chosen and {d["budget"] for d in chosen} == {48}
+    for d in decisions:
+        scheduled = d["scheduled"]
+        assert sum(scheduled.values()) == d["total_scheduled"] <= d["budget"]
+        ran = sorted(rid for rid in scheduled if rid in d["chosen_decodes"])
+        assert ran == d["chosen_decodes"], d  # every chosen decode ran ...
+        assert d["scheduled_decodes"] == d["chosen_decodes"], d  # ... and no other decode did
+        assert all(scheduled[rid] == 1 for rid in ran)
+    assert any(d["total_scheduled"] == 48 for d in chosen), "the budget never bound"
+    moves = [int(n) for d in decisions for n in re.findall(r"(?:park|restore) (\d+)", d["balance"])]
+    assert sum(moves) > 0, "the balancer never moved a decode"
+    assert {d["slot"] for d in decisions if d["scheduled_decodes"]} == {0, 1}
+
+
+def test_a_policy_that_raises_falls_back_and_serving_goes_on(flaky):
+    """Every 4th decision of the chunk policy and of the balancer raises: those decisions use the
+    static fallback (vLLM's max_num_batched_tokens, no balancing), all requests complete, and the
+    server keeps answering."""
+    tokens = flaky.complete(PROMPTS[:3], max_tokens=8)
+    assert [len(t) for t in tokens] == [8, 8, 8]
+    decisions = flaky.decisions()
+    fallbacks = [d for d in decisions if d["reason"] == "fallback: policy error"]
+    assert fallbacks and all(d["budget"] > 48 for d in fallbacks)
+    assert any(d["balance"] == "fallback: balancer error" for d in decisions)
+    log = flaky.proc.log()
+    assert "chunk policy raised RuntimeError('flaky policy" in log
+    assert httpx.get(flaky.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_run_folder_is_what_a_simulation_writes(static):
+    """After the server stops: requests.jsonl, iterations.csv (one row per stage and microbatch,
+    from the workers' stage times), summary.json, timeline.json."""
+    static.complete(PROMPTS[:2], max_tokens=4)
+    static.proc.stop()
+    run = read_run(static.record_dir)
+    done = [r for r in run.records if r.finish_reason is not None]
+    assert len(done) >= 2 and all(r.ttft_s > 0 for r in done)
+    assert run.summary["completed"] == len(done)
+    stages = {it.stage for it in run.iterations}
+    assert stages == {0, 1}
+    for it in run.iterations:
+        assert it.finished_at >= it.started_at and it.num_tokens > 0
+    assert (static.record_dir / "timeline.json").is_file()
