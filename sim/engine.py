@@ -14,14 +14,15 @@ uses; unequal stages (layer remainders, embedding on the first, LM head and samp
 last); bubbles, measured as per-stage idle time. A TP deployment is the same model with a
 single stage whose cost includes its all-reduces.
 
-How time advances (sim/events.py): a microbatch's stage costs are fixed when it is launched and
-every stage and link serves in launch order, so its whole passage is known at launch: stage i
-starts at max(its activations' arrival, stage i's end of the previous microbatch) and the link
-after it sends at max(stage end, link free). The launch computes that tandem-queue recurrence
-and schedules one callback, the return, at which the policies observe every stage's record
-and then the scheduler folds the tokens in: as in the CPU engine, where stage times come back
-with the sampled tokens (a real scheduler cannot see a stage end before then). No process waits
-on another, so the simulator needs no coroutine machinery.
+How time advances (sim/events.py, a SimPy environment): a microbatch's stage costs are fixed
+when it is launched and every stage and link serves in launch order, so its whole passage is
+known at launch: stage i starts at max(its activations' arrival, stage i's end of the previous
+microbatch) and the link after it sends at max(stage end, link free). The launch computes that
+tandem-queue recurrence and schedules one callback, the return, at which the policies observe
+every stage's record and then the scheduler folds the tokens in: as in the CPU engine, where
+stage times come back with the sampled tokens (a real scheduler cannot see a stage end before
+then). No process waits on another, so every event is a callback-style SimPy Timeout (an
+arrival, a launch after the host overhead, a return), never a generator process to resume.
 
 Units: seconds of virtual time.
 """
@@ -102,7 +103,8 @@ class PipelineSimulation:
         self._noise_sigma = math.sqrt(math.log1p(noise_cv * noise_cv))
         self._noise = random.Random(noise_seed)
         self.clock = EventClock()
-        scheduler.clock = lambda: self.clock.now
+        env = self.clock.env
+        scheduler.clock = lambda: env.now
         num_stages = len(profile.stages)
         self.driver = PipelineDriver(scheduler, num_stages, record_iterations=record_iterations)
         self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster

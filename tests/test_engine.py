@@ -114,6 +114,27 @@ def test_the_event_clock_stops_before_until_and_sits_there():
     assert clock.run() is True and seen == [1.0, 3.0, 5.0]
 
 
+def test_the_event_clock_runs_a_callback_at_the_instant_asked_or_one_ulp_after():
+    """SimPy adds a delay to its clock. 0.7 - 0.1 is not exact, yet 0.1 + (0.7 - 0.1) lands on
+    0.7; 1.919e-06 + (3.27e-04 - 1.919e-06) falls on a rounding tie that no delay reaches:
+    the callback runs at the next float, never before the instant asked."""
+    import math
+
+    from fastpp.sim.events import EventClock, _exact_delay
+
+    tie_now, tie_when = 1.9194282348248724e-06, 0.00032701679757823286
+    assert tie_now + (tie_when - tie_now) < tie_when
+    def seen_at(now: float, when: float) -> list[float]:
+        clock, seen = EventClock(), []
+        clock.at(now, lambda _: clock.at(when, lambda _: seen.append(clock.now)))
+        assert clock.run() is True
+        return seen
+
+    assert seen_at(0.1, 0.7) == [0.7]
+    assert seen_at(tie_now, tie_when) == [math.nextafter(tie_when, math.inf)]
+    assert tie_now + _exact_delay(tie_now, tie_when) == math.nextafter(tie_when, math.inf)
+
+
 class _Watcher:
     """A chunk policy without an ``observes`` attribute: it must get every stage record of a
     microbatch, stage by stage, before that microbatch's tokens are folded in."""
