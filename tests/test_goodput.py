@@ -225,3 +225,33 @@ def test_slo_goodput_small_real_run():
 def test_slo_goodput_rejects_a_replayed_trace():
     with pytest.raises(ValueError, match="replayed trace"):
         slo_goodput(WorkloadConfig(replay="azure-conv"), DeploymentConfig())
+
+
+def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path):
+    """`fastpp goodput`, `fastpp sweep --metric goodput` and slo_goodput (what
+    scripts/make_results.py runs through the sweep) on one point: the same search, the same
+    numbers."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from fastpp.cli.app import app
+
+    point = ["-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-n", "60"]
+    runner = CliRunner()
+    res = runner.invoke(app, ["goodput", *point, "-d", "pp2", "-p", "static:512",
+                              "--precision", "2", "--json"])
+    assert res.exit_code == 0, res.stderr
+    cli = json.loads(res.stdout)[0]
+    res = runner.invoke(app, ["sweep", "--metric", "goodput", *point, "-d", "pp2",
+                              "-p", "static:512", "--precision", "2", "--executor", "serial",
+                              "-o", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.stderr
+    (row,) = json.loads(res.stdout)["rows"]
+    lib = slo_goodput(WorkloadConfig(name="cnn-dailymail-synthetic"),
+                      DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512"),
+                      num_requests=60, precision=2.0)
+    assert lib.seeds == (0, 1) and cli["seeds"] == [0, 1]
+    assert cli["goodput"] == row["goodput"] == lib.rate > 0
+    assert cli["margin"] == row["margin"] == lib.margin
+    assert len(cli["probes"]) == row["num_probes"] == len(lib.probes)
