@@ -254,4 +254,5 @@ def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path):
     assert lib.seeds == (0, 1) and cli["seeds"] == [0, 1]
     assert cli["goodput"] == row["goodput"] == lib.rate > 0
     assert cli["margin"] == row["margin"] == lib.margin
+    assert cli["seed_goodputs"] == row["seed_goodputs"] == list(lib.seed_rates)
     assert len(cli["probes"]) == row["num_probes"] == len(lib.probes)
