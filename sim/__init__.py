@@ -1,1 +1,1 @@
-"""Discrete-event model of a PP/TP deployment (installed as fastpp.sim)."""
+"""SimPy model of a PP/TP deployment (installed as fastpp.sim)."""

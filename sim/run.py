@@ -1,5 +1,5 @@
 """One-call simulation: build the workload, the deployment's profile, the scheduler and the
-policies from a flat config, run the discrete-event model, summarize. The CLI and sweeps call this."""
+policies from a flat config, run the SimPy model, summarize. The CLI and sweeps call this."""
 
 from __future__ import annotations
 
