@@ -1,5 +1,4 @@
-"""Discrete-event model of one pipeline-parallel (or tensor-parallel) deployment serving a
-workload.
+"""SimPy model of one pipeline-parallel (or tensor-parallel) deployment serving a workload.
 
 Scenario: requests arrive (a workload's arrival times); the scheduler host, on stage 0's
 machine, forms a microbatch for each free slot and pays ``host_overhead_s`` per launch; every
