@@ -24,7 +24,7 @@ def goodput(
     precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
     low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 0.5,
     high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed per probe. [default: enough arrivals for a steady queue]")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed a probe starts with; probes whose verdict is unsettled are lengthened (doubled, up to 16x). [default: enough arrivals for a steady queue]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
     steady: Annotated[bool, typer.Option("--steady/--no-steady", help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).")] = True,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,

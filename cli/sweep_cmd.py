@@ -45,7 +45,7 @@ def sweep(
     metric: Annotated[str | None, typer.Option("--metric", help="What each point computes: simulate, goodput or best-static. [default: simulate]")] = None,
     best_static: Annotated[bool, typer.Option("--best-static", help="Find the static chunk with the highest goodput per workload/deployment/GPU/model/SLO scale.")] = False,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds 0..N-1: one simulate row each, pooled per goodput probe. [default: 1 for simulate, 2 for goodput]")] = None,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed (per probe for goodput). [default: 1000 / the goodput length rule]")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed (for goodput: a probe's starting length, doubled while its verdict is unsettled). [default: 1000 / the goodput length rule]")] = None,
     precision: Annotated[float | None, typer.Option("--precision", help="Goodput bracket width, req/s. [default: 0.1]")] = None,
     steady: Annotated[bool | None, typer.Option("--steady/--no-steady", help="Goodput: fail a probe whose queue still grows; --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n). [default: --steady]")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Base TTFT SLO in ms, before --slo-scale. [default: 2000]")] = None,

@@ -54,11 +54,11 @@ class DecodeSlots:
         end = start + budget
         return run[start:end] if end <= n else run[start:] + run[:end - n]
 
-    def decoded(self, slot: int, stayed: list[LiveRequest]) -> None:
-        """Each of ``stayed`` (running in ``slot``) fed one token: its context grew by one."""
-        for r in stayed:
-            r.ctx_len += 1
-        self.ctx_sum[slot] += len(stayed)
+    def decoded(self, slot: int, num_decodes: int) -> None:
+        """``num_decodes`` requests running in ``slot`` each fed one token: the caller grew
+        their ``ctx_len`` by one (in its own per-token loop); the slot's sum follows here.
+        Those that end with it leave afterwards (``leave`` takes the grown context off)."""
+        self.ctx_sum[slot] += num_decodes
 
     def check(self, plan: BalancePlan, slot: int) -> None:
         """Raise ValueError unless ``plan`` parks only decodes of ``slot`` and restores only

@@ -28,6 +28,7 @@ class LiveRequest:
     req_id: int = field(init=False)  # copies of rec's, read on hot paths
     prompt_len: int = field(init=False)
     arrived_at: float = field(init=False)
+    token_times: list[float] = field(init=False)  # rec.token_times itself (appended per token)
     ctx_len: int = 0  # L_dec while decoding: KV so far + the token fed (prompt + generated)
     num_computed: int = 0  # tokens of the current prefill phase already scheduled
     kv_tokens: int = 0  # KV reserved for it, in tokens (a multiple of the page size)
@@ -41,6 +42,7 @@ class LiveRequest:
         self.req_id = self.rec.req_id
         self.prompt_len = self.rec.prompt_len
         self.arrived_at = self.rec.arrived_at
+        self.token_times = self.rec.token_times
 
     @property
     def num_generated(self) -> int:

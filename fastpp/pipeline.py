@@ -15,7 +15,7 @@ through a ``PipelineDriver``, so these rules hold in both:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from fastpp.plan import MicroBatchPlan, StepOutput
 from fastpp.scheduler import Scheduler
@@ -73,6 +73,18 @@ class PipelineDriver:
             self.iterations.append(rec)
         self.scheduler.observe(rec)
         return rec
+
+    def stages_finished(self, plan: MicroBatchPlan, times: Sequence[tuple[float, float]]) -> None:
+        """Stages 0, 1, ... computed ``plan`` between these (start, end) instants: each is
+        recorded and observed as by ``stage_finished``, unless nobody needs the records (no
+        iterations kept, no policy observes), and then only the busy time is counted."""
+        if self.record_iterations or self.scheduler.observes_iterations:
+            for stage, (start, end) in enumerate(times):
+                self.stage_finished(plan, stage, start, end)
+        else:
+            busy = self.stage_busy_s
+            for stage, (start, end) in enumerate(times):
+                busy[stage] += end - start
 
     def returned(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
         """The sampled tokens of ``plan`` are back: fold them in (see ``Scheduler.update``)."""

@@ -11,13 +11,17 @@ run can become a profile (``fastpp profile --from-records DIR``).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fastpp.timeline import write_chrome_trace
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
@@ -46,23 +50,70 @@ def write_json(obj: Any, path: str | Path) -> Path:
 
 
 def write_records_jsonl(records: Iterable[RequestRecord], path: str | Path) -> Path:
-    """Write one ``RequestRecord.to_dict()`` JSON object per line; returns the path."""
+    """Write one ``RequestRecord.to_dict()`` JSON object per line; returns the path.
+
+    The lines are ``json.dumps(r.to_dict())`` byte for byte, written faster: every record's
+    gaps come from one numpy pass (the arithmetic of ``to_dict``: difference, x 1e3, rounded to
+    4 decimals), and each distinct gap is formatted once (json writes a float as its repr). In
+    a simulated run the decodes of one microbatch share their gap, so an hour's 4 million gaps
+    hold a few percent distinct values.
+    """
     path = Path(path)
+    records = list(records)
+    gap_texts = _itl_ms_texts(records)
+    dumps = json.dumps
     with path.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r.to_dict()) + "\n")
+        for r, itl in zip(records, gap_texts, strict=True):
+            head = dumps(r.to_dict(itl_ms=[]))  # ..., "itl_ms": []}: itl_ms is the last key
+            f.write(f"{head[:-3]}[{itl}]}}\n")
     return path
+
+
+def _itl_ms_texts(records: Sequence[RequestRecord]) -> list[str]:
+    """Per record, the text json writes inside the brackets of its ``itl_ms`` list."""
+    lengths = np.fromiter((len(r.token_times) for r in records), np.int64, count=len(records))
+    times = np.fromiter(chain.from_iterable(r.token_times for r in records), float,
+                        count=int(lengths.sum()))
+    gaps = np.round(np.diff(times) * 1e3, 4)  # gap i: token i to token i + 1, any record
+    distinct = np.unique(gaps)
+    which = np.searchsorted(distinct, gaps)  # cheaper than unique's return_inverse (no argsort)
+    texts = np.array([repr(g) for g in distinct.tolist()], dtype=object)[which].tolist()
+    out, start = [], 0
+    for n in lengths.tolist():
+        out.append(", ".join(texts[start:start + n - 1]))
+        start += n  # skip the gap from this record's last token to the next record's first
+    return out
 
 
 def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path) -> Path:
     """Write ``IterationRecord.to_dict()`` rows under a header of its field names (header only
-    when there are no iterations); returns the path."""
+    when there are no iterations); returns the path.
+
+    The file is ``csv.writer``'s (excel dialect: CRLF, minimal quoting), written faster: the
+    fields are formatted with ``str`` as csv does, and the part of a row after the times (the
+    microbatch's counts and reason, equal on all its stages) is formatted once per run of equal
+    values. An hour has 276,000 rows.
+    """
     path = Path(path)
+    fields = list(IterationRecord.__slots__)
+    assert fields[:5] == ["mb_id", "stage", "slot", "started_at", "finished_at"], fields
+    tail = attrgetter(*fields[5:])  # ends with reason, the one text field
+    prev, suffix = None, ""
     with path.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(IterationRecord.__slots__))
-        writer.writeheader()
-        writer.writerows(it.to_dict() for it in iterations)
+        f.write(_csv_line(fields))
+        for it in iterations:
+            values = tail(it)
+            if values != prev:
+                prev, suffix = values, _csv_line([0, *values])[2:]  # as csv quotes them
+            f.write(f"{it.mb_id},{it.stage},{it.slot},{it.started_at!s},{it.finished_at!s},{suffix}")
     return path
+
+
+def _csv_line(values: Sequence[Any]) -> str:
+    """One row as ``csv.writer`` writes it (excel dialect), line end included."""
+    buf = io.StringIO()
+    csv.writer(buf).writerow(values)
+    return buf.getvalue()
 
 
 def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],

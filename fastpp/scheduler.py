@@ -54,6 +54,7 @@ class Scheduler:
         self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
         self._records: dict[int, RequestRecord] = {}  # until forget(): every request ever added
         self._retracted: list[int] = []  # since the last plan
+        self._aborting: set[int] = set()  # aborted while in flight: they end when it returns
         self._next_mb_id = 0
         self._next_admit_seq = 0
         self._num_ended = 0
@@ -96,6 +97,7 @@ class Scheduler:
         live.aborted = True
         self._queue.remove(live)  # schedule no more of its chunks
         if live.in_flight or (live.slot >= 0 and live in self._inflight_decodes[live.slot]):
+            self._aborting.add(req_id)
             return None  # its microbatch still uses the KV; update() frees it
         self._detach(live)
         return self._end(live, now, FinishReason.ABORTED, reason)
@@ -112,6 +114,7 @@ class Scheduler:
         for slot in range(self.config.num_slots):
             self._in_flight[slot] = None
             self._inflight_decodes[slot] = []
+        self._aborting.clear()
         return ends
 
     # ------------------------------------------------------------------ scheduling
@@ -238,7 +241,7 @@ class Scheduler:
             sum_pre_sq += n * n
             num_prefill += n
         self._kv.grow(decodes)
-        dec_ctx = [r.ctx_len for r in decodes]
+        dec_ctx = tuple([r.ctx_len for r in decodes])
         self._inflight_decodes[slot] = decodes
         plan = MicroBatchPlan(
             mb_id=self._next_mb_id,
@@ -246,7 +249,7 @@ class Scheduler:
             scheduled_at=now,
             chunk_budget=budget,
             decode_req_ids=tuple([r.req_id for r in decodes]),
-            decode_ctx=tuple(dec_ctx),
+            decode_ctx=dec_ctx,
             prefill=tuple(chunks),
             num_tokens=len(decodes) + num_prefill,
             num_prefill_tokens=num_prefill,
@@ -289,25 +292,21 @@ class Scheduler:
         self._signals.on_return(slot, now, bool(plan.decode_req_ids))
         ended: list[RequestEnd] = []
         discarded: list[int] = []
-        num_tokens = 0
         decodes = self._inflight_decodes[slot]
         self._inflight_decodes[slot] = []
-        stayed = []
+        if self._aborting:  # rare: requests aborted while this microbatch was in flight
+            decodes = self._end_aborted_decodes(decodes, now, ended, discarded)
+        # decode: every decode fed one token (its context grew) and sampled one more; those
+        # that end leave their slot after their context grew (DecodeSlots.decoded)
+        self._slots.decoded(slot, len(decodes))
         for r in decodes:
-            if r.aborted:
-                self._detach(r)
-                ended.append(self._end(r, now, FinishReason.ABORTED, "aborted by client"))
-                discarded.append(r.req_id)
-                continue
+            r.ctx_len += 1
+            r.token_times.append(now)
             rec = r.rec
             n = rec.num_generated = rec.num_generated + 1
-            rec.token_times.append(now)
-            num_tokens += 1
             if n >= r.target_len or (stop_ids and r.req_id in stop_ids):
                 ended.append(self._finish(r, now, stop_ids))
-                continue
-            stayed.append(r)
-        self._slots.decoded(slot, stayed)
+        num_tokens = len(decodes)
         live = self._live
         for c in plan.prefill:
             r = live.get(c.req_id)
@@ -326,7 +325,7 @@ class Scheduler:
                 continue
             rec = r.rec
             rec.num_generated += 1
-            rec.token_times.append(now)
+            r.token_times.append(now)
             num_tokens += 1
             r.ctx_len = r.prompt_len + rec.num_generated
             if rec.first_token_at is None:
@@ -341,9 +340,29 @@ class Scheduler:
             return NO_OUTPUT
         return StepOutput(tuple(ended), frozenset(discarded))
 
+    def _end_aborted_decodes(self, decodes: list[LiveRequest], now: float, ended: list[RequestEnd],
+                             discarded: list[int]) -> list[LiveRequest]:
+        """End the aborted ones among a returned microbatch's decodes (their token is dropped)
+        and return the others."""
+        kept = []
+        for r in decodes:
+            if r.aborted:
+                self._detach(r)
+                ended.append(self._end(r, now, FinishReason.ABORTED, "aborted by client"))
+                discarded.append(r.req_id)
+            else:
+                kept.append(r)
+        return kept
+
     def observe(self, rec: IterationRecord) -> None:
         """Forward an executor's stage-iteration record to the policies (errors contained)."""
         self.policies.observe(rec)
+
+    @property
+    def observes_iterations(self) -> bool:
+        """Whether the policies use stage-iteration records (``observe``); an executor that
+        keeps no records of its own may skip building them when they do not."""
+        return self.policies.observes
 
     @property
     def chunk_policy(self) -> ChunkPolicy:
@@ -383,6 +402,7 @@ class Scheduler:
         rec.finished_at = now
         rec.detail = detail
         del self._live[r.req_id]
+        self._aborting.discard(r.req_id)
         self._num_ended += 1
         return RequestEnd(r.req_id, reason, detail, rec)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -72,45 +74,10 @@ def chrome_trace(
     ``num_events`` (before the cap) and ``num_events_kept``. Raises ValueError for a negative
     ``max_events`` or stage index.
     """
-    if max_events < 0:
-        raise ValueError(f"max_events must be >= 0, got {max_events}")
-    names = list(stage_names or ())
-    num_stages = max([len(names)] + [it.stage + 1 for it in iterations])
-    if any(it.stage < 0 for it in iterations):
-        raise ValueError("iteration stage must be >= 0")
-    meta: list[dict] = [
-        {"name": "process_name", "ph": "M", "pid": PID, "tid": 0, "args": {"name": "pipeline"}}
-    ]
-    for k in range(num_stages):
-        label = names[k] if k < len(names) else f"stage {k}"
-        track = {"ph": "M", "pid": PID, "tid": k}
-        meta.append({"name": "thread_name", **track, "args": {"name": label}})
-        meta.append({"name": "thread_sort_index", **track, "args": {"sort_index": k}})
-
-    samples = [(name, t, v) for name, series in (extra_tracks or {}).items() for t, v in series]
-    # keep the earliest: one stable argsort over slice starts and counter sample times
-    times = np.array([it.started_at for it in iterations] + [t for _, t, _ in samples], float)
-    kept = np.argsort(times, kind="stable")[:max_events]
-    events = []
-    for i in kept.tolist():
-        if i < len(iterations):
-            events.append(_slice(iterations[i]))
-        else:
-            name, t, v = samples[i - len(iterations)]
-            events.append({"name": name, "ph": "C", "pid": PID, "ts": round(float(t) * _US, _ROUND),
-                           "args": {"value": float(v)}})
-    return {
-        "traceEvents": meta + events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "generator": "fastpp.timeline",
-            "num_stages": num_stages,
-            "truncated": len(times) > len(kept),
-            "num_events": len(times),
-            "num_events_kept": len(kept),
-            "max_events": max_events,
-        },
-    }
+    plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
+    events = [_slice(iterations[i]) if i < len(iterations) else _counter(plan.sample(i))
+              for i in plan.kept]
+    return {"traceEvents": plan.meta + events, "displayTimeUnit": "ms", "otherData": plan.other}
 
 
 def write_chrome_trace(
@@ -121,11 +88,92 @@ def write_chrome_trace(
     extra_tracks: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     max_events: int = MAX_EVENTS,
 ) -> Path:
-    """Write ``chrome_trace(...)`` to ``path`` as compact JSON; returns the path."""
-    trace = chrome_trace(
-        iterations, stage_names=stage_names, extra_tracks=extra_tracks, max_events=max_events
-    )
+    """Write ``chrome_trace(...)`` to ``path`` as compact JSON; returns the path.
+
+    The bytes are those of ``json.dumps(chrome_trace(...), separators=(",", ":"))``, but each
+    slice's text is formatted directly (``_slice_json``) instead of built as a dict and encoded:
+    a run of an hour has 200,000 of them.
+    """
+    plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
+    dumps = partial(json.dumps, separators=(",", ":"))
+    slice_parts: dict[tuple, tuple[str, str]] = {}
+    parts = [dumps(e) for e in plan.meta]
+    for i in plan.kept:
+        parts.append(_slice_json(iterations[i], slice_parts) if i < len(iterations)
+                     else dumps(_counter(plan.sample(i))))
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(trace, separators=(",", ":")))  # dumps uses the C encoder; dump does not
+        f.write('{"traceEvents":[')
+        f.write(",".join(parts))
+        f.write('],"displayTimeUnit":"ms","otherData":')
+        f.write(dumps(plan.other))
+        f.write("}")
     return path
+
+
+class _TracePlan:
+    """What a trace holds: its metadata events, which slices and counter samples are kept (in
+    time order) and its ``otherData``; shared by ``chrome_trace`` and ``write_chrome_trace``."""
+
+    def __init__(self, iterations: Sequence[IterationRecord], stage_names: Sequence[str] | None,
+                 extra_tracks: Mapping[str, Sequence[tuple[float, float]]] | None,
+                 max_events: int) -> None:
+        if max_events < 0:
+            raise ValueError(f"max_events must be >= 0, got {max_events}")
+        names = list(stage_names or ())
+        num_stages = max([len(names)] + [it.stage + 1 for it in iterations])
+        if any(it.stage < 0 for it in iterations):
+            raise ValueError("iteration stage must be >= 0")
+        self.meta: list[dict] = [
+            {"name": "process_name", "ph": "M", "pid": PID, "tid": 0, "args": {"name": "pipeline"}}
+        ]
+        for k in range(num_stages):
+            label = names[k] if k < len(names) else f"stage {k}"
+            track = {"ph": "M", "pid": PID, "tid": k}
+            self.meta.append({"name": "thread_name", **track, "args": {"name": label}})
+            self.meta.append({"name": "thread_sort_index", **track, "args": {"sort_index": k}})
+        self._num_slices = len(iterations)
+        self._samples = [(name, t, v) for name, series in (extra_tracks or {}).items()
+                         for t, v in series]
+        # keep the earliest: one stable argsort over slice starts and counter sample times
+        times = np.array([it.started_at for it in iterations] + [t for _, t, _ in self._samples],
+                         float)
+        self.kept: list[int] = np.argsort(times, kind="stable")[:max_events].tolist()
+        self.other = {
+            "generator": "fastpp.timeline",
+            "num_stages": num_stages,
+            "truncated": len(times) > len(self.kept),
+            "num_events": len(times),
+            "num_events_kept": len(self.kept),
+            "max_events": max_events,
+        }
+
+    def sample(self, i: int) -> tuple[str, float, float]:
+        """Counter sample ``i`` (an index past the slices, as in ``kept``)."""
+        return self._samples[i - self._num_slices]
+
+
+def _counter(sample: tuple[str, float, float]) -> dict:
+    name, t, v = sample
+    return {"name": name, "ph": "C", "pid": PID, "ts": round(float(t) * _US, _ROUND),
+            "args": {"value": float(v)}}
+
+
+def _slice_json(it: IterationRecord, parts: dict[tuple, tuple[str, str]]) -> str:
+    """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them). The text
+    before ``tid`` and from ``args`` on is the same for every stage of a microbatch: ``parts``
+    keeps it by the fields it is made of, so it is formatted once per microbatch."""
+    key = _SLICE_KEY(it)
+    both = parts.get(key)
+    if both is None:
+        d = _slice(it)
+        head = json.dumps({k: d[k] for k in ("name", "cat", "ph", "pid")}, separators=(",", ":"))
+        both = parts[key] = (head[:-1] + ',"tid":',
+                             ',"args":' + json.dumps(d["args"], separators=(",", ":")) + "}")
+    head, tail = both
+    return (f"{head}{it.stage},\"ts\":{round(it.started_at * _US, _ROUND)!r},"
+            f"\"dur\":{round(max(0.0, it.duration_s) * _US, _ROUND)!r}{tail}")
+
+
+_SLICE_KEY = attrgetter("mb_id", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
+                        "chunk_budget", "reason")  # every field _slice takes but stage and times

@@ -116,9 +116,12 @@ class RequestRecord:
     def queueing_s(self) -> float | None:
         return None if self.scheduled_at is None else self.scheduled_at - self.arrived_at
 
-    def to_dict(self) -> dict:
-        """A JSON-ready dict; token times become inter-token gaps in ms to keep files small."""
-        gaps = np.round(np.diff(np.asarray(self.token_times)) * 1e3, 4).tolist()
+    def to_dict(self, itl_ms: list[float] | None = None) -> dict:
+        """A JSON-ready dict; token times become inter-token gaps in ms (rounded to 4 decimals)
+        to keep files small. ``itl_ms`` passes those gaps in when computed already (a writer
+        computes every record's in one numpy pass)."""
+        if itl_ms is None:
+            itl_ms = np.round(np.diff(np.asarray(self.token_times)) * 1e3, 4).tolist()
         return {
             "req_id": self.req_id,
             "arrived_at": self.arrived_at,
@@ -132,7 +135,7 @@ class RequestRecord:
             "detail": self.detail,
             "num_retractions": self.num_retractions,
             "num_parked": self.num_parked,
-            "itl_ms": gaps,
+            "itl_ms": itl_ms,
         }
 
 

@@ -13,6 +13,7 @@ Every number in RESULTS.md is written by this script from the runs it makes.
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import time
 from collections.abc import Sequence
@@ -28,7 +29,8 @@ STATIC = (256, 512, 1024, 2048)
 SYSTEMS = ("tp4@static:2048", "pp4@static:2048", *(f"pp4@static:{c}" for c in STATIC[:-1]),
            "pp4@greedy", "pp4@predictive", "pp4@predictive+ds")
 # Goodput bracket width, req/s, per model: about 4% of the goodputs each model reaches on this
-# hardware. One seed per probe (the goodput module's length rule applies).
+# hardware. Seeds and probe lengths are `fastpp goodput`'s (fastpp.sim.goodput: seeds 0 and 1
+# pooled, probes lengthened until a longer one keeps the verdict), so its answers are the CLI's.
 PRECISION = {"Qwen2.5-32B": 0.25, "Qwen2.5-14B": 0.5}
 # The paper's benchmark protocol (section 8): fixed runs of 1,000 prompts, P90s alone.
 PAPER_REQUESTS = 1000
@@ -65,7 +67,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def sweep(cache: Path, name: str, workers: int, precision: float = 0.25,
-          seeds: tuple[int, ...] = (0,), **axes) -> list[dict]:
+          seeds: tuple[int, ...] | None = None, **axes) -> list[dict]:
     grid = SweepGrid(metric="goodput", seeds=seeds, precision=precision, **axes)
     t0 = time.perf_counter()
     result = run_sweep(grid, cache / name, make_executor("process", workers=workers))
@@ -112,8 +114,9 @@ def goodput_section(rep: Report, cache: Path, workers: int) -> dict:
     rep.add("## 1. Goodput per workload and system (the paper's Figure 9)\n\n"
             "Goodput = the highest Poisson rate (req/s) at which P90 TTFT <= 2 s and P90 TPOT <= "
             "200 ms, found by bracketing and bisection (to 0.25 req/s for 32B, 0.5 req/s for 14B), "
-            "one seed per probe, "
-            "probes long enough for a steady queue (`fastpp.sim.goodput`). Best static = the best "
+            "seeds 0 and 1 pooled at every probe, each probe lengthened until its P90 verdict "
+            "has settled and checked for a steady queue: `fastpp goodput`'s method, by the same "
+            "code (`fastpp.sim.goodput`, docs/GOODPUT_CONVERGENCE.md). Best static = the best "
             f"of C in {STATIC} on that workload (PP_static).\n\n" + "\n\n".join(body))
     return found
 
@@ -421,11 +424,16 @@ def main() -> None:
     print("goodput under the paper's protocol ...", flush=True)
     paper = paper_protocol_section(rep, args.cache, args.workers, found)
     wall = time.perf_counter() - t0
+    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
     record = args.cache / "fresh_wall_s.txt"
     if args.fresh:
-        record.write_text(f"{wall:.0f}\n")
+        record.write_text(f"{wall:.0f} {cpu:.0f}\n")
     if record.exists():
-        wall_text = f"{int(record.read_text()) / 60:.1f} min for the last `--fresh` run"
+        wall_s, *cpu_s = record.read_text().split()
+        wall_text = f"{int(wall_s) / 60:.1f} min for the last `--fresh` run"
+        if cpu_s:  # the machine is shared: CPU time is the steadier figure
+            wall_text += f" ({int(cpu_s[0]) / 60:.1f} min of CPU time, all processes)"
     else:
         wall_text = "not measured yet (run with `--fresh`)"
     text = HEADER.format(wall=wall_text)

@@ -13,6 +13,16 @@ uses; unequal stages (layer remainders, embedding on the first, LM head and samp
 last); bubbles, measured as per-stage idle time. A TP deployment is the same model with a
 single stage whose cost includes its all-reduces.
 
+How time advances (sim/events.py, a SimPy environment): a microbatch's stage costs are fixed
+when it is launched and every stage and link serves in launch order, so its whole passage is
+known at launch: stage i starts at max(its activations' arrival, stage i's end of the previous
+microbatch) and the link after it sends at max(stage end, link free). The launch computes that
+tandem-queue recurrence and schedules one callback, the return, at which the policies observe
+every stage's record and then the scheduler folds the tokens in: as in the CPU engine, where
+stage times come back with the sampled tokens (a real scheduler cannot see a stage end before
+then). No process waits on another, so every event is a callback-style SimPy Timeout (an
+arrival, a launch after the host overhead, a return), never a generator process to resume.
+
 Units: seconds of virtual time.
 """
 
@@ -21,17 +31,15 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import simpy
 
 from fastpp.metrics import bubble_fraction
 from fastpp.pipeline import PipelineDriver
 from fastpp.plan import MicroBatchPlan
 from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
+from fastpp.sim.events import EventClock
 from fastpp.types import IterationRecord, Request, RequestRecord
 
 ProgressFn = Callable[[int, int], None]  # (requests ended, total requests)
@@ -50,7 +58,8 @@ class SimResult:
     num_retractions: int
     num_decode_sitouts: int
     wall_s: float  # real seconds the simulation took
-    events: int = 0  # SimPy events processed (for the speed report)
+    cpu_s: float = 0.0  # CPU seconds of this process the simulation took
+    events: int = 0  # callbacks the event clock ran (for the speed report)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -62,17 +71,6 @@ class SimResult:
     def bubble_fraction(self) -> list[float]:
         """Per stage: share of [first arrival, end] the stage sat idle."""
         return bubble_fraction(self.stage_busy_s, self.start_at, self.end_at)
-
-
-class _Stage:
-    """A FIFO server: an inbox of (plan, ready_at, costs) and a wake-up event."""
-
-    __slots__ = ("inbox", "wake", "link_free_at")
-
-    def __init__(self) -> None:
-        self.inbox: deque[tuple[MicroBatchPlan, float, list[float]]] = deque()
-        self.wake: simpy.Event | None = None
-        self.link_free_at = 0.0  # when the outgoing link finishes its current transfer
 
 
 class PipelineSimulation:
@@ -104,136 +102,143 @@ class PipelineSimulation:
         # time by a mean-one lognormal factor of that coefficient of variation (seeded).
         self._noise_sigma = math.sqrt(math.log1p(noise_cv * noise_cv))
         self._noise = random.Random(noise_seed)
-        self.env = simpy.Environment()
-        scheduler.clock = lambda: self.env.now
-        self.stages = [_Stage() for _ in profile.stages]
-        self.driver = PipelineDriver(scheduler, len(profile.stages), record_iterations=record_iterations)
+        self.clock = EventClock()
+        env = self.clock.env
+        scheduler.clock = lambda: env.now
+        num_stages = len(profile.stages)
+        self.driver = PipelineDriver(scheduler, num_stages, record_iterations=record_iterations)
+        self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster
+        self._stage_free_at = [0.0] * num_stages  # when each stage ends its last microbatch
+        self._link_free_at = [0.0] * num_stages  # when the link after each stage is free
+        # per slot in flight: its plan and each stage's (start, end), known at launch
+        self._in_flight: dict[int, tuple[MicroBatchPlan, list[tuple[float, float]]]] = {}
         self._records: list[RequestRecord] = []
-        self._host_wake: simpy.Event | None = None
-        self._arrivals_done = False
+        self._next_arrival = 0  # index into self.requests
+        self._host_busy = False  # paying the launch overhead of a formed microbatch
+        self._host_woken = False  # a host step is already scheduled at the current instant
         self._num_returned = 0
         self._token_return_s = profile.token_return_s if profile.pp > 1 else 0.0
         self._progress: ProgressFn | None = None
 
-    # ------------------------------------------------------------------ processes
-    def _arrivals(self):
-        env, sched = self.env, self.scheduler
-        for req in self.requests:
-            if req.arrived_at > env.now:
-                yield env.timeout(req.arrived_at - env.now)
-            self._records.append(sched.add_request(req))
-            self._wake_host()
-        self._arrivals_done = True
+    # ------------------------------------------------------------------ arrivals
+    def _arrive(self, _: object = None) -> None:
+        """Add every request due now (equal arrival times come in together), then wake the host
+        and schedule the next arrival."""
+        sched, reqs, now = self.scheduler, self.requests, self.clock.now
+        i = self._next_arrival
+        while i < len(reqs) and reqs[i].arrived_at <= now:
+            self._records.append(sched.add_request(reqs[i]))
+            i += 1
+        self._next_arrival = i
+        if i < len(reqs):
+            self.clock.at(reqs[i].arrived_at, self._arrive)
         self._wake_host()
 
-    def _host(self):
-        """The scheduler loop on stage 0's host: launch into free slots (the driver's order)."""
-        env, sched, driver = self.env, self.scheduler, self.driver
+    @property
+    def _arrivals_done(self) -> bool:
+        return self._next_arrival == len(self.requests)
+
+    # ------------------------------------------------------------------ the host
+    def _wake_host(self) -> None:
+        """Something changed (an arrival, a return): the host looks for work at this instant,
+        after what is already due now, unless it is busy launching (it looks again then).
+        With nothing else due now it looks at once (the same order, one event fewer)."""
+        if not self._host_busy and not self._host_woken:
+            clock = self.clock
+            if clock.next_at() > clock.now:
+                self._host_step()
+            else:
+                self._host_woken = True
+                clock.at(clock.now, self._host_step)
+
+    def _host_step(self, _: object = None) -> None:
+        """The scheduler loop on stage 0's host: launch into free slots (the driver's order),
+        paying ``host_overhead_s`` per launch; idle when no slot has anything to run."""
+        self._host_woken = False
         overhead = self.profile.host_overhead_s
-        while True:
-            plan = driver.next_plan()
-            if plan is None:
-                if self._arrivals_done and not sched.has_work:
-                    return
-                self._host_wake = env.event()
-                yield self._host_wake
-                continue
+        while (plan := self.driver.next_plan()) is not None:
             if overhead > 0:
-                yield env.timeout(overhead)
+                self._host_busy = True
+                self.clock.at(self.clock.now + overhead, self._launch, plan)
+                return
+
             self._submit(plan)
 
+    def _launch(self, plan: MicroBatchPlan) -> None:
+        self._host_busy = False
+        self._submit(plan)
+        self._host_step()
+
+    # ------------------------------------------------------------------ the stages
     def _submit(self, plan: MicroBatchPlan) -> None:
-        costs = [
-            st.time_s(plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre, plan.sum_pre_sq,
-                      plan.sum_dec_ctx)
-            for st in self.profile.stages
-        ]
+        """Send ``plan`` down the pipeline now: its cost on every stage, then the tandem-queue
+        recurrence (module docstring) gives each stage's start and end."""
+        stages = self.profile.stages
+        n, sampled, px, sq, dec = (plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre,
+                                   plan.sum_pre_sq, plan.sum_dec_ctx)
+        costs = [cost(n, sampled, px, sq, dec) for cost in self._stage_costs]
         sigma = self._noise_sigma
         if sigma > 0:
             gauss, mu = self._noise.gauss, -0.5 * sigma * sigma
             costs = [c * math.exp(mu + sigma * gauss(0.0, 1.0)) for c in costs]
-        self._enqueue(0, plan, self.env.now, costs)
+        link_s = (self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
+                  if len(stages) > 1 else 0.0)
+        stage_free, link_free = self._stage_free_at, self._link_free_at
+        ready = self.clock.now  # when the microbatch's input is on the stage
+        last = len(stages) - 1
+        times = []
+        for i, cost in enumerate(costs):
+            start = max(ready, stage_free[i])
+            end = stage_free[i] = start + cost
+            times.append((start, end))
+            if i < last:
+                ready = link_free[i] = max(end, link_free[i]) + link_s
+        self._in_flight[plan.slot] = (plan, times)
+        self.clock.at(end + self._token_return_s, self._on_return, plan.slot)
 
-    def _enqueue(self, i: int, plan: MicroBatchPlan, ready_at: float, costs: list[float]) -> None:
-        stage = self.stages[i]
-        stage.inbox.append((plan, ready_at, costs))
-        if stage.wake is not None and not stage.wake.triggered:
-            stage.wake.succeed()
-
-    def _stage(self, i: int):
-        env = self.env
-        stage = self.stages[i]
-        last = i == len(self.stages) - 1
-        link = self.profile.link
-        act_bytes = self.profile.activation_bytes_per_token
-        stage_finished = self.driver.stage_finished
-        while True:
-            if not stage.inbox:
-                stage.wake = env.event()
-                yield stage.wake
-                stage.wake = None
-                continue
-            plan, ready_at, costs = stage.inbox.popleft()
-            if ready_at > env.now:  # activations still on the wire
-                yield env.timeout(ready_at - env.now)
-            start = env.now
-            yield env.timeout(costs[i])
-            end = env.now
-            stage_finished(plan, i, start, end)
-            if not last:
-                sent = max(end, stage.link_free_at) + link.time_s(plan.num_tokens * act_bytes)
-                stage.link_free_at = sent
-                self._enqueue(i + 1, plan, sent, costs)
-            elif self._token_return_s > 0:
-                back = env.timeout(self._token_return_s)
-                back.callbacks.append(lambda _e, p=plan: self._on_return(p))
-            else:
-                self._on_return(plan)
-
-    def _on_return(self, plan: MicroBatchPlan) -> None:
+    def _on_return(self, slot: int) -> None:
+        """The sampled tokens of ``slot``'s microbatch are back, with every stage's (start,
+        end): the policies observe those, then the scheduler folds the tokens in."""
+        plan, times = self._in_flight.pop(slot)
+        self.driver.stages_finished(plan, times)
         self.driver.returned(plan)
         self._num_returned += 1
         if self._progress is not None and self._num_returned % PROGRESS_EVERY == 0:
-            self._progress(self._num_ended(), len(self.requests))
+            self._progress(self.scheduler.num_ended, len(self.requests))
         self._wake_host()
-
-    def _wake_host(self) -> None:
-        if self._host_wake is not None and not self._host_wake.triggered:
-            self._host_wake.succeed()
-
-    def _num_ended(self) -> int:
-        return self.scheduler.num_ended
 
     # ------------------------------------------------------------------ run
     def run(self, progress: ProgressFn | None = None) -> SimResult:
         """Simulate until every request has ended (or ``max_time_s``, then abort the rest)."""
         self._progress = progress
-        wall0 = time.perf_counter()
-        env = self.env
-        env.process(self._arrivals())
-        host = env.process(self._host())
-        for i in range(len(self.stages)):
-            env.process(self._stage(i))
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        clock = self.clock
+        if self.requests:
+            clock.at(self.requests[0].arrived_at, self._arrive)
+        self._wake_host()  # the host's first look, after the arrivals due at time 0
+        finished = clock.run(math.inf if self.max_time_s is None else self.max_time_s)
         notes: list[str] = []
-        until = host if self.max_time_s is None else env.any_of([host, env.timeout(self.max_time_s)])
-        env.run(until=until)
         sched = self.scheduler
-        if sched.has_work or len(self._records) < len(self.requests):
+        if not finished:
             notes.append(f"stopped at the time limit {self.max_time_s} s; unfinished requests aborted")
+            for plan, times in self._in_flight.values():  # the stages that ended before the limit
+                self.driver.stages_finished(plan, [t for t in times if t[1] < clock.now])
             for req in self.requests[len(self._records):]:
                 self._records.append(sched.add_request(req))
             sched.abort_all("run time limit reached")
         if progress is not None:
-            progress(self._num_ended(), len(self.requests))
+            progress(sched.num_ended, len(self.requests))
         stats = sched.stats()
         return SimResult(
             records=self._records,
             iterations=self.driver.iterations,
             stage_busy_s=list(self.driver.stage_busy_s),
-            end_at=env.now,
+            end_at=clock.now,
             num_microbatches=stats.num_microbatches,
             num_retractions=stats.num_retractions,
             num_decode_sitouts=stats.num_decode_sitouts,
             wall_s=time.perf_counter() - wall0,
+            cpu_s=time.process_time() - cpu0,
+            events=clock.num_events,
             notes=notes,
         )

@@ -21,14 +21,29 @@ Probe rules (``slo_goodput``):
   with span = max(120 s, LIFETIMES x mean output length x SLO TPOT): every probe covers at
   least 120 s of arrivals, and several lifetimes of a request that decodes at the SLO's pace,
   so that a decode-heavy load (CNN-Reversed: ~880 output tokens, 3 minutes per request at
-  200 ms) has filled its KV cache and shows its real queue before the halves are compared.
-- Steady state: per seed, split the requests by arrival order into halves and pool the halves
-  over seeds. If the second half's median TTFT exceeds the first half's by more than
-  ``STEADY_GROWTH_RATIO`` x first-half median + ``STEADY_SLACK_SLO_FRAC`` x TTFT SLO, the queue
-  is still growing and the probe is infeasible ("queue not stationary") even if the pooled P90s
-  pass: that rate would violate the SLO in a longer run. ``require_steady=False`` (CLI
-  ``--no-steady``) drops this rule: the paper's benchmark judged fixed runs of 1,000 prompts,
-  which at a decode-heavy load end before the KV cache has filled for long.
+  200 ms) has filled its KV cache and shows its real queue.
+- Convergence in length (P90 criterion): "P90 <= SLO" is "at most 10% of requests miss the
+  objective". After each run the share of misses is estimated by batch means (``is_unsettled``:
+  each seed's run cut into consecutive batches by arrival, the first dropped as warm-up, so
+  that the standard error reflects requests that queue together). While 10% lies within
+  ``SETTLE_Z`` standard errors of it, for TTFT or TPOT, the verdict is a coin toss that a longer
+  look could flip: the probe is run again twice as long, up to ``MAX_DOUBLINGS`` times and
+  ``MAX_REQUESTS_PER_SEED`` requests (its
+  metrics say ``converged=0`` if it is still unsettled then, and the longest run's verdict
+  stands). Far from the boundary one run decides; near it the probe grows until the P90s have
+  settled, so the answer does not depend on the starting length. A probe that fails the
+  steady-state rule alone is lengthened the same way: a burst passes on a longer look, a queue
+  that really grows fails its P90s then.
+- Steady state: per seed, split the requests by arrival order into quarters and pool each
+  quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
+  the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
+  x TTFT SLO, the queue is still growing and the probe is infeasible ("queue not stationary")
+  even if the pooled P90s pass: that rate would violate the SLO in a longer run.
+  ``require_steady=False`` (CLI ``--no-steady``) drops this rule: the paper's benchmark judged
+  fixed runs of 1,000 prompts, which at a decode-heavy load end before the KV cache has filled.
+- Seeds: the verdict is on the records of all seeds pooled; each seed is also judged alone at
+  every probe, and ``GoodputResult.seed_rates`` holds each seed's own goodput among the probed
+  rates (the spread a single-seed search would show).
 
 Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
 """
@@ -49,8 +64,16 @@ from fastpp.types import SLO, FinishReason, RequestRecord
 MIN_REQUESTS = 300  # requests per seed per probe, at least
 ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
 LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
-STEADY_GROWTH_RATIO = 0.5  # allowed rise of the second-half median TTFT, relative to the first
-STEADY_SLACK_SLO_FRAC = 0.1  # plus this share of the TTFT SLO (absolute floor against noise)
+STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
+STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
+MAX_DOUBLINGS = 4  # an unsettled probe is rerun twice as long at most this often (16x)
+MAX_REQUESTS_PER_SEED = 12_000  # ... and never beyond this (or the starting length if longer)
+UNSTEADY = "queue not stationary"  # the reason a probe fails the steady-state rule with
+BATCHES = 8  # batch means per seed run (the first is warm-up) for the settling test
+SETTLE_Z = 2.0  # unsettled while 10% misses lies within this many standard errors
+# Version of the rules above: sweeps put it in a goodput point's id, so that cached rows of an
+# older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes).
+GOODPUT_METHOD = 2
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
 
 Criterion = Literal["p90", "attainment"]
@@ -64,6 +87,7 @@ class ProbeResult:
     ok: bool  # criterion met (and, for slo_goodput, the queue was stationary)
     metrics: dict[str, float] = field(default_factory=dict)  # key metrics, latencies in ms
     reason: str = ""  # why infeasible ("" when ok)
+    seed_ok: tuple[bool, ...] = ()  # slo_goodput: the verdict on each seed's records alone
 
     def describe(self) -> str:
         """One line: ``4.25 req/s  ok  p90_ttft_ms=812 ...`` or ``... FAIL (reason)``."""
@@ -86,6 +110,8 @@ class GoodputResult:
     reason: str = ""  # why goodput is 0 ("" otherwise)
     notes: tuple[str, ...] = ()  # bracket expansions, exhausted probe budget
     criterion: str = ""  # what "feasible" meant, in words
+    seeds: tuple[int, ...] = ()  # slo_goodput: the seeds pooled at every probe
+    seed_rates: tuple[float, ...] = ()  # each seed's own goodput among the probed rates
 
     @property
     def best(self) -> ProbeResult | None:
@@ -104,8 +130,9 @@ class GoodputResult:
         return {
             "goodput": self.rate, "margin": self.margin, "attainment": self.attainment,
             "reason": self.reason, "notes": list(self.notes), "criterion": self.criterion,
-            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics}
-                       for p in self.probes],
+            "seeds": list(self.seeds), "seed_goodputs": list(self.seed_rates),
+            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics,
+                        "seed_ok": list(p.seed_ok)} for p in self.probes],
         }
 
     def describe(self) -> str:
@@ -116,6 +143,9 @@ class GoodputResult:
                 head += f", per-request attainment {100 * self.attainment:.1f}%"
         else:
             head = f"goodput 0: {self.reason}"
+        if len(self.seed_rates) > 1:
+            head += (f"; seeds alone {min(self.seed_rates):.4g}..{max(self.seed_rates):.4g}"
+                     f" req/s")
         lines = [head + (f"  [{self.criterion}]" if self.criterion else "")]
         lines += [f"note: {n}" for n in self.notes]
         lines += [p.describe() for p in sorted(self.probes, key=lambda p: p.rate)]
@@ -213,33 +243,34 @@ def find_goodput(
 
 @dataclass(frozen=True, slots=True)
 class SteadyState:
-    """Median TTFT of the earlier and the later half of the requests by arrival (ms)."""
+    """Median TTFT of the second and of the last quarter of the requests by arrival (ms)."""
 
-    first_half_ms: float
-    second_half_ms: float
+    early_ms: float  # second quarter (the first is warm-up)
+    late_ms: float  # last quarter
     is_stationary: bool
 
     def describe(self) -> str:
-        return (f"median TTFT {self.first_half_ms:.1f} ms in the first half of arrivals, "
-                f"{self.second_half_ms:.1f} ms in the second")
+        return (f"median TTFT {self.early_ms:.1f} ms in the second quarter of arrivals, "
+                f"{self.late_ms:.1f} ms in the last")
 
 
 def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> SteadyState:
     """Is the queue stationary? ``runs`` holds one record list per seed (its own clock).
 
-    Each run is split by arrival order into halves; halves are pooled over runs. Failed requests
-    count as infinite TTFT. Not stationary iff the second half's median TTFT exceeds the first
-    half's by more than ``STEADY_GROWTH_RATIO`` x the first half's + ``STEADY_SLACK_SLO_FRAC`` x
-    the TTFT SLO (a median with over half failures is infinite, and that is never stationary).
+    Each run is split by arrival order into quarters; quarters are pooled over runs. Failed
+    requests count as infinite TTFT. Not stationary iff the last quarter's median TTFT exceeds
+    the second quarter's by more than ``STEADY_GROWTH_RATIO`` x the second's +
+    ``STEADY_SLACK_SLO_FRAC`` x the TTFT SLO (a median with over half failures is infinite, and
+    that is never stationary).
     """
-    first: list[float] = []
-    second: list[float] = []
+    early: list[float] = []
+    late: list[float] = []
     for records in runs:
         ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
-        half = len(ordered) // 2
-        first += [_ttft_ms(r) for r in ordered[:half]]
-        second += [_ttft_ms(r) for r in ordered[half:]]
-    med1, med2 = _median(first), _median(second)
+        q = len(ordered) // 4
+        early += [_ttft_ms(r) for r in ordered[q:2 * q]]
+        late += [_ttft_ms(r) for r in ordered[len(ordered) - q:] if q]
+    med1, med2 = _median(early), _median(late)
     if math.isinf(med2) or math.isnan(med1):
         stationary = math.isnan(med1) and not math.isinf(med2)  # too few requests to judge: pass
     else:
@@ -270,6 +301,7 @@ def slo_goodput(
     max_probes: int = 16,
     progress: Callable[[ProbeResult], None] | None = None,
     require_steady: bool = True,
+    converge: bool | None = None,
 ) -> GoodputResult:
     """Goodput of ``deployment`` on ``workload``'s length distribution (module docstring rules).
 
@@ -280,7 +312,11 @@ def slo_goodput(
     ``num_requests`` per seed; None = the module's length rule (:func:`probe_span_s`).
     ``require_steady=False`` drops the steady-queue rule and judges the criterion alone, as the
     paper's benchmark did on fixed runs of 1,000 prompts (then give ``num_requests``).
+    ``converge`` (default: ``require_steady``) doubles a probe whose verdict its first half does
+    not share (module docstring); ``num_requests`` is then the starting length. Off, every probe
+    is one run of ``num_requests`` (the fixed-run protocol).
     """
+    converge = require_steady if converge is None else converge
     if workload.replay is not None:
         raise ValueError("goodput needs synthetic arrivals at a chosen rate, not a replayed trace")
     if criterion not in ("p90", "attainment"):
@@ -294,19 +330,39 @@ def slo_goodput(
     slo = deployment.slo
     span_s = probe_span_s(workload, slo)
 
-    def judge(rate: float) -> ProbeResult:
-        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
-        runs = [
-            run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
-                           deployment, record_iterations=False).result.records
-            for seed in seeds
-        ]
+    def run(rate: float, n: int) -> list[list[RequestRecord]]:
+        return [run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
+                                       duration_s=None),
+                               deployment, record_iterations=False).result.records
+                for seed in seeds]
+
+    def verdict(runs: Sequence[Sequence[RequestRecord]], rate: float) -> ProbeResult:
         # metrics stay free of wall times so that a seed's result is byte-identical across runs
         return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
                              require_steady=require_steady)
 
+    def judge(rate: float) -> ProbeResult:
+        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
+        cap = max(n, MAX_REQUESTS_PER_SEED)
+        for doubling in range(MAX_DOUBLINGS + 1 if converge else 1):
+            if doubling:
+                if n >= cap:
+                    break
+                n = min(2 * n, cap)
+            runs = run(rate, n)
+            whole = verdict(runs, rate)
+            # a queue that only looks unsteady may be a burst: a longer look shows which
+            unsettled = converge and ((criterion == "p90" and is_unsettled(runs, slo))
+                                      or whole.reason.startswith(UNSTEADY))
+            if not unsettled:
+                break
+        seed_ok = tuple(verdict([records], rate).ok for records in runs)
+        return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
+                                       "converged": float(not unsettled)}, seed_ok=seed_ok)
+
     result = find_goodput(judge, low=low, high=high, precision=precision,
                           max_probes=max_probes, progress=progress)
+    result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":
         words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"
     else:
@@ -347,17 +403,55 @@ def judge_records(
     if num_failed and failures:
         failures.append(f"{num_failed} of {len(pooled)} requests rejected/aborted/unfinished")
     if require_steady and not steady.is_stationary:
-        failures.append(f"queue not stationary: {steady.describe()}")
+        failures.append(f"{UNSTEADY}: {steady.describe()}")
     metrics = {
         "p90_ttft_ms": p90_ttft,
         "p90_tpot_ms": p90_tpot,
         "slo_attainment": share,
         "num_requests": float(len(pooled)),
         "num_failed": float(num_failed),
-        "median_ttft_first_half_ms": steady.first_half_ms,
-        "median_ttft_second_half_ms": steady.second_half_ms,
+        "median_ttft_q2_ms": steady.early_ms,
+        "median_ttft_q4_ms": steady.late_ms,
     }
     return ProbeResult(rate, not failures, metrics, "; ".join(failures))
+
+
+def _seed_rates(probes: Sequence[ProbeResult], num_seeds: int) -> tuple[float, ...]:
+    """Per seed, its own goodput among the probed rates: the highest rate it passed below the
+    lowest rate it failed (0.0 when it passed none)."""
+    out = []
+    for i in range(num_seeds):
+        judged = sorted((p.rate, p.seed_ok[i]) for p in probes if len(p.seed_ok) > i)
+        lowest_fail = min((r for r, ok in judged if not ok), default=math.inf)
+        out.append(max((r for r, ok in judged if ok and r < lowest_fail), default=0.0))
+    return tuple(out)
+
+
+def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
+    """Could a longer probe flip the P90 verdict? P90 <= SLO is "at most 10% of requests miss
+    it"; the share of misses is estimated with batch means (each run cut by arrival into
+    ``BATCHES`` consecutive batches, the first dropped as warm-up), whose spread accounts for
+    the correlation of requests that queue together. Unsettled iff, for TTFT or TPOT, 0.10 lies
+    within ``SETTLE_Z`` standard errors of the share of misses."""
+    ttft_slo, tpot_slo = slo.ttft_s * 1e3 + SLO_SLACK_MS, slo.tpot_s * 1e3 + SLO_SLACK_MS
+    shares: list[tuple[float, float]] = []  # per batch: share missing TTFT, share missing TPOT
+    for records in runs:
+        ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
+        size = len(ordered) // BATCHES
+        for b in range(1, BATCHES if size else 0):
+            batch = ordered[b * size:(b + 1) * size]
+            ttft_miss = sum(not _ttft_ms(r) <= ttft_slo for r in batch)
+            tpots = [t for r in batch if (t := r.tpot_s) is not None]
+            tpot_miss = sum(t * 1e3 > tpot_slo for t in tpots)
+            shares.append((ttft_miss / len(batch), tpot_miss / max(1, len(tpots))))
+    if len(shares) < 2:
+        return False
+    for k in (0, 1):
+        values = np.array([s[k] for s in shares])
+        se = values.std(ddof=1) / math.sqrt(values.size)
+        if abs(values.mean() - 0.1) < SETTLE_Z * se:
+            return True
+    return False
 
 
 def _ttft_ms(r: RequestRecord) -> float:

@@ -65,7 +65,8 @@ SIMULATE_COLUMNS = (
     "p90_e2e_latency_ms", "slo_attainment", "slo_met", "mean_bubble_fraction",
     "num_microbatches", "num_decode_sitouts", "kv_capacity_tokens", "sim_end_s",
 )
-GOODPUT_COLUMNS = ("goodput", "margin", "attainment", "num_probes", "num_candidates", "reason")
+GOODPUT_COLUMNS = ("goodput", "margin", "seed_goodputs", "attainment", "num_probes",
+                   "num_candidates", "reason")
 TABLE_COLUMNS = AXIS_COLUMNS + SIMULATE_COLUMNS + GOODPUT_COLUMNS
 EXECUTORS = ("process", "serial", "ray")
 
@@ -85,8 +86,8 @@ def evaluate_point(point: SweepPoint) -> dict[str, Any]:
             res = slo_goodput(workload, deployment, seeds=point.seeds,
                               num_requests=point.num_requests, precision=point.precision,
                               require_steady=point.steady)
-            row.update(goodput=res.rate, margin=res.margin, attainment=res.attainment,
-                       num_probes=len(res.probes), reason=res.reason)
+            row.update(goodput=res.rate, margin=res.margin, seed_goodputs=list(res.seed_rates),
+                       attainment=res.attainment, num_probes=len(res.probes), reason=res.reason)
     except ValueError as exc:
         raise ValueError(f"{point.describe()}: {exc}") from exc
     return row
@@ -107,7 +108,8 @@ def best_static_row(target: BestStaticTarget, rows: dict[str, dict[str, Any]]) -
 
     best = max(cands, key=rank)
     row = target.axes()
-    row.update(goodput=best["goodput"], margin=best["margin"], attainment=best["attainment"],
+    row.update(goodput=best["goodput"], margin=best["margin"],
+               seed_goodputs=best.get("seed_goodputs"), attainment=best["attainment"],
                num_candidates=len(cands), reason="")
     if (best["goodput"] or 0.0) > 0:
         row.update(policy=best["policy"], chunk=best["chunk"])

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpp.policies import BALANCERS, POLICIES
-from fastpp.sim.goodput import slo_goodput
+from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.hardware import get_gpu
 from fastpp.sim.models import get_model
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
@@ -84,6 +84,8 @@ class SweepPoint:
         ident = self.axes(with_id=False)
         if self.steady:  # the default leaves the ids of points made before the flag unchanged
             del ident["steady"]
+        if self.metric == "goodput":  # a new goodput method must not reuse the old one's rows
+            ident["goodput_method"] = GOODPUT_METHOD
         object.__setattr__(self, "point_id", _hash(ident))
 
     @property

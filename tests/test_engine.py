@@ -1,4 +1,4 @@
-"""The SimPy pipeline model: stage order, unequal stages, token return, noise, time limit."""
+"""The discrete-event pipeline model: stage order, unequal stages, token return, noise, time limit."""
 
 from __future__ import annotations
 
@@ -61,3 +61,122 @@ def test_time_limit_aborts_what_is_left_with_a_reason():
     aborted = [r for r in result.records if r.finish_reason is FinishReason.ABORTED]
     assert all("time limit" in r.detail for r in aborted)
     assert len(result.records) == 200 and result.notes
+
+
+def test_every_stage_serves_in_launch_order_and_starts_when_input_and_stage_are_ready():
+    """The tandem-queue recurrence: stage i starts microbatch k at max(its activations' arrival
+    over the link, stage i's end of microbatch k-1); nothing overlaps on a stage."""
+    result, profile = simulate(pp=3, n=60)
+    link = profile.link
+    by_stage: dict[int, list] = {}
+    by_mb: dict[tuple[int, int], object] = {}
+    for it in result.iterations:
+        by_stage.setdefault(it.stage, []).append(it)
+        by_mb[it.mb_id, it.stage] = it
+    for its in by_stage.values():
+        its.sort(key=lambda i: i.mb_id)
+        assert all(a.finished_at <= b.started_at for a, b in zip(its, its[1:], strict=False))
+    link_free = [0.0] * 3
+    for mb_id in sorted({i.mb_id for i in result.iterations}):
+        for stage in (1, 2):
+            prev, cur = by_mb[mb_id, stage - 1], by_mb[mb_id, stage]
+            sent = max(prev.finished_at, link_free[stage - 1]) + link.time_s(
+                prev.num_tokens * profile.activation_bytes_per_token)
+            link_free[stage - 1] = sent
+            own_prev = by_mb.get((mb_id - 1, stage))
+            ready = max(sent, own_prev.finished_at if own_prev else 0.0)
+            assert cur.started_at == pytest.approx(ready, abs=1e-12)
+
+
+def test_the_event_clock_runs_in_time_order_and_equal_times_in_scheduling_order():
+    from fastpp.sim.events import EventClock
+
+    clock, seen = EventClock(), []
+    clock.at(2.0, seen.append, "c")
+    clock.at(1.0, seen.append, "a")
+    clock.at(1.0, seen.append, "b")  # same instant: after "a", scheduled first
+    clock.at(1.0, lambda _: clock.at(clock.now, seen.append, "a2"))  # due now: runs after "b"
+    assert clock.next_at() == 1.0
+    assert clock.run() is True and seen == ["a", "b", "a2", "c"] and clock.now == 2.0
+    assert clock.num_events == 5 and len(clock) == 0 and clock.next_at() == float("inf")
+    with pytest.raises(ValueError, match="before now"):
+        clock.at(1.5, seen.append)
+
+
+def test_the_event_clock_stops_before_until_and_sits_there():
+    from fastpp.sim.events import EventClock
+
+    clock, seen = EventClock(), []
+    for t in (1.0, 3.0, 5.0):
+        clock.at(t, seen.append, t)
+    assert clock.run(until=3.0) is False  # 3.0 is not run: due at the limit, not before it
+    assert seen == [1.0] and clock.now == 3.0 and len(clock) == 2
+    assert clock.run() is True and seen == [1.0, 3.0, 5.0]
+
+
+def test_the_event_clock_runs_a_callback_at_the_instant_asked_or_one_ulp_after():
+    """SimPy adds a delay to its clock. 0.7 - 0.1 is not exact, yet 0.1 + (0.7 - 0.1) lands on
+    0.7; 1.919e-06 + (3.27e-04 - 1.919e-06) falls on a rounding tie that no delay reaches:
+    the callback runs at the next float, never before the instant asked."""
+    import math
+
+    from fastpp.sim.events import EventClock, _exact_delay
+
+    tie_now, tie_when = 1.9194282348248724e-06, 0.00032701679757823286
+    assert tie_now + (tie_when - tie_now) < tie_when
+    def seen_at(now: float, when: float) -> list[float]:
+        clock, seen = EventClock(), []
+        clock.at(now, lambda _: clock.at(when, lambda _: seen.append(clock.now)))
+        assert clock.run() is True
+        return seen
+
+    assert seen_at(0.1, 0.7) == [0.7]
+    assert seen_at(tie_now, tie_when) == [math.nextafter(tie_when, math.inf)]
+    assert tie_now + _exact_delay(tie_now, tie_when) == math.nextafter(tie_when, math.inf)
+
+
+class _Watcher:
+    """A chunk policy without an ``observes`` attribute: it must get every stage record of a
+    microbatch, stage by stage, before that microbatch's tokens are folded in."""
+
+    last_reason = "watch"
+
+    def __init__(self, scheduler_ref):
+        self.seen: list[tuple[int, int]] = []
+        self.ref = scheduler_ref
+
+    def choose(self, view):
+        return 64
+
+    def observe(self, rec):
+        plan = self.ref[0]._in_flight[rec.slot]
+        assert plan is not None and plan.mb_id == rec.mb_id  # not yet returned
+        self.seen.append((rec.mb_id, rec.stage))
+
+
+def test_a_policy_that_observes_gets_every_stage_record_before_the_return():
+    ref: list = []
+    watcher = _Watcher(ref)
+    sched = make_scheduler(None, chunk_policy=watcher, num_slots=3, kv_capacity_tokens=8192)
+    ref.append(sched)
+    assert sched.observes_iterations
+    reqs = make_requests(20, prompt_len=40, output_len=6, gap_s=0.001)
+    result = PipelineSimulation(make_profile(pp=3), sched, reqs, record_iterations=False).run()
+    assert result.iterations == []  # not kept, but observed
+    assert watcher.seen == [(mb, s) for mb in range(result.num_microbatches) for s in range(3)]
+
+
+def test_records_are_built_only_when_kept_or_observed_and_busy_time_is_the_same():
+    kept, _ = simulate(pp=3)
+    bare, _ = simulate(pp=3, record_iterations=False)  # static policy: observes = False
+    assert bare.iterations == [] and len(kept.iterations) == 3 * kept.num_microbatches
+    assert bare.stage_busy_s == kept.stage_busy_s
+    assert [r.token_times for r in bare.records] == [r.token_times for r in kept.records]
+
+
+def test_guarded_policies_observe_unless_both_say_they_do_not():
+    from fastpp.policies.base import NoBalancer, StaticChunkPolicy
+    from fastpp.policies.guard import GuardedPolicies
+
+    assert not GuardedPolicies(StaticChunkPolicy(64), NoBalancer(), 64).observes
+    assert GuardedPolicies(_Watcher([]), NoBalancer(), 64).observes  # no attribute: assumed

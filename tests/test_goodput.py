@@ -4,6 +4,7 @@ attainment, failures, steady state) on fabricated records, and one small real si
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -159,12 +160,42 @@ def test_steady_state_flags_a_growing_queue():
     assert not probe.ok and probe.reason.startswith("queue not stationary")
     # the paper's fixed-run protocol judges the P90s alone; the growth is still in the metrics
     lax = judge_records(growing, SLO_DEFAULT, rate=4.0, require_steady=False)
-    assert lax.ok and lax.metrics["median_ttft_second_half_ms"] > 2 * lax.metrics[
-        "median_ttft_first_half_ms"]
+    assert lax.ok and lax.metrics["median_ttft_q4_ms"] > 1.5 * lax.metrics["median_ttft_q2_ms"]
 
     flat = [[record(i, i * 0.25, 0.3 + 0.2 * ((i * 7) % 10) / 10) for i in range(200)]]
     assert check_steady_state(flat, SLO_DEFAULT).is_stationary
     assert judge_records(flat, SLO_DEFAULT, rate=4.0).ok
+
+
+def test_steady_state_catches_a_queue_whose_median_ttft_doubles():
+    """Issue 13's TP probe: median TTFT 320 ms early, 617 ms late, both P90s passing. The old
+    halves test (50% + 10% of the SLO) let it through; the quarters test must not."""
+    n = 400
+    doubling = [[record(i, i * 0.3, 0.25 + 0.45 * i / n) for i in range(n)]]
+    steady = check_steady_state(doubling, SLO_DEFAULT)
+    assert steady.late_ms > 1.5 * steady.early_ms and not steady.is_stationary
+    assert not judge_records(doubling, SLO_DEFAULT, rate=3.0).ok
+
+
+def test_a_share_of_misses_near_ten_percent_is_unsettled_and_far_from_it_settled():
+    from fastpp.sim.goodput import is_unsettled
+
+    def runs(share_slow):  # each request misses the TTFT SLO with this chance, 800 requests
+        rng = random.Random(1)
+        return [[record(i, i * 0.25, 3.0 if rng.random() < share_slow else 0.3)
+                 for i in range(800)]]
+
+    assert is_unsettled(runs(0.1), SLO_DEFAULT)
+    assert not is_unsettled(runs(0.02), SLO_DEFAULT) and not is_unsettled(runs(0.5), SLO_DEFAULT)
+
+
+def test_seed_rates_are_each_seeds_own_bracket():
+    from fastpp.sim.goodput import ProbeResult, _seed_rates
+
+    probes = [ProbeResult(2.0, True, seed_ok=(True, True)), ProbeResult(4.0, False, seed_ok=(True, False)),
+              ProbeResult(3.0, True, seed_ok=(True, False)), ProbeResult(5.0, False, seed_ok=(False, False))]
+    assert _seed_rates(probes, 2) == (4.0, 2.0)
+    assert _seed_rates([ProbeResult(1.0, False, seed_ok=(False,))], 1) == (0.0,)
 
 
 # ---- one small real search -----------------------------------------------------------------------
@@ -182,8 +213,46 @@ def test_slo_goodput_small_real_run():
     assert "P90 TTFT <= 2000 ms" in result.criterion
     again = slo_goodput(workload, deployment, **kwargs)
     assert again.to_dict() == result.to_dict()
+    assert result.seeds == (0,) and len(result.seed_rates) == 1
+    for p in result.probes:  # settled at some doubling of the start, or stopped at the cap
+        assert p.metrics["requests_per_seed"] in (120, 240, 480, 960, 1920)  # 16x: below the cap
+        assert p.metrics["converged"] == 1.0 or p.metrics["requests_per_seed"] == 1920
+        assert p.seed_ok == (p.ok,)  # one seed: its own verdict is the pooled one
+    fixed = slo_goodput(workload, deployment, **kwargs, converge=False)
+    assert all(p.metrics["requests_per_seed"] == 120 for p in fixed.probes)
 
 
 def test_slo_goodput_rejects_a_replayed_trace():
     with pytest.raises(ValueError, match="replayed trace"):
         slo_goodput(WorkloadConfig(replay="azure-conv"), DeploymentConfig())
+
+
+def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path):
+    """`fastpp goodput`, `fastpp sweep --metric goodput` and slo_goodput (what
+    scripts/make_results.py runs through the sweep) on one point: the same search, the same
+    numbers."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from fastpp.cli.app import app
+
+    point = ["-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-n", "60"]
+    runner = CliRunner()
+    res = runner.invoke(app, ["goodput", *point, "-d", "pp2", "-p", "static:512",
+                              "--precision", "2", "--json"])
+    assert res.exit_code == 0, res.stderr
+    cli = json.loads(res.stdout)[0]
+    res = runner.invoke(app, ["sweep", "--metric", "goodput", *point, "-d", "pp2",
+                              "-p", "static:512", "--precision", "2", "--executor", "serial",
+                              "-o", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.stderr
+    (row,) = json.loads(res.stdout)["rows"]
+    lib = slo_goodput(WorkloadConfig(name="cnn-dailymail-synthetic"),
+                      DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512"),
+                      num_requests=60, precision=2.0)
+    assert lib.seeds == (0, 1) and cli["seeds"] == [0, 1]
+    assert cli["goodput"] == row["goodput"] == lib.rate > 0
+    assert cli["margin"] == row["margin"] == lib.margin
+    assert cli["seed_goodputs"] == row["seed_goodputs"] == list(lib.seed_rates)
+    assert len(cli["probes"]) == row["num_probes"] == len(lib.probes)

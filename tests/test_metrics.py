@@ -214,6 +214,24 @@ def test_writers_round_trip(tmp_path):
     assert [int(r["stage"]) for r in rows] == [0, 1] and rows[0]["reason"] == "test"
 
 
+def test_the_fast_writers_write_what_the_record_dicts_say(tmp_path):
+    """write_records_jsonl computes all gaps in one numpy pass: its lines must be those of
+    ``json.dumps(r.to_dict())``; write_iterations_csv must be csv.DictWriter's file."""
+    records = [rec(0, 0.0, [1.0, 1.5, 2.25, 2.2500001]), rejected(1, 0.2), rec(2, 0.1, [0.7]),
+               rec(3, 0.3, [1.0 / 3, 2.0 / 3, 0.9999])]
+    lines = write_records_jsonl(records, tmp_path / "r.jsonl").read_text().splitlines()
+    assert lines == [json.dumps(r.to_dict()) for r in records]
+    iters = [it(0, 0.0, 1.0 / 3), it(1, 1.0 / 3, 2.0, mb_id=1), it(0, 2.0, 2.5, mb_id=2),
+             it(1, 2.5, 3.0, mb_id=2), it(0, 3.0, 3.5, mb_id=3)]
+    iters[2].reason, iters[3].reason, iters[4].reason = "", 'shrunk, "quoted"\nline', "plain"
+    with (tmp_path / "ref.csv").open("w", newline="") as f:
+        ref = csv.DictWriter(f, fieldnames=list(iters[0].__slots__))
+        ref.writeheader()
+        ref.writerows(i.to_dict() for i in iters)
+    got = write_iterations_csv(iters, tmp_path / "i.csv").read_text()
+    assert got == (tmp_path / "ref.csv").read_text()
+
+
 def test_a_run_folder_reads_back_what_was_written(tmp_path):
     records = [rec(0, 0.0, [1.0, 1.5, 2.25]), rejected(1, 0.2)]
     iters = [it(0, 0.0, 1.0), it(1, 1.0, 2.0, mb_id=1)]

@@ -148,6 +148,24 @@ def test_stage_time_components():
     assert prof.link.time_s(2_000_000) == pytest.approx(1e-5 + 1e-4)
 
 
+def test_cost_fn_gives_the_very_floats_of_time_s():
+    """The simulator's StageCost.cost_fn must equal time_s exactly (not approximately): a PP
+    stage of each kind, a TP stage with all-reduces, and points beyond the table."""
+    import random
+
+    from fastpp.sim.analytic import analytic_profile
+
+    stages = [*make_profile().stages, *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 4, 1).stages,
+              *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 1, 4).stages]
+    rng = random.Random(0)
+    for stage in stages:
+        cost = stage.cost_fn()
+        for _ in range(2000):
+            args = (rng.choice([0, 1, rng.randrange(1, 9000)]), rng.randrange(0, 300),
+                    rng.randrange(0, 10**8), rng.randrange(0, 10**7), rng.randrange(0, 10**6))
+            assert cost(*args) == stage.time_s(*args), (stage.num_layers, args)
+
+
 def test_lookup_is_cheap():
     """Not a timing test: 1e5 lookups of a dense 16k-point table stay well under a second."""
     t = LinearTable(tokens=tuple(range(128, 16385, 128)),

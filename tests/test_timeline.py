@@ -70,3 +70,13 @@ def test_counter_tracks_and_empty_input():
     json.dumps(empty)
     with pytest.raises(ValueError, match="max_events"):
         chrome_trace([], max_events=-1)
+
+
+def test_the_written_file_is_the_trace_encoded_byte_for_byte(tmp_path):
+    """write_chrome_trace formats slices directly; it must write json.dumps(chrome_trace(...))."""
+    odd = [it(0, 0, 1 / 3, 2 / 3), it(1, 1, 0.1 + 0.2, 1e-7, slot=1, prefill=0, decode=5),
+           IterationRecord(2, 0, 0, 2.0, 2.5, 9, 9, 0, 0, 81, 0, 64, 'quote " \\ é')]
+    kw = {"stage_names": ["a", "b"], "extra_tracks": {"chunk budget": [(0.0, 512), (0.4, 256)]},
+          "max_events": 4}
+    path = write_chrome_trace(odd, tmp_path / "t.json", **kw)
+    assert path.read_text() == json.dumps(chrome_trace(odd, **kw), separators=(",", ":"))

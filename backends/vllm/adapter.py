@@ -320,7 +320,9 @@ class Adapter:
                 continue
             if t.slot == slot:  # not preempted meanwhile
                 stayed.append(t)
-        self.slots.decoded(slot, stayed)
+        for t in stayed:  # each fed one token: its context grew by one
+            t.ctx_len += 1
+        self.slots.decoded(slot, len(stayed))
         for t, _past, _n, completes in batch.prefill:
             if t.ended or not completes:
                 continue

@@ -8,7 +8,7 @@ SGLang runs one scheduler replica per PP rank and all replicas must agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.types import IterationRecord
@@ -23,7 +23,9 @@ class ChunkPolicy(Protocol):
 
     ``choose`` returns a positive int; ``last_reason`` then says why (logs, timelines, the
     plan's ``reason``). ``observe`` gets every stage-iteration record of every microbatch,
-    those of one microbatch before its tokens are folded in.
+    those of one microbatch before its tokens are folded in. A policy whose ``observe`` ignores
+    its records says so with a class attribute ``observes = False`` (absent: assumed True): an
+    executor may then skip building the records for it.
     """
 
     last_reason: str
@@ -39,6 +41,7 @@ class DecodeBalancer(Protocol):
 
     ``plan`` may park only decodes of ``slot`` (the slot about to launch; the others may be in
     flight) and restore only parked requests; the scheduler checks and otherwise ignores the plan.
+    ``observes`` as for ChunkPolicy.
     """
 
     def plan(self, view: PolicyView, slot: int) -> BalancePlan: ...
@@ -52,6 +55,7 @@ class StaticChunkPolicy:
 
     chunk: int = 2048
     last_reason: str = "static"
+    observes: ClassVar[bool] = False  # observe() ignores its records
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
@@ -67,6 +71,8 @@ class StaticChunkPolicy:
 @dataclass(slots=True)
 class NoBalancer:
     """Upstream behaviour: a request decodes in the slot where its prefill ended, never moved."""
+
+    observes: ClassVar[bool] = False  # observe() ignores its records
 
     def plan(self, view: PolicyView, slot: int) -> BalancePlan:
         return NO_BALANCE

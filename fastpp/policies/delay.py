@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.types import IterationRecord
@@ -139,6 +139,7 @@ class DelayScheduler:
     """
 
     config: DelayConfig = field(default_factory=DelayConfig)
+    observes: ClassVar[bool] = False  # decides from the view's signals, not from records
     num_parks: int = field(default=0, init=False)  # requests parked so far
     num_restores: int = field(default=0, init=False)  # restored so far, forced ones included
     num_forced_restores: int = field(default=0, init=False)  # restored at the park bound

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from fastpp.policies.rules import index_above, kv_pressure_index, under_kv_pressure
 from fastpp.types import IterationRecord
@@ -125,6 +125,7 @@ class GreedyChunkPolicy:
 
     config: GreedyConfig = field(default_factory=GreedyConfig)
     last_reason: str = field(default="hold", init=False)
+    observes: ClassVar[bool] = False  # decides from the view's signals, not from records
     num_decisions: int = field(default=0, init=False)
     _candidates: tuple[int, ...] = field(default=(), init=False, repr=False)
     _index: int = field(default=0, init=False, repr=False)  # current C = _candidates[_index]

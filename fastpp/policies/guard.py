@@ -66,13 +66,23 @@ class GuardedPolicies:
             self.failed("balancer", exc)
             return NO_BALANCE
 
+    @property
+    def observes(self) -> bool:
+        """Whether either policy uses stage records (a policy without an ``observes``
+        attribute is assumed to)."""
+        return getattr(self.chunk_policy, "observes", True) or getattr(self.balancer, "observes", True)
+
     def observe(self, rec: IterationRecord) -> None:
-        """Forward a stage-iteration record to both policies."""
-        for name, target in (("chunk policy", self.chunk_policy), ("balancer", self.balancer)):
-            try:
-                target.observe(rec)
-            except Exception as exc:
-                self.failed(f"{name}.observe", exc)
+        """Forward a stage-iteration record to both policies (once per stage and microbatch:
+        written out rather than looped, it is on the simulator's hot path)."""
+        try:
+            self.chunk_policy.observe(rec)
+        except Exception as exc:
+            self.failed("chunk policy.observe", exc)
+        try:
+            self.balancer.observe(rec)
+        except Exception as exc:
+            self.failed("balancer.observe", exc)
 
     def failed(self, which: str, exc: Exception) -> None:
         self.num_fallbacks[which] = self.num_fallbacks.get(which, 0) + 1

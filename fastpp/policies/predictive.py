@@ -277,6 +277,11 @@ class PredictiveChunkPolicy:
         return chunk
 
     # ------------------------------------------------------------------ learning
+    @property
+    def observes(self) -> bool:
+        """True when it learns online (``config.learn``): then it needs every stage record."""
+        return self.config.learn
+
     def observe(self, rec: IterationRecord) -> None:
         """Learn from each microbatch's bottleneck stage: keep the slowest stage-iteration of a
         microbatch and update the predictor once its last stage reports."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -152,6 +152,7 @@ class UpstreamChunkPolicy:
     fit: QuadraticFit | None
     last_reason: str = "static"
     target_s: float = field(init=False, default=0.0)  # T = f(C) - f(0)
+    observes: ClassVar[bool] = False  # fitted once at start-up, never learns online
 
     def __post_init__(self) -> None:
         if self.fit is not None:
