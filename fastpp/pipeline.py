@@ -28,7 +28,7 @@ def iteration_record(plan: MicroBatchPlan, stage: int, started_at: float,
     return IterationRecord(
         plan.mb_id, stage, plan.slot, started_at, finished_at, plan.num_tokens,
         plan.num_prefill_tokens, len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq,
-        plan.sum_dec_ctx, plan.chunk_budget, plan.reason,
+        plan.sum_dec_ctx, plan.chunk_budget, plan.reason, plan.num_sampled,
     )
 
 

@@ -113,7 +113,12 @@ class LaunchedBatch:
         return IterationRecord(self.mb_id, stage, self.slot, started_at, finished_at, self.num_tokens,
                                self.num_prefill_tokens, len(self.decodes), self.sum_past_x_pre,
                                self.sum_pre_sq, self.sum_dec_ctx, self.decision.budget,
-                               self.decision.reason)
+                               self.decision.reason, self.num_sampled)
+
+    @property
+    def num_sampled(self) -> int:
+        """Rows the last stage samples: every decode and every chunk that completes a prompt."""
+        return len(self.decodes) + sum(1 for *_, completes in self.prefill if completes)
 
 
 @dataclass(slots=True)

@@ -12,8 +12,9 @@ reader sees each line at once, and a killed engine still leaves its records up t
 At shutdown (vLLM calls ``Scheduler.shutdown``; give it time with ``--shutdown-timeout``, which
 ``fastpp serve --backend vllm`` sets) the folder is rewritten by ``fastpp.run_files.write_run``,
 the writer every executor uses: requests sorted by id (those still running written unfinished),
-plus ``summary.json`` and ``timeline.json``. Memory grows with the run (one record per request
-and per stage-iteration), as with ``fastpp serve --record-dir``.
+plus ``summary.json`` (with the deployment's ``setup``: pp, KV pool, page size, model shape,
+layers per stage; ``fastpp.run_setup``) and ``timeline.json``. Memory grows with the run (one
+record per request and per stage-iteration), as with ``fastpp serve --record-dir``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from fastpp.metrics import summarize
 from fastpp.run_files import ITERATIONS, REQUESTS, write_run
+from fastpp.run_setup import SETUP_KEY, RunSetup
 from fastpp.types import SLO, IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.vllm")
@@ -35,8 +37,10 @@ DECISIONS = "decisions.jsonl"
 class RunRecorder:
     """Collects one deployment's records and writes its run folder (module docstring)."""
 
-    def __init__(self, out_dir: str | Path, slo: SLO, num_stages: int, backend: str = "vllm") -> None:
+    def __init__(self, out_dir: str | Path, slo: SLO, num_stages: int, backend: str = "vllm",
+                 setup: RunSetup | None = None) -> None:
         self.out_dir = Path(out_dir)
+        self.setup = setup  # written into summary.json (what a profile from these records needs)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.slo = slo
         self.num_stages = num_stages
@@ -72,6 +76,8 @@ class RunRecorder:
             f.close()
         records = sorted([*self.requests, *(unfinished or [])], key=lambda r: r.req_id)
         summary = summarize(records, slo=self.slo, backend=self.backend) if records else {}
+        if self.setup is not None:
+            summary[SETUP_KEY] = self.setup.to_dict()
         names = [f"stage {i}" for i in range(self.num_stages)]
         write_run(self.out_dir, records, self.iterations, summary, stage_names=names)
         log.info("fastpp: wrote %d requests and %d stage iterations to %s", len(records),
