@@ -21,6 +21,7 @@ the data by :func:`table_points`).
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,8 @@ import numpy as np
 
 from fastpp.profile import LinearTable
 
-# table_points: consecutive points at least this ratio apart (and at least one token)
+# table_points: a count seen this often is a point; rarer ones at least POINT_RATIO apart
+POINT_MIN_COUNT = 3
 POINT_RATIO = 1.25
 
 
@@ -84,16 +86,19 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def table_points(token_counts: Sequence[int], ratio: float = POINT_RATIO) -> tuple[int, ...]:
-    """Table points for shapes with these token counts: the smallest and the largest count,
-    and between them observed counts at least ``ratio`` apart (every count while they are
-    small), so every point has data at it and the table bends only where data says so."""
-    values = sorted({int(n) for n in token_counts if n >= 1})
-    if not values:
+def table_points(token_counts: Sequence[int], ratio: float = POINT_RATIO,
+                 min_count: int = POINT_MIN_COUNT) -> tuple[int, ...]:
+    """Table points for shapes with these token counts: every count seen at least ``min_count``
+    times (its own value is well measured), the smallest and the largest count, and between
+    them rarer counts at least ``ratio`` apart, so every point has data at it and the table
+    bends only where data says so."""
+    counts = Counter(int(n) for n in token_counts if n >= 1)
+    if not counts:
         raise ValueError("no shape with at least one token")
+    values = sorted(counts)
     points = [values[0]]
     for v in values[1:-1]:
-        if v >= points[-1] * ratio and v >= points[-1] + 1:
+        if counts[v] >= min_count or (v >= points[-1] * ratio and v >= points[-1] + 1):
             points.append(v)
     if values[-1] != points[-1]:
         points.append(values[-1])

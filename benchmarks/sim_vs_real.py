@@ -1,0 +1,151 @@
+"""The simulator against a recorded real run, any engine: same requests, same scheduler settings.
+
+    python benchmarks/sim_vs_real.py RUN_DIR                     # profile fitted to RUN_DIR itself
+    python benchmarks/sim_vs_real.py RUN_DIR --profile-from DIR2  # fitted to another run (held out)
+    python benchmarks/sim_vs_real.py RUN_DIR --profile P.json     # any profile file
+
+RUN_DIR is a run folder (fastpp.run_files) with its setup in summary.json: ``fastpp serve
+--backend torch|vllm|sglang --record-dir``, or ``fastpp simulate -o``. The script
+
+1. fits a profile to the records (``fastpp.records_profile``, what ``fastpp profile
+   --from-records`` writes), unless one is given;
+2. replays the run's requests in the simulator: arrival times, prompt lengths and the number of
+   tokens each request generated (requests.jsonl), the run's policy and scheduler settings
+   (summary.json's setup: KV pool, page size, candidates, default chunk, SLO, max running);
+3. prints real vs simulated TTFT and TPOT P50/P90 (both measured at the scheduler: arrival and
+   token instants as the scheduler saw them, not at an HTTP client), throughput and microbatch
+   counts, and the per-iteration error of the profile per stage: each recorded iteration's
+   stage time predicted from its features vs the time recorded, in-sample and held out (the
+   profile refitted on the even microbatches, checked on the odd ones).
+
+``--json FILE`` also writes every number as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from fastpp.metrics import summarize
+from fastpp.policies import make_policies
+from fastpp.profile import Profile, load_profile
+from fastpp.profile_names import resolve_profile
+from fastpp.records_profile import iteration_errors, profile_from_run
+from fastpp.run_files import SUMMARY, RunFiles, read_run
+from fastpp.run_setup import RunSetup
+from fastpp.scheduler import Scheduler
+from fastpp.sim.engine import PipelineSimulation
+from fastpp.types import FinishReason, Request, RequestRecord
+
+METRICS = (("median_ttft_ms", "TTFT P50 (ms)"), ("p90_ttft_ms", "TTFT P90 (ms)"),
+           ("median_tpot_ms", "TPOT P50 (ms)"), ("p90_tpot_ms", "TPOT P90 (ms)"),
+           ("output_throughput", "output tok/s"), ("duration", "makespan (s)"))
+
+
+def replay_requests(records: list[RequestRecord]) -> tuple[list[Request], float]:
+    """The run's requests as the simulator's workload (arrivals shifted to start at 0), and the
+    shift. Requests that generated nothing (rejected, aborted before a token) are left out."""
+    kept = [r for r in records if r.num_generated >= 1 and r.finish_reason != FinishReason.REJECTED]
+    if not kept:
+        raise SystemExit("no request of the run generated a token: nothing to replay")
+    t0 = min(r.arrived_at for r in kept)
+    return [Request(r.req_id, r.arrived_at - t0, r.prompt_len, r.num_generated) for r in kept], t0
+
+
+def simulate(profile: Profile, setup: RunSetup, requests: list[Request]):
+    config = replace(setup.scheduler, num_slots=profile.pp)
+    chunk_policy, balancer = make_policies(setup.policy, config, profile)
+    scheduler = Scheduler(config, lambda: 0.0, chunk_policy, balancer)
+    return PipelineSimulation(profile, scheduler, requests).run()
+
+
+def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:
+    """Fit on the even microbatches, check on the odd ones."""
+    even = [it for it in run.iterations if it.mb_id % 2 == 0]
+    odd = [it for it in run.iterations if it.mb_id % 2 == 1]
+    fitted = profile_from_run(RunFiles(run.summary, run.records, even), setup, source=source + " (even mb)")
+    return iteration_errors(fitted.profile, odd)
+
+
+def _pct(sim: float, real: float) -> str:
+    if not (math.isfinite(sim) and math.isfinite(real)) or real == 0:
+        return "n/a"
+    return f"{(sim - real) / real:+.1%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path, help="the recorded run folder")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--profile", help="a profile file (or shipped profile name) instead of fitting one")
+    src.add_argument("--profile-from", type=Path, help="fit the profile to this other run folder")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args(argv)
+
+    run = read_run(args.run_dir)
+    setup = RunSetup.from_summary(run.summary, args.run_dir / SUMMARY)
+    if args.profile:
+        profile, how = load_profile(resolve_profile(args.profile)), f"profile file {args.profile}"
+        fit_notes: tuple[str, ...] = ()
+    else:
+        fit_dir = args.profile_from or args.run_dir
+        fit_run = read_run(fit_dir)
+        fit_setup = RunSetup.from_summary(fit_run.summary, fit_dir / SUMMARY)
+        fitted = profile_from_run(fit_run, fit_setup, source=str(fit_dir))
+        profile, fit_notes = fitted.profile, fitted.notes
+        how = f"fitted to {'this run' if args.profile_from is None else fit_dir} (fastpp.records_profile)"
+    if profile.pp != setup.pp:
+        raise SystemExit(f"the profile is for pp={profile.pp}, the run had pp={setup.pp}")
+
+    requests, _ = replay_requests(run.records)
+    kept = {r.req_id for r in requests}
+    real_records = [r for r in run.records if r.req_id in kept]
+    result = simulate(profile, setup, requests)
+    real = summarize(real_records, slo=setup.scheduler.slo, backend=setup.engine)
+    sim = summarize(result.records, slo=setup.scheduler.slo, backend="fastpp-sim")
+    real_mb = len({it.mb_id for it in run.iterations})
+    in_sample = iteration_errors(profile, run.iterations)
+    held_out = holdout_errors(run, setup, str(args.run_dir)) if not args.profile else None
+
+    print(f"run: {args.run_dir} ({setup.engine}, {setup.device}, pp={setup.pp}, policy {setup.policy}, "
+          f"{len(requests)} requests replayed)")
+    print(f"profile: {how}")
+    for n in fit_notes:
+        print(f"  note: {n}")
+    print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, token return {profile.token_return_s * 1e3:.3f} ms, "
+          f"link latency {profile.link.latency_s * 1e3:.3f} ms")
+    print()
+    print(f"| metric | real | simulated | sim vs real |")
+    print("|---|---|---|---|")
+    for key, label in METRICS:
+        r, s = float(real.get(key, math.nan)), float(sim.get(key, math.nan))
+        print(f"| {label} | {r:.1f} | {s:.1f} | {_pct(s, r)} |")
+    print(f"| microbatches | {real_mb} | {result.num_microbatches} | {_pct(result.num_microbatches, real_mb)} |")
+    print()
+    print("| stage | iterations | median error in-sample | median bias | p90 error | median error held out |")
+    print("|---|---|---|---|---|---|")
+    for k, row in enumerate(in_sample):
+        held = f"{held_out[k]['median_ape']:.1%}" if held_out else "n/a"
+        print(f"| {row['stage']} | {row['n']} | {row['median_ape']:.1%} | {row['median_bias']:+.1%} | "
+              f"{row['p90_ape']:.1%} | {held} |")
+    if args.json:
+        out = {"run_dir": str(args.run_dir), "engine": setup.engine, "policy": setup.policy, "profile": how,
+               "real": {k: real.get(k) for k, _ in METRICS}, "sim": {k: sim.get(k) for k, _ in METRICS},
+               "microbatches": {"real": real_mb, "sim": result.num_microbatches},
+               "iteration_errors": in_sample, "iteration_errors_held_out": held_out,
+               "profile_fields": {"host_overhead_s": profile.host_overhead_s,
+                                  "token_return_s": profile.token_return_s,
+                                  "link_latency_s": profile.link.latency_s}}
+        args.json.write_text(json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float)
+                                        and not np.isfinite(v) else v) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
