@@ -191,7 +191,7 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
     (["--backend", "sglang", "--kv-blocks", "8"], "--kv-blocks apply to --backend torch only"),
     (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "predictive"], "pass --profile FILE"),
     (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "nope"], "unknown chunk policy 'nope'"),
-    (["--bogus"], "unknown arguments for --backend torch: --bogus"),
+    (["--bogus"], "unknown option(s) for --backend torch: --bogus"),
     (["--model", "random:tiny", "--pp", "3"], "num_stages 3 exceeds the model's 2 layers"),
     (["--model", "random:tiny", "--policy", "predictive"], "pass --profile FILE"),
     (["--model", "random:tiny", "--policy", "nope"], "unknown chunk policy 'nope'"),

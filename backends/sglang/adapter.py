@@ -400,7 +400,19 @@ class SGLangAdapter:
         slot = next((k for k, b in enumerate(sched.mbs) if b is batch), None)
         mode = batch.forward_mode
         decoded = bool(mode is not None and mode.is_decode()) or bool(getattr(batch, "decoding_reqs", None))
-        for req in batch.reqs:
+        self._note_tokens(batch.reqs, now)
+        if slot is not None:
+            self.signals.on_return(slot, now, decoded)
+
+    def streaming(self, reqs: list[Any]) -> None:
+        """SGLang is about to send these requests' outputs to the client: a request finished here
+        is recorded now, before its response can arrive (a client that stops the server on its
+        last response must find every record)."""
+        if self.ready and self.is_leader and any(r.finished() for r in reqs):
+            self._note_tokens([r for r in reqs if r.finished()], self.clock())
+
+    def _note_tokens(self, reqs: list[Any], now: float) -> None:
+        for req in reqs:
             rec = self._live.get(req.rid)
             if rec is None:
                 continue
@@ -413,8 +425,6 @@ class SGLangAdapter:
                 rec.num_generated = n
             if req.finished():
                 self._finish(req, rec, now)
-        if slot is not None:
-            self.signals.on_return(slot, now, decoded)
 
     def _finish(self, req: Any, rec: RequestRecord, now: float) -> None:
         del self._live[req.rid]  # (never parked: a parked request is in no batch, so cannot finish)

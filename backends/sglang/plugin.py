@@ -12,6 +12,8 @@ scheduler.Scheduler.get_new_batch_prefill                 AROUND  form (balance,
 schedule_policy.PrefillAdder.__init__                     AROUND  adder_created (read back C)
 scheduler.Scheduler._pp_launch_batch                      AROUND  launch (stage time, record)
 scheduler.Scheduler._pp_process_batch_result              AFTER   result (tokens, signals)
+scheduler_components.output_streamer.                     BEFORE  streaming (finished requests
+SchedulerOutputStreamer.stream_output                             recorded before the reply)
 scheduler.Scheduler._add_request_to_queue                 AFTER   enqueued (arrivals)
 scheduler.Scheduler.collect_inflight_reqs                 AFTER   parked requests count as in flight
 ========================================================  ======  ===========================
@@ -28,6 +30,7 @@ log = logging.getLogger("fastpp.sglang")
 
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
 _REM_CHUNK_TOKENS_POS = 6  # PrefillAdder.__init__(page_size, tree_cache, allocator, running_batch,
 #                            new_token_ratio, rem_input_tokens, rem_chunk_tokens, ...) in 0.5.23
 
@@ -70,6 +73,9 @@ def register() -> None:
     def result(ret: Any, sched: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         a.result(sched, batch)
 
+    def streaming(streamer: Any, reqs: Any, *args: Any, **kwargs: Any) -> None:
+        a.streaming(reqs)
+
     def enqueued(ret: Any, sched: Any, req: Any, is_retracted: bool = False) -> None:
         a.enqueued(sched, req, is_retracted)
 
@@ -81,6 +87,7 @@ def register() -> None:
     HookRegistry.register(f"{_ADDER}.__init__", adder_init, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_launch_batch", launch, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_process_batch_result", result, HookType.AFTER)
+    HookRegistry.register(f"{_STREAMER}.stream_output", streaming, HookType.BEFORE)
     HookRegistry.register(f"{_SCHEDULER}._add_request_to_queue", enqueued, HookType.AFTER)
     HookRegistry.register(f"{_SCHEDULER}.collect_inflight_reqs", inflight, HookType.AFTER)
     log.info("fastpp plugin registered: policy %r", settings.policy)

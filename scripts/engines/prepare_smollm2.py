@@ -14,9 +14,9 @@ What it writes and why:
   (taken from the GGUF's ``tokenizer.chat_template`` when transformers did not carry it over).
 - ``READY``, touched last: a directory without it is incomplete (other scripts poll for it).
 
-Idempotent: a directory with ``READY`` is left alone. The conversion writes into a sibling
-temporary directory and renames it into place, so a killed run never leaves a half directory
-that looks complete.
+Idempotent: a directory with ``READY`` is left alone; concurrent runs take turns (a file lock).
+The conversion writes into a sibling temporary directory and renames it into place, so a killed
+run never leaves a half directory that looks complete.
 
 transformers refuses to ``save_pretrained`` a model loaded from a quantized GGUF, so the model is
 built fresh from the GGUF's config and the dequantized weights are loaded into it.
@@ -25,6 +25,7 @@ built fresh from the GGUF's config and the dequantized weights are loaded into i
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -135,7 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if READY exists")
     args = parser.parse_args(argv)
     out: Path = args.out or engines_dir() / "models" / MODEL_DIR_NAME
-    if (out / READY_FILE).is_file() and not args.force:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Both engine setups call this (CI runs them at once): one converts, the other waits for it.
+    with open(out.with_name(f".{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare(out, args.force)
+
+
+def _prepare(out: Path, force: bool) -> int:
+    if (out / READY_FILE).is_file() and not force:
         print(f"{out}: complete (READY exists), nothing to do")
         return 0
     gguf_path = find_gguf()
