@@ -118,15 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile: {how}")
     for n in fit_notes:
         print(f"  note: {n}")
-    print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, token return {profile.token_return_s * 1e3:.3f} ms, "
+    print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
+          f"token return {profile.token_return_s * 1e3:.3f} ms, "
           f"link latency {profile.link.latency_s * 1e3:.3f} ms")
     print()
-    print(f"| metric | real | simulated | sim vs real |")
+    print("| metric | real | simulated | sim vs real |")
     print("|---|---|---|---|")
     for key, label in METRICS:
         r, s = float(real.get(key, math.nan)), float(sim.get(key, math.nan))
         print(f"| {label} | {r:.1f} | {s:.1f} | {_pct(s, r)} |")
-    print(f"| microbatches | {real_mb} | {result.num_microbatches} | {_pct(result.num_microbatches, real_mb)} |")
+    sim_mb = result.num_microbatches
+    print(f"| microbatches | {real_mb} | {sim_mb} | {_pct(sim_mb, real_mb)} |")
     print()
     print("| stage | iterations | median error in-sample | median bias | p90 error | median error held out |")
     print("|---|---|---|---|---|---|")

@@ -237,7 +237,8 @@ def test_cli_writes_a_profile_the_simulator_runs(cpu_run, tmp_path):
     assert res.exit_code == 0, res.output
     assert "stage 1 (15 layers)" in res.output and "host overhead" in res.output
     assert load_profile(out).provenance["source"] == "records"
-    res = runner.invoke(app, ["simulate", "--profile", str(out), "-w", "random:256:64", "-n", "10", "-r", "0.5"])
+    res = runner.invoke(app, ["simulate", "--profile", str(out), "-w", "random:256:64", "-n", "10",
+                              "-r", "0.5"])
     assert res.exit_code == 0, res.output
 
 
