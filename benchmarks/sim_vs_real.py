@@ -1,12 +1,19 @@
 """The simulator against a recorded real run, any engine: same requests, same scheduler settings.
 
     python benchmarks/sim_vs_real.py RUN_DIR                     # profile fitted to RUN_DIR itself
+    python benchmarks/sim_vs_real.py RUN_DIR --record vllm       # first serve, load and record it
     python benchmarks/sim_vs_real.py RUN_DIR --profile-from DIR2  # fitted to another run (held out)
     python benchmarks/sim_vs_real.py RUN_DIR --profile P.json     # any profile file
 
 RUN_DIR is a run folder (fastpp.run_files) with its setup in summary.json: ``fastpp serve
 --backend torch|vllm|sglang --record-dir``, or ``fastpp simulate -o``. The script
 
+0. with ``--record BACKEND``: serves SmolLM2-135M pp 2 (``fastpp serve --backend BACKEND --model
+   smollm2 --pp 2 --policy POLICY --record-dir RUN_DIR``; vllm and sglang need the engine
+   environments of scripts/engines/, ``FASTPP_ENGINES_DIR``), sends one ``fastpp bench`` load
+   (``-w``, ``-n``, ``-r``, Poisson arrivals, ``--seed``), stops the server (which writes the
+   records) and goes on with RUN_DIR; the load average before and after is printed, since on a
+   shared machine it moves the real side;
 1. fits a profile to the records (``fastpp.records_profile``, what ``fastpp profile
    --from-records`` writes), unless one is given;
 2. replays the run's requests in the simulator: arrival times, prompt lengths and the number of
@@ -26,7 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,6 +83,37 @@ def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:
     return iteration_errors(fitted.profile, odd)
 
 
+def record_run(run_dir: Path, args: argparse.Namespace) -> None:
+    """Serve with --record-dir, send one bench load, stop the server (step 0 of the docstring)."""
+    import httpx
+
+    from fastpp.backends.openai_server.launcher import FASTPP_COMMAND, ServerProcess
+
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise SystemExit(f"{run_dir} is not empty: give a new folder to --record into")
+    serve = ["--backend", args.record, "--model", "smollm2", "--pp", "2", "--policy", args.policy,
+             "--record-dir", str(run_dir), *args.serve_arg]
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    started = time.monotonic()
+    with ServerProcess(*serve, start_timeout_s=1200) as srv:
+        print(f"server ({' '.join(serve)}) ready in {time.monotonic() - started:.0f} s", flush=True)
+        model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        bench = [*FASTPP_COMMAND, "bench", "--base-url", srv.url, "-m", model, "-w", args.workload,
+                 "-n", str(args.num_prompts), "-r", str(args.rate), "--arrival", "poisson",
+                 "--seed", str(args.seed), "-o", str(run_dir) + ".bench.jsonl", "-q"]
+        print(" ".join(bench[len(FASTPP_COMMAND):]), flush=True)
+        t0 = time.monotonic()
+        done = subprocess.run(bench, capture_output=True, text=True)
+        print(f"bench: {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.2f}", flush=True)
+        if done.returncode != 0:
+            raise SystemExit(f"fastpp bench failed:\n{done.stdout}\n{done.stderr}")
+        code = srv.stop(timeout_s=180)
+        Path(str(run_dir) + ".serve.log").write_text(srv.log())
+    if not (run_dir / SUMMARY).is_file():
+        raise SystemExit(f"the server (exit {code}) wrote no {SUMMARY} into {run_dir}: "
+                         f"see {run_dir}.serve.log")
+
+
 def _pct(sim: float, real: float) -> str:
     if not (math.isfinite(sim) and math.isfinite(real)) or real == 0:
         return "n/a"
@@ -86,7 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--profile", help="a profile file (or shipped profile name) instead of fitting one")
     src.add_argument("--profile-from", type=Path, help="fit the profile to this other run folder")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
+    rec = ap.add_argument_group("recording a run first (--record)")
+    rec.add_argument("--record", choices=("vllm", "sglang", "torch"),
+                     help="serve this backend and record RUN_DIR")
+    rec.add_argument("--policy", default="static", help="the served policy (default static: the engine's own "
+                     "budget, which for vLLM schedules what stock vLLM does)")
+    rec.add_argument("-w", "--workload", default="random:256:64", help="fastpp bench workload")
+    rec.add_argument("-n", "--num-prompts", type=int, default=60)
+    rec.add_argument("-r", "--rate", type=float, default=0.5, help="Poisson arrivals, req/s")
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--serve-arg", action="append", default=[], help="one more fastpp serve argument")
     args = ap.parse_args(argv)
+    if args.record:
+        record_run(args.run_dir, args)
 
     run = read_run(args.run_dir)
     setup = RunSetup.from_summary(run.summary, args.run_dir / SUMMARY)

@@ -5,7 +5,13 @@ reader sees each line at once, and a killed engine still leaves its records up t
 
 * ``decisions.jsonl``: one line per ``schedule()`` call: the slot, the budget and decodes our
   policies chose, and what vLLM's SchedulerOutput scheduled (``scheduled``: request id ->
-  tokens). Tests compare the two.
+  tokens). Tests compare the two. ``at`` and ``schedule_started_at``: when the call returned
+  and was entered (the host's scheduling time per microbatch, ours included).
+* ``returns.jsonl``: one line per folded-in output: when ``update_from_output`` was entered
+  (``update_started_at``: the engine core had the sampled tokens), when vLLM's part returned
+  (``returned_at``: the token instants of requests.jsonl) and when ours did (``done_at``).
+  With the stage times of iterations.csv these give the host side of the PP loop
+  (docs/engines/vllm.md).
 * ``requests.jsonl`` (one RequestRecord per ended request) and ``iterations.csv`` (one
   IterationRecord per stage and microbatch).
 
@@ -32,6 +38,7 @@ from fastpp.types import SLO, IterationRecord, RequestRecord
 log = logging.getLogger("fastpp.vllm")
 
 DECISIONS = "decisions.jsonl"
+RETURNS = "returns.jsonl"
 
 
 class RunRecorder:
@@ -49,6 +56,7 @@ class RunRecorder:
         self.iterations: list[IterationRecord] = []
         # line-buffered: one write per line, a few microseconds against steps of milliseconds
         self._decisions = (self.out_dir / DECISIONS).open("w", buffering=1, encoding="utf-8")
+        self._returns = (self.out_dir / RETURNS).open("w", buffering=1, encoding="utf-8")
         self._requests = (self.out_dir / REQUESTS).open("w", buffering=1, encoding="utf-8")
         self._iterations_file = (self.out_dir / ITERATIONS).open("w", buffering=1, encoding="utf-8",
                                                                  newline="")
@@ -58,6 +66,9 @@ class RunRecorder:
 
     def on_decision(self, entry: dict) -> None:
         self._decisions.write(json.dumps(entry, separators=(",", ":")) + "\n")
+
+    def on_return(self, entry: dict) -> None:
+        self._returns.write(json.dumps(entry, separators=(",", ":")) + "\n")
 
     def on_iteration(self, rec: IterationRecord) -> None:
         self.iterations.append(rec)
@@ -72,7 +83,7 @@ class RunRecorder:
         if self._closed:
             return
         self._closed = True
-        for f in (self._decisions, self._requests, self._iterations_file):
+        for f in (self._decisions, self._returns, self._requests, self._iterations_file):
             f.close()
         records = sorted([*self.requests, *(unfinished or [])], key=lambda r: r.req_id)
         summary = summarize(records, slo=self.slo, backend=self.backend) if records else {}

@@ -134,8 +134,9 @@ class FastPPScheduler(Scheduler):
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        started = self.fastpp.clock()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.fastpp.returned(scheduler_output)
+        self.fastpp.returned(scheduler_output, started)
         return outputs
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
