@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from fastpp.metrics import summarize
+from fastpp.pipeline import BatchQueueDriver
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
 from fastpp.profile_names import resolve_profile
@@ -68,11 +69,21 @@ def replay_requests(records: list[RequestRecord]) -> tuple[list[Request], float]
     return [Request(r.req_id, r.arrived_at - t0, r.prompt_len, r.num_generated) for r in kept], t0
 
 
-def simulate(profile: Profile, setup: RunSetup, requests: list[Request]):
+def host_loop_of(setup: RunSetup) -> str:
+    """The host loop the engine runs: ``batch-queue`` for vLLM (fastpp.pipeline.BatchQueueDriver),
+    ``free-slots`` (our PipelineDriver: SGLang's loop, our engine's, the simulator's) otherwise."""
+    return "batch-queue" if setup.engine.startswith("vllm") and setup.pp > 1 else "free-slots"
+
+
+def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_loop: str = "free-slots"):
     config = replace(setup.scheduler, num_slots=profile.pp)
     chunk_policy, balancer = make_policies(setup.policy, config, profile)
     scheduler = Scheduler(config, lambda: 0.0, chunk_policy, balancer)
-    return PipelineSimulation(profile, scheduler, requests).run()
+    sim = PipelineSimulation(profile, scheduler, requests)
+    if host_loop == "batch-queue":
+        # the simulation asks its driver for every launch and return; this one runs vLLM's loop
+        sim.driver = BatchQueueDriver(scheduler, profile.pp)
+    return sim.run()
 
 
 def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:
@@ -127,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--profile", help="a profile file (or shipped profile name) instead of fitting one")
     src.add_argument("--profile-from", type=Path, help="fit the profile to this other run folder")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
+    ap.add_argument("--host-loop", choices=("auto", "batch-queue", "free-slots"), default="auto",
+                    help="the simulated host loop: vLLM's batch queue or launch-into-any-free-slot "
+                         "(default auto: from the run's engine)")
     rec = ap.add_argument_group("recording a run first (--record)")
     rec.add_argument("--record", choices=("vllm", "sglang", "torch"),
                      help="serve this backend and record RUN_DIR")
@@ -159,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     requests, _ = replay_requests(run.records)
     kept = {r.req_id for r in requests}
     real_records = [r for r in run.records if r.req_id in kept]
-    result = simulate(profile, setup, requests)
+    host_loop = host_loop_of(setup) if args.host_loop == "auto" else args.host_loop
+    result = simulate(profile, setup, requests, host_loop)
     real = summarize(real_records, slo=setup.scheduler.slo, backend=setup.engine)
     sim = summarize(result.records, slo=setup.scheduler.slo, backend="fastpp-sim")
     real_mb = len({it.mb_id for it in run.iterations})
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"run: {args.run_dir} ({setup.engine}, {setup.device}, pp={setup.pp}, policy {setup.policy}, "
           f"{len(requests)} requests replayed)")
-    print(f"profile: {how}")
+    print(f"profile: {how}; simulated host loop: {host_loop}")
     for n in fit_notes:
         print(f"  note: {n}")
     print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
@@ -191,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['p90_ape']:.1%} | {held} |")
     if args.json:
         out = {"run_dir": str(args.run_dir), "engine": setup.engine, "policy": setup.policy, "profile": how,
+               "host_loop": host_loop,
                "real": {k: real.get(k) for k, _ in METRICS}, "sim": {k: sim.get(k) for k, _ in METRICS},
                "microbatches": {"real": real_mb, "sim": result.num_microbatches},
                "iteration_errors": in_sample, "iteration_errors_held_out": held_out,
