@@ -90,8 +90,11 @@ class BatchQueueDriver(PipelineDriver):
     * After a call that scheduled nothing, or one that filled the queue (``num_slots``
       outputs), the host blocks on the oldest output in flight and launches nothing until it
       returns (FIFO), whatever arrives meanwhile. An empty output resolves at once.
-    * With nothing in flight the host keeps calling (vLLM's loop spins through empty calls),
-      so every slot gets its turn before ``next_plan`` reports nothing to run.
+    * The host calls ``schedule()`` only while there are requests (vLLM's ``has_requests``),
+      plus once after a return that ended requests (their ids go to the workers in the next
+      call); with requests but nothing launchable and nothing in flight it keeps calling, so
+      every slot gets its turn before ``next_plan`` reports nothing to run. Which slot a
+      request arriving after an idle spell lands in depends on these calls.
     """
 
     def __init__(self, scheduler: Scheduler, num_stages: int, *, record_iterations: bool = True) -> None:
@@ -99,6 +102,7 @@ class BatchQueueDriver(PipelineDriver):
         self._seq = 0  # schedule() calls so far
         self._queue: list[MicroBatchPlan | None] = []  # oldest first; None = an empty output
         self._blocked = False  # waiting on the oldest real output
+        self._flush_finished = False  # a return ended requests: one more call tells the workers
         self.empty_calls = 0  # schedule() calls that scheduled nothing (the frozen split's sign)
 
     def _pop_empty_head(self) -> None:
@@ -111,6 +115,9 @@ class BatchQueueDriver(PipelineDriver):
         sched = self.scheduler
         n = self._num_slots
         for _ in range(n):  # at most one turn of every slot without a launch
+            if not (sched.has_work or self._flush_finished):
+                return None  # vLLM's loop does not call schedule() without requests
+            self._flush_finished = False
             slot = self._seq % n
             plan = sched.schedule(slot) if sched.is_slot_free(slot) else None
             self._seq += 1
@@ -134,4 +141,7 @@ class BatchQueueDriver(PipelineDriver):
             raise RuntimeError(f"microbatch {plan.mb_id} returned out of launch order")
         self._queue.pop(0)
         self._blocked = False
-        return super().returned(plan, stop_ids)
+        out = super().returned(plan, stop_ids)
+        if out.finished:
+            self._flush_finished = True
+        return out

@@ -32,6 +32,7 @@ from fastpp.profile import LinearTable
 # table_points: a count seen this often is a point; rarer ones at least POINT_RATIO apart
 POINT_MIN_COUNT = 3
 POINT_RATIO = 1.25
+REWEIGHT_ROUNDS = 2  # fit_stage: refits weighted by the fitted time (see there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +151,16 @@ def fit_stage(features: Sequence[Sequence[int]], seconds: Sequence[float], token
     steps = _table_rows(X[:, 0], points)
     # extra columns scaled to O(1) so the problem is well conditioned
     scale = np.maximum(extra.max(axis=0), 1.0)
-    w = 1.0 / y  # relative residuals
-    sol = nnls(np.hstack([steps, extra / scale]) * w[:, None], y * w)
+    A = np.hstack([steps, extra / scale])
+    # Relative residuals, so 40 ms decodes count as much as 400 ms prefills. Weighting by the
+    # recorded time (1/y) would pull every estimate below the mean of noisy repeats (small y
+    # weigh more); so refit with the fitted time's weight (1/prediction, as a GLM with a
+    # constant coefficient of variation): at a table point the estimate is then the mean of
+    # its repeats, which is what sums of stage times (latency, throughput) need.
+    w = 1.0 / y
+    for _ in range(1 + REWEIGHT_ROUNDS):
+        sol = nnls(A * w[:, None], y * w)
+        w = 1.0 / np.maximum(A @ sol, 0.1 * y)
     coef = sol[len(points):] / scale
     table = LinearTable(tuple(points), tuple(float(s) for s in np.cumsum(sol[:len(points)])))
     sampled_s = float(coef[3]) if sampled is not None else 0.0
