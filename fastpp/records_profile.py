@@ -168,6 +168,9 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         outliers.append(dropped)
         median_ape.append(med)
 
+    top = min(fit.table.tokens[-1] for fit in fits)
+    notes.append(f"stage tables cover the recorded microbatch sizes, 1 .. {top} tokens; larger microbatches "
+                 "are extrapolated along the last segment (record a run with the sizes you will simulate)")
     dtype_bytes = DTYPE_BYTES.get(setup.dtype or "", shape.dtype_bytes)
     act_bytes = shape.hidden_size * dtype_bytes
     link, link_gaps, link_note = _fit_link(by_stage, act_bytes)
