@@ -198,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     sim_mb = result.num_microbatches
     print(f"| microbatches | {real_mb} | {sim_mb} | {_pct(sim_mb, real_mb)} |")
     print()
-    print("| stage | iterations | median error in-sample | median bias | p90 error | median error held out |")
+    # the profile's own error on this run's iterations: in-sample when fitted to this run; with
+    # --profile-from, held out across runs; the last column refits on this run's even
+    # microbatches and checks the odd ones (held out within the run)
+    own = "in-sample" if args.profile is None and args.profile_from is None else "profile given"
+    print(f"| stage | iterations | median error ({own}) | median bias | p90 error | "
+          "median error, fit even mb / check odd |")
     print("|---|---|---|---|---|---|")
     for k, row in enumerate(in_sample):
         held = f"{held_out[k]['median_ape']:.1%}" if held_out else "n/a"
