@@ -270,3 +270,57 @@ def test_cli_names_what_is_missing(cpu_run, tmp_path):
 def test_model_shape_round_trip():
     shape = ModelShape("m", 2, 64, 4, 2, 16, 128, 256, 512)
     assert ModelShape.from_dict(shape.to_dict()) == shape
+
+
+# ------------------------------------------------------------------------------ sim vs real script
+
+def test_sim_vs_real_replays_a_recorded_run(cpu_run, tmp_path):
+    """benchmarks/sim_vs_real.py on a run folder the simulator wrote: fitting its records and
+    replaying its requests gives back its latencies (the script's whole path, no engine)."""
+    import runpy
+
+    _, run_dir = cpu_run
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "sim_vs_real.py"))
+    out = tmp_path / "cmp.json"
+    assert script["main"]([str(run_dir), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["engine"] == "fastpp-sim" and got["host_loop"] == "free-slots"
+    for key in ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms"):
+        assert got["sim"][key] == pytest.approx(got["real"][key], rel=0.05), key
+    assert got["microbatches"]["sim"] == pytest.approx(got["microbatches"]["real"], rel=0.05)
+    assert all(row["median_ape"] < 0.01 for row in got["iteration_errors"])
+    # a vLLM run is replayed with vLLM's batch-queue host loop
+    setup = RunSetup.from_summary(json.loads((run_dir / SUMMARY).read_text()))
+    assert script["host_loop_of"](replace(setup, engine="vllm 0.32.0")) == "batch-queue"
+
+
+def test_vllm_host_side_reads_a_record_dir(tmp_path):
+    """benchmarks/vllm_host_side.py on a hand-made vLLM record dir with known instants."""
+    import runpy
+
+    def line(**kw) -> str:
+        return json.dumps(kw) + "\n"
+
+    # mb 0 (slot 0) and mb 2 (slot 0) compute; mb 1 (slot 1) is an empty call between them
+    (tmp_path / "decisions.jsonl").write_text(
+        line(mb_id=0, slot=0, schedule_started_at=1.0000, at=1.0004, total_scheduled=4)
+        + line(mb_id=1, slot=1, schedule_started_at=1.0005, at=1.0006, total_scheduled=0)
+        + line(mb_id=2, slot=0, schedule_started_at=1.1030, at=1.1033, total_scheduled=1))
+    (tmp_path / "returns.jsonl").write_text(
+        line(mb_id=0, update_started_at=1.1010, returned_at=1.1012, done_at=1.1015)
+        + line(mb_id=1, update_started_at=1.1016, returned_at=1.1016, done_at=1.1016)
+        + line(mb_id=2, update_started_at=1.2050, returned_at=1.2052, done_at=1.2055))
+    its = [IterationRecord(0, 0, 0, 1.0010, 1.0500, 4, 4, 0, 0, 16, 0, 256, "static", 1),
+           IterationRecord(0, 1, 0, 1.0500, 1.1000, 4, 4, 0, 0, 16, 0, 256, "static", 1),
+           IterationRecord(2, 0, 0, 1.1040, 1.1500, 1, 0, 1, 0, 0, 5, 256, "static", 1),
+           IterationRecord(2, 1, 0, 1.1500, 1.2000, 1, 0, 1, 0, 0, 5, 256, "static", 1)]
+    write_run(tmp_path, [], its, {})
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_host_side.py"))
+    got = script["host_side"](tmp_path)
+    assert (got["pp"], got["schedule_calls"], got["empty_calls"]) == (2, 3, 1)
+    assert got["schedule_s"]["median_ms"] == pytest.approx(0.35)  # 0.4 and 0.3 ms
+    assert got["launch_s"]["median_ms"] == pytest.approx(0.65)  # 0.6 and 0.7 ms
+    assert got["last_stage_end_to_token_s"]["median_ms"] == pytest.approx(3.2)  # 1.2 and 5.2 ms
+    assert got["slot_cycle_gap_s"] == {"n": 1, "median_ms": pytest.approx(4.0), "p10_ms": pytest.approx(4.0),
+                                       "p90_ms": pytest.approx(4.0)}
+    assert got["scheduled_while_computing"] == 0.0
