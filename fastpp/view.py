@@ -200,23 +200,13 @@ class PolicyView(Protocol):
         ...
 
 
-class SchedulerView:
-    """Our Scheduler's :class:`PolicyView`: a facade over its queue, slots, KV pool and signals."""
+class DeploymentFields:
+    """The deployment part of a :class:`PolicyView`, read from a ``SchedulerConfig``: every view
+    (ours, and the engine backends') derives from this and sets ``_config``."""
 
-    __slots__ = ("_config", "_queue", "_slots", "_kv", "_signals", "_in_flight", "now", "slot")
+    __slots__ = ()
+    _config: SchedulerConfig
 
-    def __init__(self, config: SchedulerConfig, queue: WaitingQueue, slots: DecodeSlots, kv: KVPool,
-                 signals: Signals, in_flight: list) -> None:
-        self._config = config
-        self._queue = queue
-        self._slots = slots
-        self._kv = kv
-        self._signals = signals
-        self._in_flight = in_flight  # the scheduler's list, mutated in place
-        self.now = 0.0  # set by the scheduler before each decision
-        self.slot = 0
-
-    # -- clock and deployment
     @property
     def num_slots(self) -> int:
         return self._config.num_slots
@@ -236,6 +226,23 @@ class SchedulerView:
     @property
     def token_step(self) -> int:
         return self._config.token_step
+
+
+class SchedulerView(DeploymentFields):
+    """Our Scheduler's :class:`PolicyView`: a facade over its queue, slots, KV pool and signals."""
+
+    __slots__ = ("_config", "_queue", "_slots", "_kv", "_signals", "_in_flight", "now", "slot")
+
+    def __init__(self, config: SchedulerConfig, queue: WaitingQueue, slots: DecodeSlots, kv: KVPool,
+                 signals: Signals, in_flight: list) -> None:
+        self._config = config
+        self._queue = queue
+        self._slots = slots
+        self._kv = kv
+        self._signals = signals
+        self._in_flight = in_flight  # the scheduler's list, mutated in place
+        self.now = 0.0  # set by the scheduler before each decision
+        self.slot = 0
 
     # -- memory
     @property

@@ -36,7 +36,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 
 async def send_error(send: Callable, error: APIError,
                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    body = json.dumps(error.body()).encode()
+    body = json.dumps(error.body(), separators=(",", ":")).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": error.status, "headers": head})
     await send({"type": "http.response.body", "body": body, "more_body": False})

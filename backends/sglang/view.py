@@ -20,7 +20,7 @@ from typing import Any
 
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.signals import Signals
-from fastpp.types import SLO
+from fastpp.view import DeploymentFields
 
 
 @dataclass(slots=True)
@@ -55,7 +55,7 @@ def req_tokens_computed(req: Any) -> int:
     return max(int(getattr(req, "prefix_len", 0) or 0), int(end or 0))
 
 
-class SGLangView:
+class SGLangView(DeploymentFields):
     """The policy view of one SGLang scheduler at one scheduling step (see the module doc).
 
     ``ids`` maps SGLang's request ids (strings) to our ints and arrival times; ``live_batch``
@@ -87,27 +87,6 @@ class SGLangView:
         self.slot = slot
         self.live_batch = live_batch
         self.now = self._clock()
-
-    # -- deployment -------------------------------------------------------------------------
-    @property
-    def num_slots(self) -> int:
-        return self._config.num_slots
-
-    @property
-    def slo(self) -> SLO:
-        return self._config.slo
-
-    @property
-    def chunk_candidates(self) -> tuple[int, ...]:
-        return self._config.chunk_candidates
-
-    @property
-    def default_chunk(self) -> int:
-        return self._config.default_chunk
-
-    @property
-    def token_step(self) -> int:
-        return self._config.token_step
 
     # -- memory -----------------------------------------------------------------------------
     @property

@@ -22,20 +22,20 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from fastpp.backends.vllm.tracked import TrackedRequest
-from fastpp.types import SLO
-from fastpp.view import Sample
+from fastpp.view import DeploymentFields, Sample
 
 if TYPE_CHECKING:
     from fastpp.backends.vllm.adapter import Adapter
 
 
-class VllmView:
+class VllmView(DeploymentFields):
     """The policy view of one vLLM engine core. Values are live; see the module docstring."""
 
-    __slots__ = ("_a", "now", "slot", "_queue")
+    __slots__ = ("_a", "_config", "now", "slot", "_queue")
 
     def __init__(self, adapter: Adapter) -> None:
         self._a = adapter
+        self._config = adapter.config
         self.now = 0.0
         self.slot = 0
         self._queue: tuple[list[TrackedRequest], TrackedRequest | None] | None = None
@@ -59,27 +59,6 @@ class VllmView:
     def has_prefill_work(self) -> bool:
         waiting, chunked = self._waiting()
         return bool(waiting) or chunked is not None
-
-    # -- clock and deployment
-    @property
-    def num_slots(self) -> int:
-        return self._a.config.num_slots
-
-    @property
-    def slo(self) -> SLO:
-        return self._a.config.slo
-
-    @property
-    def chunk_candidates(self) -> tuple[int, ...]:
-        return self._a.config.chunk_candidates
-
-    @property
-    def default_chunk(self) -> int:
-        return self._a.config.default_chunk
-
-    @property
-    def token_step(self) -> int:
-        return self._a.config.token_step
 
     # -- memory
     @property
