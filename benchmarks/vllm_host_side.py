@@ -20,7 +20,8 @@ return path (last stage ends -> update_from_output entered -> vLLM folded the to
 done); the slot's cycle gap (last stage ends -> stage 0 starts the slot's next microbatch) and
 what the records profile takes from it (``fastpp.records_profile``: token return and host
 overhead). Also: the share of schedule() calls that ran while a microbatch was computing on some
-stage (scheduling overlapped with compute), and the share of calls that scheduled nothing.
+stage (scheduling overlapped with compute), the share of calls that scheduled nothing, and the
+share of stage 0's busy time during which a later stage computed too (the pipelining).
 """
 
 from __future__ import annotations
@@ -104,7 +105,24 @@ def host_side(run_dir: Path) -> dict:
         if nxt is not None and nxt - mb == pp:  # the slot's very next launch carried work
             cycle.append(by_mb[nxt][0][0] - by_mb[mb][pp - 1][1])
     out["slot_cycle_gap_s"] = _stats(cycle)
+    out["stage0_busy_while_later_stage_busy"] = _overlap_share(
+        [(it.started_at, it.finished_at) for it in its if it.stage == 0],
+        [(it.started_at, it.finished_at) for it in its if it.stage > 0])
     return out
+
+
+def _overlap_share(first: list[tuple[float, float]], later: list[tuple[float, float]]) -> float:
+    """Share of stage 0's busy time during which a later stage computes too: how much the
+    pipeline actually pipelines (0 when one microbatch crosses the stages at a time)."""
+    later = sorted(later)
+    both = 0.0
+    for a, b in first:
+        for c, e in later:
+            if c >= b:
+                break
+            both += max(0.0, min(b, e) - max(a, c))
+    busy = sum(b - a for a, b in first)
+    return both / busy if busy > 0 else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     out = host_side(args.run_dir)
     print(f"{args.run_dir}: pp={out['pp']}, {out['schedule_calls']} schedule() calls, "
           f"{out['empty_calls']} scheduled nothing; "
-          f"{out['scheduled_while_computing']:.0%} of the non-empty calls ran while a stage computed")
+          f"{out['scheduled_while_computing']:.0%} of the non-empty calls ran while a stage computed; "
+          f"stage 0 computed alongside a later stage {out['stage0_busy_while_later_stage_busy']:.1%} "
+          "of its busy time")
     print("| host-side step (non-empty microbatches) | n | median ms | p10 ms | p90 ms |")
     print("|---|---|---|---|---|")
     labels = (("schedule_s", "schedule() (our decision + vLLM's)"),

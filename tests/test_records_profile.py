@@ -324,3 +324,5 @@ def test_vllm_host_side_reads_a_record_dir(tmp_path):
     assert got["slot_cycle_gap_s"] == {"n": 1, "median_ms": pytest.approx(4.0), "p10_ms": pytest.approx(4.0),
                                        "p90_ms": pytest.approx(4.0)}
     assert got["scheduled_while_computing"] == 0.0
+    assert got["stage0_busy_while_later_stage_busy"] == 0.0  # one microbatch in the pipe at a time
+    assert script["_overlap_share"]([(0.0, 2.0), (4.0, 5.0)], [(1.0, 3.0), (4.5, 6.0)]) == pytest.approx(0.5)
