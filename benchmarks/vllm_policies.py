@@ -19,8 +19,8 @@ Deployments are labels: ``stock`` (vLLM's own scheduler), or a policy spec for o
 ``--token-step`` (default 1: a CPU has no tile step, so the delay scheduler's tier is one
 request and it evens decode counts across the two microbatches). ``predictive`` gets
 ``--profile`` (default: the torch engine's SmolLM2 pp 2 profile, which it corrects online from
-vLLM's measured stage times; vLLM's own profile needs ``fastpp profile --from-records``, not
-written yet).
+vLLM's measured stage times; a profile of vLLM itself comes from a recorded run with ``fastpp
+profile --from-records RUN_DIR``).
 
 Prints, per load and deployment, the mean and the spread (min..max over reps) of output
 throughput, TTFT P50/P90, TPOT P50/P90 and goodput: requests per second that met both SLOs

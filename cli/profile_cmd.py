@@ -1,5 +1,6 @@
-"""``fastpp profile``: write a deployment profile, analytic (a named GPU and model) or measured on
-the CPU engine (``--backend torch``).
+"""``fastpp profile``: write a deployment profile, analytic (a named GPU and model), measured on
+the CPU engine (``--backend torch``), or fitted to a recorded run of any engine
+(``--from-records DIR``, ``fastpp.records_profile``).
 
 Defaults live in ``TorchProfileConfig`` / ``ProfileGrid`` and ``analytic_profile``; an option left
 unset takes theirs.
@@ -23,8 +24,9 @@ ANALYTIC_MODEL, ANALYTIC_GPU, ANALYTIC_DEPLOY = "Qwen2.5-32B", "A100-40GB-PCIe",
 
 
 def profile(
-    backend: Annotated[str, typer.Option(help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine.")] = "analytic",
-    model: Annotated[str | None, typer.Option("--model", "-m", help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m]")] = None,
+    backend: Annotated[str | None, typer.Option(help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine. [default: analytic]")] = None,
+    from_records: Annotated[Path | None, typer.Option("--from-records", help="Fit the profile to a recorded run folder instead (any engine: fastpp serve --record-dir, vLLM, SGLang, fastpp simulate -o).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m; --from-records: the run's recorded shape] With --from-records also a Hugging Face directory or config.json.")] = None,
     gpu: Annotated[str | None, typer.Option(help=f"GPU name (analytic only). [default: {ANALYTIC_GPU}]")] = None,
     deploy: Annotated[str | None, typer.Option("--deploy", "-d", help=f"pp4, tp4, pp2tp2 ... (torch: ppN only). [default: {ANALYTIC_DEPLOY}; torch: pp2]")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (instead of --deploy).")] = None,
@@ -39,7 +41,18 @@ def profile(
     no_link: Annotated[bool, typer.Option("--no-link", help="torch: skip the gloo link measurement (an assumed link is written and said so).")] = False,
     concurrent_load: Annotated[bool, typer.Option("--concurrent-load", help="torch, pp >= 2: time each stage while the other stages loop forward passes in their own processes, as they compute at once when serving.")] = False,
 ) -> None:
-    """Write a profile: analytic (roofline calibrated on measured GPU tables) or measured on the CPU engine."""
+    """Write a profile: analytic (roofline calibrated on measured GPU tables), measured on the CPU engine, or fitted to a recorded run (--from-records)."""
+    if from_records is not None:
+        others = {"--backend": backend, "--gpu": gpu, "--deploy": deploy, "--pp": pp, "--weights": weights,
+                  "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens, "--max-tokens": max_tokens,
+                  "--repeats": repeats, "--quick": quick or None, "--no-link": no_link or None,
+                  "--concurrent-load": concurrent_load or None}
+        given_flags = [name for name, value in others.items() if value is not None]
+        if given_flags:
+            fail(f"{', '.join(given_flags)} cannot be combined with --from-records (the run's setup says what ran)")
+        _from_records(from_records, model, out)
+        return
+    backend = backend or "analytic"
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if deploy is not None and pp is not None:
@@ -58,6 +71,30 @@ def profile(
         fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
     _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
            concurrent_load)
+
+
+def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
+    from fastpp.profile import save_profile
+    from fastpp.records_profile import profile_from_records
+    from fastpp.sim.models import resolve_model
+
+    if not run_dir.is_dir():
+        fail(f"--from-records {run_dir}: not a folder")
+    try:
+        shape = None if model is None else resolve_model(model)
+    except ValueError as exc:
+        fail(f"--model: {exc}")
+        return
+    try:
+        result = profile_from_records(run_dir, model=shape)
+    except (OSError, ValueError) as exc:  # a missing file, or a field the fit needs
+        fail(str(exc))
+        return
+    path = out or Path(f"{result.profile.name}.json")
+    save_profile(result.profile, path)
+    for line in result.summary_lines():
+        console.print(line)
+    console.print(f"wrote {path}; simulate with: fastpp simulate --profile {path}")
 
 
 def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:

@@ -28,7 +28,7 @@ def iteration_record(plan: MicroBatchPlan, stage: int, started_at: float,
     return IterationRecord(
         plan.mb_id, stage, plan.slot, started_at, finished_at, plan.num_tokens,
         plan.num_prefill_tokens, len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq,
-        plan.sum_dec_ctx, plan.chunk_budget, plan.reason,
+        plan.sum_dec_ctx, plan.chunk_budget, plan.reason, plan.num_sampled,
     )
 
 
@@ -89,3 +89,71 @@ class PipelineDriver:
     def returned(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
         """The sampled tokens of ``plan`` are back: fold them in (see ``Scheduler.update``)."""
         return self.scheduler.update(plan, stop_ids)
+
+
+class BatchQueueDriver(PipelineDriver):
+    """The host loop of vLLM's engine core with pp > 1 (``EngineCore.step_with_batch_queue``,
+    docs/engines/vllm.md section 1), for replaying vLLM runs in the simulator.
+
+    Differences from :class:`PipelineDriver`, each measured in vLLM's records:
+
+    * Slots strictly in turn: the k-th ``schedule()`` call launches slot ``k % num_slots``,
+      and a call that schedules nothing uses its turn too (vLLM queues empty outputs).
+    * After a call that scheduled nothing, or one that filled the queue (``num_slots``
+      outputs), the host blocks on the oldest output in flight and launches nothing until it
+      returns (FIFO), whatever arrives meanwhile. An empty output resolves at once.
+    * The host calls ``schedule()`` only while there are requests (vLLM's ``has_requests``),
+      plus once after a return that ended requests (their ids go to the workers in the next
+      call); with requests but nothing launchable and nothing in flight it keeps calling, so
+      every slot gets its turn before ``next_plan`` reports nothing to run. Which slot a
+      request arriving after an idle spell lands in depends on these calls.
+    """
+
+    def __init__(self, scheduler: Scheduler, num_stages: int, *, record_iterations: bool = True) -> None:
+        super().__init__(scheduler, num_stages, record_iterations=record_iterations)
+        self._seq = 0  # schedule() calls so far
+        self._queue: list[MicroBatchPlan | None] = []  # oldest first; None = an empty output
+        self._blocked = False  # waiting on the oldest real output
+        self._flush_finished = False  # a return ended requests: one more call tells the workers
+        self.empty_calls = 0  # schedule() calls that scheduled nothing (the frozen split's sign)
+
+    def _pop_empty_head(self) -> None:
+        while self._queue and self._queue[0] is None:
+            self._queue.pop(0)
+
+    def next_plan(self) -> MicroBatchPlan | None:
+        if self._blocked:
+            return None
+        sched = self.scheduler
+        n = self._num_slots
+        for _ in range(n):  # at most one turn of every slot without a launch
+            if not (sched.has_work or self._flush_finished):
+                return None  # vLLM's loop does not call schedule() without requests
+            self._flush_finished = False
+            slot = self._seq % n
+            plan = sched.schedule(slot) if sched.is_slot_free(slot) else None
+            self._seq += 1
+            self._queue.append(plan)
+            if plan is not None and len(self._queue) < n:
+                return plan  # the queue has room: the host schedules again at once
+            if plan is None:
+                self.empty_calls += 1
+            # vLLM pops the oldest output and waits for it: an empty one resolves at once
+            if self._queue[0] is None:
+                self._queue.pop(0)
+            else:
+                self._blocked = True
+            if plan is not None or self._blocked:
+                return plan
+        return None
+
+    def returned(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
+        self._pop_empty_head()
+        if not self._queue or self._queue[0] is not plan:
+            raise RuntimeError(f"microbatch {plan.mb_id} returned out of launch order")
+        self._queue.pop(0)
+        self._blocked = False
+        out = super().returned(plan, stop_ids)
+        if out.finished:
+            self._flush_finished = True
+        return out

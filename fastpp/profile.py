@@ -33,6 +33,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 KINDS = ("analytic", "measured")
+# bytes per element of the dtypes model configs and engines name
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 # Extrapolation window beyond the end of a LinearTable, in tokens: one A100/H100 GEMM tile
 # (128 rows), so extrapolation follows the average slope of the last full step, not a riser.
 _EXTRAPOLATION_WINDOW_TOKENS = 128
@@ -118,6 +120,38 @@ class ModelShape:
             raise ProfileError(
                 f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}",
                 "num_kv_heads")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], name: str | None = None,
+                       dtype_bytes: int | None = None) -> ModelShape:
+        """The shape in a Hugging Face ``config.json`` (as a dict) of a decoder-only model.
+        ``dtype_bytes`` defaults to the config's ``torch_dtype`` / ``dtype`` (2 when it names
+        none). ProfileError names a missing key."""
+        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                    "vocab_size"):
+            if key not in cfg:
+                raise ProfileError("missing key in the model's config.json", key)
+        heads = cfg["num_attention_heads"]
+        if dtype_bytes is None:
+            dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+            dtype_bytes = DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)
+        return cls(
+            name=name or cfg.get("_name_or_path") or cfg.get("model_type") or "model",
+            num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+            max_context=cfg.get("max_position_embeddings") or 2048, dtype_bytes=dtype_bytes,
+            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str = "model") -> ModelShape:
+        """Build from ``to_dict``'s output; ProfileError names the field under ``path``."""
+        return _build(cls, _take(_obj(d, path), _names(cls), path), path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +404,7 @@ class Profile:
             "provenance": dict(self.provenance),
             "gpu": self.gpu,
             "interconnect": self.interconnect,
-            "model": {f.name: getattr(self.model, f.name) for f in fields(self.model)},
+            "model": self.model.to_dict(),
             "pp": self.pp,
             "tp": self.tp,
             "kv_capacity_tokens": self.kv_capacity_tokens,
@@ -439,8 +473,7 @@ def _profile_from_dict(d: Any) -> Profile:
             f"unsupported version {d['schema_version']!r}, this fastpp reads {SCHEMA_VERSION}",
             "schema_version")
     kw = _take({k: v for k, v in d.items() if k != "schema_version"}, _names(Profile), "")
-    kw["model"] = _build(ModelShape, _take(_obj(kw["model"], "model"), _names(ModelShape),
-                                           "model"), "model")
+    kw["model"] = ModelShape.from_dict(kw["model"])
     kw["link"] = _build(LinkCost, _take(_obj(kw["link"], "link"), _names(LinkCost), "link"),
                         "link")
     if not isinstance(kw["stages"], list):

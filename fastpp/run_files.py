@@ -136,7 +136,9 @@ def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations:
 # ------------------------------------------------------------------------------------ reading
 
 _INT_FIELDS = {"mb_id", "stage", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
-               "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget"}
+               "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget", "num_sampled"}
+# columns a file may lack (written before they existed): their defaults are used
+_OPTIONAL_FIELDS = {"num_sampled": -1}
 
 
 def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[IterationRecord]:
@@ -147,7 +149,8 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
     out = []
     with path.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
-        missing = set(IterationRecord.__slots__) - set(reader.fieldnames or ())
+        header = set(reader.fieldnames or ())
+        missing = set(IterationRecord.__slots__) - header - set(_OPTIONAL_FIELDS)
         if missing:
             raise ValueError(f"{path}: header lacks {', '.join(sorted(missing))}")
         rows = list(reader)
@@ -156,6 +159,9 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
         for line, row in enumerate(rows, start=2):
             values: dict[str, Any] = {}
             for name in IterationRecord.__slots__:
+                if name not in header:
+                    values[name] = _OPTIONAL_FIELDS[name]
+                    continue
                 text = row[name]
                 try:
                     values[name] = (int(text) if name in _INT_FIELDS else
@@ -170,6 +176,8 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
 def _is_iteration_row(row: dict) -> bool:
     try:
         float(row["finished_at"]), int(row["chunk_budget"])
+        if "num_sampled" in row:  # the last column: a line cut short lacks it or has part of it
+            int(row["num_sampled"])
     except (TypeError, ValueError, KeyError):
         return False
     return True

@@ -161,6 +161,9 @@ class IterationRecord:
     sum_dec_ctx: int
     chunk_budget: int  # C the chunk policy chose for this microbatch
     reason: str = ""  # the chunk policy's stated reason for C
+    # tokens sampled (decodes + prefill chunks that complete their prompt): the LM head's rows;
+    # -1 = not known (files written before this field existed)
+    num_sampled: int = -1
 
     @property
     def duration_s(self) -> float:

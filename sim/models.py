@@ -17,6 +17,9 @@ All weights are BF16 (``dtype_bytes`` 2), the dtype SGLang serves these models i
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from fastpp.profile import ModelShape
 
 BF16_BYTES = 2  # bytes per bfloat16 element
@@ -62,6 +65,25 @@ def get_model(name: str) -> ModelShape:
         return MODELS[_ALIASES[_key(name)]]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def resolve_model(value: str) -> ModelShape:
+    """A model's shape from a Hugging Face directory (its config.json), a config.json file, or a
+    name :func:`get_model` knows. ValueError naming the input otherwise."""
+    path = Path(value)
+    config = path / "config.json" if path.is_dir() else path
+    if config.is_file():
+        try:
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{config}: cannot read it as JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{config}: expected a JSON object")
+        name = path.resolve().name if path.is_dir() else path.resolve().parent.name
+        return ModelShape.from_hf_config(cfg, name=name)
+    if path.is_dir():
+        raise ValueError(f"{value}: a directory without config.json")
+    return get_model(value)
 
 
 def layer_weight_params(m: ModelShape) -> int:

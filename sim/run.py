@@ -11,6 +11,7 @@ from fastpp.metrics import pipeline_fields, summarize
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
 from fastpp.profile_names import resolve_profile
+from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
 from fastpp.sim.engine import PipelineSimulation, ProgressFn, SimResult
@@ -207,5 +208,8 @@ def run_simulation(
         sim_end_s=result.end_at,
         sim_wall_s=round(result.wall_s, 3),
         notes=result.notes,
+        setup=RunSetup(engine="fastpp-sim", device=profile.gpu, pp=profile.pp, tp=profile.tp,
+                       policy=deployment.policy, scheduler=scheduler.config, model=profile.model,
+                       layers_per_stage=tuple(s.num_layers for s in profile.stages)).to_dict(),
     )
     return SimulationRun(deployment, profile, result, summary)

@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig  # noqa: E402
-from fastpp.backends.torch.profile_fit import fit_stage, nnls  # noqa: E402
 from fastpp.backends.torch.profile_link import fit_link  # noqa: E402
 from fastpp.backends.torch.profile_measure import Shape, grid_shapes, measure_host_overhead  # noqa: E402
 from fastpp.backends.torch.profiler import profile_torch, write_torch_profile  # noqa: E402
@@ -21,6 +20,7 @@ from fastpp.cli.app import app  # noqa: E402
 from fastpp.predictor import ALPPredictor  # noqa: E402
 from fastpp.profile import load_profile  # noqa: E402
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation  # noqa: E402
+from fastpp.stage_fit import fit_stage, nnls  # noqa: E402
 from fastpp.types import Request  # noqa: E402
 
 # A grid for the 2-layer "tiny" config: every kind of shape, few points, short timing loops.

@@ -25,11 +25,15 @@ class Recorded:
 
     def __init__(self) -> None:
         self.decisions: list[dict] = []
+        self.returns: list[dict] = []
         self.iterations = []
         self.ends = []
 
     def on_decision(self, entry: dict) -> None:
         self.decisions.append(entry)
+
+    def on_return(self, entry: dict) -> None:
+        self.returns.append(entry)
 
     def on_iteration(self, rec) -> None:
         self.iterations.append(rec)
@@ -83,6 +87,10 @@ def test_static_budget_reproduces_the_frozen_split_and_every_request_finishes():
     assert all(d["chosen_decodes"] == d["scheduled_decodes"] for d in rec.decisions)
     assert adapter.counters.unexpected_decodes == 0
     assert not adapter.tracked and not adapter.in_flight
+    # host timing: every launched step returned once, in order, each instant after the last
+    assert [r["mb_id"] for r in rec.returns] == [d["mb_id"] for d in rec.decisions]
+    assert all(d["schedule_started_at"] <= d["at"] for d in rec.decisions)
+    assert all(r["update_started_at"] is None and r["returned_at"] <= r["done_at"] for r in rec.returns)
 
 
 def test_delay_balancer_with_unit_step_evens_the_slots():

@@ -14,10 +14,13 @@ import uvicorn
 
 from fastpp.backends.openai_server.app import ServerState, create_app
 from fastpp.backends.torch.engine import EngineConfig, PipelineEngine
+from fastpp.backends.torch.model import split_layers
 from fastpp.backends.torch.text import load_text
 from fastpp.backends.torch.weights_source import WeightsSource
 from fastpp.metrics import pipeline_fields, summarize
+from fastpp.profile import DTYPE_BYTES
 from fastpp.run_files import write_run
+from fastpp.run_setup import SETUP_KEY, RunSetup
 
 log = logging.getLogger("fastpp.serve")
 
@@ -76,6 +79,18 @@ def write_recorded_run(engine: PipelineEngine, out: Path) -> None:
         summary.update(pp=engine.config.num_stages, policy=engine.config.policy,
                        num_microbatches=len({it.mb_id for it in iterations}),
                        **pipeline_fields(engine.stage_busy_s, start, end))
+    summary[SETUP_KEY] = engine_setup(engine).to_dict()
     write_run(out, records, iterations, summary,
               stage_names=[f"stage {i}" for i in range(engine.config.num_stages)])
     log.info("wrote %d requests and %d stage iterations to %s", len(records), len(iterations), out)
+
+
+def engine_setup(engine: PipelineEngine) -> RunSetup:
+    """What ran: the run folder's ``setup`` (fastpp.run_setup), from which a profile can be fitted."""
+    cfg = engine.config
+    model = engine.model_config
+    layers = split_layers(model.num_layers, cfg.num_stages)
+    return RunSetup(engine="fastpp-torch", device="CPU", pp=cfg.num_stages, tp=1, policy=cfg.policy,
+                    scheduler=engine.scheduler_config,
+                    model=model.to_model_shape(DTYPE_BYTES[cfg.dtype]),
+                    layers_per_stage=tuple(len(r) for r in layers), dtype=cfg.dtype)

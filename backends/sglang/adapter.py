@@ -42,6 +42,8 @@ from fastpp.backends.sglang.settings import PluginSettings
 from fastpp.backends.sglang.view import ParkedRequest, SGLangView
 from fastpp.plan import BalancePlan
 from fastpp.policies.guard import FALLBACK_REASON, GuardedPolicies
+from fastpp.profile import DTYPE_BYTES, ModelShape
+from fastpp.run_setup import RunSetup
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
 from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
@@ -148,6 +150,10 @@ class SGLangAdapter:
                                        peers if self.is_leader else [])
         record_dir = self.settings.record_dir
         self.records = RecordWriter(record_dir, self.pp_rank) if record_dir else None
+        if self.records is not None and self.is_leader:
+            setup = run_setup(sched, self.settings.policy, self.config, self.pp_size)
+            if setup is not None:
+                self.records.setup(setup.to_dict())
         self.ready = True
         log.info("fastpp policy %r active on PP rank %d/%d: %d microbatch slots, chunk ceiling %s, "
                  "candidates %s", self.settings.policy, self.pp_rank, self.pp_size, self.config.num_slots,
@@ -358,7 +364,7 @@ class SGLangAdapter:
             num_tokens=contents["num_tokens"], num_prefill_tokens=contents["num_prefill_tokens"],
             num_decode_reqs=len(contents["decodes"]), sum_past_x_pre=contents["sum_past_x_pre"],
             sum_pre_sq=contents["sum_pre_sq"], sum_dec_ctx=contents["sum_dec_ctx"],
-            chunk_budget=chunk or 0, reason=reason)
+            chunk_budget=chunk or 0, reason=reason, num_sampled=contents["num_sampled"])
         if self.records is not None:
             entry = {"rank": self.pp_rank, "mb": seq, "slot": mb_id, "decision": self.num_decisions,
                      "chunk": chunk, "adder_chunk_budget": adder_budget,
@@ -461,3 +467,27 @@ def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str
              "" if chunked is None else f"{chunked.rid}:{chunked.prefix_len}",
              ",".join(r.rid for r in _live_reqs(sched, running_batch)), ",".join(parked)]
     return f"{zlib.crc32('|'.join(parts).encode()):08x}"
+
+
+def run_setup(sched: Any, policy: str, config: SchedulerConfig, pp_size: int) -> RunSetup | None:
+    """What the recorded run ran on (fastpp.run_setup, for ``fastpp profile --from-records``):
+    the model's shape from SGLang's HF config, layers per stage as SGLang places them. None (and a
+    warning) if SGLang's objects do not have what is read here: records must never stop serving."""
+    try:
+        import sglang
+        from sglang.srt.distributed.utils import get_pp_indices
+
+        mc = sched.model_config
+        dtype = str(mc.dtype).removeprefix("torch.")
+        name = str(getattr(sched.server_args, "served_model_name", None) or sched.server_args.model_path)
+        model = ModelShape.from_hf_config(mc.hf_config.to_dict(), name=name.rstrip("/").split("/")[-1],
+                                          dtype_bytes=DTYPE_BYTES.get(dtype))
+        spans = (get_pp_indices(model.num_layers, r, pp_size) for r in range(pp_size))
+        layers = tuple(b - a for a, b in spans)
+        device = str(getattr(sched, "device", "") or sched.server_args.device)
+        return RunSetup(engine=f"sglang {sglang.__version__}",
+                        device="CPU" if device == "cpu" else device.upper(), pp=pp_size, tp=1, policy=policy,
+                        scheduler=config, model=model, layers_per_stage=layers, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 (any SGLang-side surprise: serve on, without the setup)
+        log.warning("fastpp: the run's setup is not recorded (%s: %s)", type(exc).__name__, exc)
+        return None

@@ -72,8 +72,8 @@ def batch_contents(batch: Any) -> dict:
     """What a launched ScheduleBatch carries, read from SGLang's own fields.
 
     Returns the forward mode, the prefill chunks as [rid, L_past, L_pre], the decode rids and
-    their L_dec (prompt + generated tokens: the context the step attends over), and the ALP
-    features of ``fastpp.types.IterationRecord``.
+    their L_dec (prompt + generated tokens: the context the step attends over), the ALP
+    features of ``fastpp.types.IterationRecord`` and the rows sampled (``num_sampled``).
     """
     mode = batch.forward_mode
     is_extend = bool(mode is not None and mode.is_extend())
@@ -88,6 +88,11 @@ def batch_contents(batch: Any) -> dict:
             decodes.append(r.rid)
             dec_ctx.append(len(r.origin_input_ids) + len(r.output_ids))
     num_prefill = sum(c[2] for c in chunks)
+    by_rid = {r.rid: r for r in batch.reqs}
+    # a chunk samples a token when it reaches the end of what the request must compute (its
+    # prompt, plus the tokens generated before a retraction)
+    completing = sum(1 for rid, past, n in chunks
+                     if past + n >= len(by_rid[rid].origin_input_ids) + len(by_rid[rid].output_ids))
     return {
         "mode": "extend" if is_extend else ("decode" if mode is not None and mode.is_decode() else str(mode)),
         "chunks": chunks,
@@ -97,4 +102,5 @@ def batch_contents(batch: Any) -> dict:
         "sum_past_x_pre": sum(c[1] * c[2] for c in chunks),
         "sum_pre_sq": sum(c[2] * c[2] for c in chunks),
         "sum_dec_ctx": sum(dec_ctx),
+        "num_sampled": len(decodes) + completing,
     }

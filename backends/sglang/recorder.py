@@ -11,7 +11,9 @@ write: every file is appended line by line and flushed. Files under the record d
 * ``decisions.jsonl`` (PP rank 0): what the policies decided at each step (our intent);
 * ``batches_rank{r}.jsonl`` (every rank): what SGLang's batches actually carried, read from
   SGLang's own objects when each microbatch launched (the applied side, for checks);
-* ``summary.json`` and ``timeline.json``: written afterwards by ``finalize_record_dir``.
+* ``setup.json`` (PP rank 0, at start-up): the deployment (``fastpp.run_setup``);
+* ``summary.json`` (with ``setup.json`` as its ``setup``) and ``timeline.json``: written
+  afterwards by ``finalize_record_dir``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from fastpp.run_setup import SETUP_KEY
 from fastpp.types import IterationRecord, RequestRecord
+
+SETUP_FILE = "setup.json"
 
 
 class RecordWriter:
@@ -40,6 +45,10 @@ class RecordWriter:
         if f is None:
             f = self._files[name] = (self.root / name).open("a", encoding="utf-8", buffering=1)
         return f
+
+    def setup(self, setup: dict) -> None:
+        """The run's setup (fastpp.run_setup), merged into summary.json by finalize_record_dir."""
+        (self.root / SETUP_FILE).write_text(json.dumps(setup, indent=2) + "\n", encoding="utf-8")
 
     def batch(self, entry: dict) -> None:
         self._open(f"batches_rank{self.pp_rank}.jsonl").write(json.dumps(entry) + "\n")
@@ -88,6 +97,9 @@ def finalize_record_dir(root: str | Path, slo: Any = None, num_stages: int | Non
     requests = root / "requests.jsonl"
     records = read_records_jsonl(requests, torn_tail=True) if requests.exists() else []
     summary = summarize(records, slo=slo, backend="sglang+fastpp") if records else {}
+    setup = root / SETUP_FILE
+    if setup.exists():
+        summary[SETUP_KEY] = json.loads(setup.read_text(encoding="utf-8"))
     out = {"summary": write_json(summary, root / "summary.json")}
     path = root / "iterations.csv"
     iterations = read_iterations_csv(path, torn_tail=True) if path.exists() else []

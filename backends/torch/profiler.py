@@ -5,7 +5,7 @@ this machine. Each stage of the ``--pp`` split (``split_layers``, as the engine 
 built alone in this process with the engine's intra-op thread count (with ``concurrent_load``,
 the other stages loop forward passes in their own processes meanwhile, ``profile_load``) and timed
 on the grid of ``ProfileGrid`` (single chunks, split chunks, chunks after a prefix, decode batches), then on a
-few random serving-like microbatches kept out of the fit. The fit (``profile_fit``) gives each
+few random serving-like microbatches kept out of the fit. The fit (``fastpp.stage_fit``) gives each
 stage a linear table and the three ALP attention coefficients; the last stage's LM head is its
 own table; the host overhead is the scheduler's step; the link comes from two gloo processes.
 The ALPPredictor is fitted on the beats (slowest stage per shape) and saved beside the profile.
@@ -32,7 +32,6 @@ import torch
 from fastpp.backends.torch.config import ModelConfig
 from fastpp.backends.torch.model import StageModel, split_layers
 from fastpp.backends.torch.profile_config import ProfileGrid, TorchProfileConfig
-from fastpp.backends.torch.profile_fit import StageFit, fit_stage
 from fastpp.backends.torch.profile_link import LinkMeasurement, measure_link
 from fastpp.backends.torch.profile_load import concurrent_load, load_description
 from fastpp.backends.torch.profile_measure import (
@@ -46,6 +45,7 @@ from fastpp.backends.torch.profile_measure import (
 from fastpp.backends.torch.weights import ModelWeights, random_weights
 from fastpp.predictor import ALPPredictor, mape
 from fastpp.profile import LinearTable, LinkCost, Profile, StageCost, save_profile
+from fastpp.stage_fit import StageFit, fit_stage
 
 ProgressFn = Callable[[str, int, int], None]  # (what is being measured, steps done, steps in all)
 

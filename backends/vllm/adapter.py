@@ -67,6 +67,8 @@ class Recorder(Protocol):
 
     def on_decision(self, entry: dict) -> None: ...
 
+    def on_return(self, entry: dict) -> None: ...
+
     def on_iteration(self, rec: IterationRecord) -> None: ...
 
     def on_request_end(self, rec: RequestRecord) -> None: ...
@@ -83,6 +85,7 @@ class StepDecision:
     decode_ids: frozenset[str]  # engine ids of the slot's decodes that ride this step
     held_ids: frozenset[str]  # engine ids of every other decoding request (held out this step)
     balance: str  # the balancer's reason, "" when it did nothing
+    started_at: float = 0.0  # clock when schedule() was entered (host-side timing)
 
 
 @dataclass(slots=True)
@@ -113,7 +116,12 @@ class LaunchedBatch:
         return IterationRecord(self.mb_id, stage, self.slot, started_at, finished_at, self.num_tokens,
                                self.num_prefill_tokens, len(self.decodes), self.sum_past_x_pre,
                                self.sum_pre_sq, self.sum_dec_ctx, self.decision.budget,
-                               self.decision.reason)
+                               self.decision.reason, self.num_sampled)
+
+    @property
+    def num_sampled(self) -> int:
+        """Rows the last stage samples: every decode and every chunk that completes a prompt."""
+        return len(self.decodes) + sum(1 for *_, completes in self.prefill if completes)
 
 
 @dataclass(slots=True)
@@ -229,7 +237,7 @@ class Adapter:
         self.counters.decode_sitouts += len(self.slots.running[slot]) - len(decodes)
         picked = frozenset(t.engine_id for t in decodes)
         held = frozenset(eid for eid, t in self.tracked.items() if t.is_decoding and eid not in picked)
-        return StepDecision(seq, slot, budget, reason, picked, held, balance)
+        return StepDecision(seq, slot, budget, reason, picked, held, balance, now)
 
     def _balance(self, slot: int, now: float) -> str:
         slots = self.slots
@@ -292,6 +300,7 @@ class Adapter:
         d = batch.decision
         return {
             "mb_id": d.seq, "slot": d.slot, "at": round(batch.scheduled_at, 6),
+            "schedule_started_at": round(d.started_at, 6),
             "budget": d.budget, "reason": d.reason, "balance": d.balance,
             "chosen_decodes": sorted(d.decode_ids),
             "scheduled": dict(num_scheduled),  # vLLM's SchedulerOutput.num_scheduled_tokens
@@ -302,8 +311,9 @@ class Adapter:
         }
 
     # ------------------------------------------------------------------ the return
-    def returned(self, output: Any) -> LaunchedBatch:
-        """vLLM folded in the step that scheduled ``output`` (its ``update_from_output`` ran)."""
+    def returned(self, output: Any, update_started_at: float | None = None) -> LaunchedBatch:
+        """vLLM folded in the step that scheduled ``output`` (its ``update_from_output`` ran,
+        entered at ``update_started_at`` on our clock, if the caller timed it)."""
         if not self.in_flight or self.in_flight[0].output is not output:
             raise RuntimeError("update_from_output for a step that is not the oldest in flight: "
                                "vLLM's batch queue is no longer FIFO (docs/engines/vllm.md)")
@@ -332,6 +342,11 @@ class Adapter:
             t.ctx_len = t.engine.num_tokens
             self.slots.join(t, slot)
         self.signals.on_return(slot, now, bool(batch.decodes))
+        if self.recorder is not None:
+            self.recorder.on_return({
+                "mb_id": batch.mb_id, "slot": slot, "num_tokens": batch.num_tokens,
+                "update_started_at": None if update_started_at is None else round(update_started_at, 6),
+                "returned_at": round(now, 6), "done_at": round(self.clock(), 6)})
         return batch
 
     def _take_tokens(self, t: TrackedRequest, now: float) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -32,7 +33,9 @@ from fastpp.backends.vllm.adapter import Adapter, WallClock, finish_reason_of
 from fastpp.backends.vllm.recorder import RunRecorder
 from fastpp.backends.vllm.settings import STAGE_TIMES_ENV_VAR, VllmSchedulerSettings
 from fastpp.backends.vllm.stage_times import FASTPP_MB_ATTR, StageTimesReader
-from fastpp.profile import load_profile
+from fastpp.profile import DTYPE_BYTES, ModelShape, ProfileError, load_profile
+from fastpp.run_setup import RunSetup
+from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import FinishReason
 
 log = logging.getLogger("fastpp.vllm")
@@ -54,7 +57,8 @@ class FastPPScheduler(Scheduler):
         chunk_policy, balancer = settings.build_policies(config, profile)
         recorder = None
         if settings.record_dir:
-            recorder = RunRecorder(settings.record_dir, config.slo, num_stages, backend="vllm")
+            recorder = RunRecorder(settings.record_dir, config.slo, num_stages, backend="vllm",
+                                   setup=self._run_setup(settings.policy, config))
         stage_dir = os.environ.get(STAGE_TIMES_ENV_VAR)
         stage_times = StageTimesReader(stage_dir, num_stages) if stage_dir else None
         if stage_times is not None:
@@ -65,6 +69,29 @@ class FastPPScheduler(Scheduler):
         log.info("fastpp scheduler: policy %s, %d slot(s), budget <= %d tokens, candidates %s, SLO %s, "
                  "record dir %s, stage times %s", settings.policy, num_stages, max_budget,
                  config.chunk_candidates, config.slo, settings.record_dir, stage_dir)
+
+    def _run_setup(self, policy: str, config: SchedulerConfig) -> RunSetup:
+        """What the recorded run ran on (fastpp.run_setup): the model's shape from its HF config,
+        layers per stage as vLLM places them, the device."""
+        import vllm
+        from vllm.distributed.utils import get_pp_indices
+        from vllm.platforms import current_platform
+
+        mc = self.vllm_config.model_config
+        pp = self.parallel_config.pipeline_parallel_size
+        dtype = str(mc.dtype).removeprefix("torch.")
+        model = layers = None
+        try:
+            model = ModelShape.from_hf_config(mc.hf_config.to_dict(), name=Path(str(mc.model)).name,
+                                              dtype_bytes=DTYPE_BYTES.get(dtype))
+            layers = tuple(b - a for a, b in (get_pp_indices(model.num_layers, r, pp) for r in range(pp)))
+        except (ProfileError, ValueError, KeyError, TypeError) as exc:  # records without the shape
+            log.warning("fastpp: the model's shape is not recorded (%s)", exc)
+        device_type = str(getattr(current_platform, "device_type", "") or "")
+        device = "CPU" if device_type == "cpu" else (device_type.upper() or "unknown")
+        return RunSetup(engine=f"vllm {vllm.__version__}", device=device, pp=pp,
+                        tp=self.parallel_config.tensor_parallel_size, policy=policy, scheduler=config,
+                        model=model, layers_per_stage=layers, dtype=dtype)
 
     # ---------------------------------------------------------------- EngineQueues (adapter)
     def engine_waiting(self):
@@ -107,8 +134,9 @@ class FastPPScheduler(Scheduler):
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        started = self.fastpp.clock()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.fastpp.returned(scheduler_output)
+        self.fastpp.returned(scheduler_output, started)
         return outputs
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
