@@ -43,7 +43,6 @@ from pathlib import Path
 import numpy as np
 
 from fastpp.metrics import summarize
-from fastpp.pipeline import BatchQueueDriver
 from fastpp.policies import make_policies
 from fastpp.profile import Profile, load_profile
 from fastpp.profile_names import resolve_profile
@@ -79,11 +78,7 @@ def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_lo
     config = replace(setup.scheduler, num_slots=profile.pp)
     chunk_policy, balancer = make_policies(setup.policy, config, profile)
     scheduler = Scheduler(config, lambda: 0.0, chunk_policy, balancer)
-    sim = PipelineSimulation(profile, scheduler, requests)
-    if host_loop == "batch-queue":
-        # the simulation asks its driver for every launch and return; this one runs vLLM's loop
-        sim.driver = BatchQueueDriver(scheduler, profile.pp)
-    return sim.run()
+    return PipelineSimulation(profile, scheduler, requests, host_loop=host_loop).run()
 
 
 def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:

@@ -45,6 +45,7 @@ def simulate(
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
+    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots (our engines, SGLang) or batch-queue (vLLM's engine-core loop: slots strictly in turn, the host blocks on the oldest output). [default: free-slots]")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
@@ -55,7 +56,7 @@ def simulate(
 ) -> None:
     """Simulate a deployment serving a workload; compare PP and TP side by side."""
     from fastpp.scheduler_config import parse_chunk_candidates
-    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, deployments_for
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_deployment, deployments_for
 
     if chunk is not None and policy is not None:
         fail("give --policy or --chunk, not both")
@@ -74,8 +75,11 @@ def simulate(
             DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
             policy=f"static:{chunk}" if chunk is not None else policy,
             chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+            host_loop=host_loop,
         ), slo=slo)
         deployments = deployments_for(base, deploy)
+        for dep in deployments:
+            check_deployment(dep)
         requests = wl.requests()
     except (ValueError, OSError) as exc:
         fail(str(exc))

@@ -35,12 +35,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fastpp.metrics import bubble_fraction
-from fastpp.pipeline import PipelineDriver
+from fastpp.pipeline import BatchQueueDriver, PipelineDriver
 from fastpp.plan import MicroBatchPlan
 from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
 from fastpp.sim.events import EventClock
 from fastpp.types import IterationRecord, Request, RequestRecord
+
+# How the host launches microbatches (fastpp/pipeline.py): "free-slots" launches
+# into any free slot as soon as the scheduler has work (our engines, SGLang's PP loop);
+# "batch-queue" is vLLM 0.32.0's engine-core loop (slots strictly in turn, blocking on the
+# oldest output), measured in docs/engines/vllm.md section 6.
+HOST_LOOPS: dict[str, type[PipelineDriver]] = {"free-slots": PipelineDriver, "batch-queue": BatchQueueDriver}
 
 ProgressFn = Callable[[int, int], None]  # (requests ended, total requests)
 PROGRESS_EVERY = 256  # report progress every this many returned microbatches
@@ -86,7 +92,10 @@ class PipelineSimulation:
         max_time_s: float | None = None,
         noise_cv: float = 0.0,
         noise_seed: int = 0,
+        host_loop: str = "free-slots",
     ) -> None:
+        if host_loop not in HOST_LOOPS:
+            raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {host_loop!r}")
         if scheduler.config.num_slots != profile.pp:
             raise ValueError(
                 f"scheduler has {scheduler.config.num_slots} slots but the profile has pp={profile.pp}"
@@ -106,7 +115,7 @@ class PipelineSimulation:
         env = self.clock.env
         scheduler.clock = lambda: env.now
         num_stages = len(profile.stages)
-        self.driver = PipelineDriver(scheduler, num_stages, record_iterations=record_iterations)
+        self.driver = HOST_LOOPS[host_loop](scheduler, num_stages, record_iterations=record_iterations)
         self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster
         self._stage_free_at = [0.0] * num_stages  # when each stage ends its last microbatch
         self._link_free_at = [0.0] * num_stages  # when the link after each stage is free

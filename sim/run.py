@@ -14,7 +14,7 @@ from fastpp.profile_names import resolve_profile
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
-from fastpp.sim.engine import PipelineSimulation, ProgressFn, SimResult
+from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimResult
 from fastpp.types import SLO, Request
 from fastpp.workloads import make_requests, replay_requests
 
@@ -100,6 +100,7 @@ class DeploymentConfig:
     max_context: int | None = None  # default: the model's context length
     page_size: int | None = None  # default: the profile's
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
+    host_loop: str = "free-slots"  # or "batch-queue": vLLM's engine-core loop (sim/engine.py HOST_LOOPS)
 
     @property
     def label(self) -> str:
@@ -145,6 +146,8 @@ def deployments_for(base: DeploymentConfig, specs: Sequence[str] | None) -> list
 def check_deployment(deployment: DeploymentConfig) -> None:
     """Raise ValueError now (not after a long search) if the deployment's profile cannot be
     built or its policy spec does not name policies it can run."""
+    if deployment.host_loop not in HOST_LOOPS:
+        raise ValueError(f"host loop must be one of {', '.join(HOST_LOOPS)}, got {deployment.host_loop!r}")
     build_scheduler(deployment.load_profile(), deployment)
 
 
@@ -188,7 +191,8 @@ def run_simulation(
         deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
     scheduler = build_scheduler(profile, deployment)
     sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
-                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed)
+                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
+                             host_loop=deployment.host_loop)
     result = sim.run(progress)
     summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
                         request_rate=workload.rate if workload.replay is None else None)
@@ -200,6 +204,7 @@ def run_simulation(
         pp=profile.pp,
         tp=profile.tp,
         policy=deployment.policy,
+        host_loop=deployment.host_loop,
         workload=workload.describe(),
         kv_capacity_tokens=profile.kv_capacity_tokens,
         num_microbatches=result.num_microbatches,

@@ -18,9 +18,9 @@ def run(requests, batch_queue: bool):
                              default_chunk=4096, slo=SLO(5.0, 0.5))
     chunk, balancer = make_policies("static", config, profile)
     sched = Scheduler(config, lambda: 0.0, chunk, balancer)
-    sim = PipelineSimulation(profile, sched, requests)
-    if batch_queue:
-        sim.driver = BatchQueueDriver(sched, 2)
+    loop = "batch-queue" if batch_queue else "free-slots"
+    sim = PipelineSimulation(profile, sched, requests, host_loop=loop)
+    assert isinstance(sim.driver, BatchQueueDriver) == batch_queue
     return sim, sim.run()
 
 
@@ -61,3 +61,21 @@ def test_slots_take_turns_and_every_request_finishes(monkeypatch):
     assert all(r.num_generated == 8 for r in result.records)
     assert calls == [k % 2 for k in range(len(calls))]
     assert len(calls) == result.num_microbatches + sim.driver.empty_calls
+
+
+def test_a_deployment_chooses_its_host_loop():
+    from dataclasses import replace
+
+    import pytest
+
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_deployment, run_simulation
+
+    wl = WorkloadConfig(name="random:256:64", rate=0.5, num_requests=30)
+    base = DeploymentConfig(profile_path="cpu_smollm2-135m_pp2", policy="static:256")
+    runs = {loop: run_simulation(wl, replace(base, host_loop=loop)) for loop in ("free-slots", "batch-queue")}
+    for loop, run in runs.items():
+        assert run.summary["host_loop"] == loop and run.summary["completed"] == 30
+    # vLLM's loop leaves slots idle while it waits on the oldest output: fewer, fuller microbatches
+    assert runs["batch-queue"].result.num_microbatches < runs["free-slots"].result.num_microbatches
+    with pytest.raises(ValueError, match="host loop must be one of free-slots, batch-queue, got 'fifo'"):
+        check_deployment(DeploymentConfig(host_loop="fifo"))
