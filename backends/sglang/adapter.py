@@ -408,8 +408,10 @@ class SGLangAdapter:
         """SGLang is about to send these requests' outputs to the client: a request finished here
         is recorded now, before its response can arrive (a client that stops the server on its
         last response must find every record)."""
-        if self.ready and self.is_leader and any(r.finished() for r in reqs):
-            self._note_tokens([r for r in reqs if r.finished()], self.clock())
+        if self.ready and self.is_leader:
+            finished = [r for r in reqs if r.finished()]
+            if finished:
+                self._note_tokens(finished, self.clock())
 
     def _note_tokens(self, reqs: list[Any], now: float) -> None:
         for req in reqs:

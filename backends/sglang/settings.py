@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fastpp.scheduler_config import parse_chunk_candidates
 from fastpp.types import SLO
@@ -99,18 +100,18 @@ class PluginSettings:
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
-    if not env.get(name):
-        return None
-    try:
-        return int(env[name])
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {env[name]!r}") from None
+    return _number(env, name, int, "an integer")
 
 
 def _float(env: Mapping[str, str], name: str) -> float | None:
+    return _number(env, name, float, "a number")
+
+
+def _number(env: Mapping[str, str], name: str, convert: type, kind: str) -> Any:
+    """``env[name]`` converted, None when unset or empty; the error names the variable."""
     if not env.get(name):
         return None
     try:
-        return float(env[name])
+        return convert(env[name])
     except ValueError:
-        raise ValueError(f"{name} must be a number, got {env[name]!r}") from None
+        raise ValueError(f"{name} must be {kind}, got {env[name]!r}") from None
