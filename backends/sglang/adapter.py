@@ -387,15 +387,20 @@ class SGLangAdapter:
         self.policies.observe(rec)
 
     # ------------------------------------------------------------------ results
+    def before_result(self, batch: Any) -> None:
+        """The other stages' records of this returning microbatch, taken in before SGLang streams
+        its tokens (so a client that stops the server on its last reply finds every record); they
+        ran it before the last stage returned, so this does not wait on anything running."""
+        if not self.ready or not self.is_leader or batch is None or not self._awaiting_records:
+            return
+        self._awaiting_records -= 1
+        for rec in self.channel.recv_records():
+            self._observe(rec)
+
     def result(self, sched: Any, batch: Any) -> None:
         if not self.ready or not self.is_leader or batch is None:
             return
-        if self._awaiting_records:
-            # the other stages' records of this microbatch (they ran it before the last stage
-            # returned its tokens, so this does not wait on anything still running)
-            self._awaiting_records -= 1
-            for rec in self.channel.recv_records():
-                self._observe(rec)
+        self.before_result(batch)  # when the BEFORE hook did not run (tests call result alone)
         now = self.clock()
         slot = next((k for k, b in enumerate(sched.mbs) if b is batch), None)
         mode = batch.forward_mode

@@ -11,6 +11,7 @@ target (sglang.srt.managers.…)                            type    adapter meth
 scheduler.Scheduler.get_new_batch_prefill                 AROUND  form (balance, choose C)
 schedule_policy.PrefillAdder.__init__                     AROUND  adder_created (read back C)
 scheduler.Scheduler._pp_launch_batch                      AROUND  launch (stage time, record)
+scheduler.Scheduler._pp_process_batch_result              BEFORE  before_result (stage records)
 scheduler.Scheduler._pp_process_batch_result              AFTER   result (tokens, signals)
 scheduler_components.output_streamer.                     BEFORE  streaming (finished requests
 SchedulerOutputStreamer.stream_output                             recorded before the reply)
@@ -70,6 +71,9 @@ def register() -> None:
     def launch(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
         return a.launch(sched, original, *args, **kwargs)
 
+    def before_result(sched: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        a.before_result(batch)
+
     def result(ret: Any, sched: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         a.result(sched, batch)
 
@@ -86,6 +90,7 @@ def register() -> None:
     HookRegistry.register(f"{_SCHEDULER}.get_new_batch_prefill", form, HookType.AROUND)
     HookRegistry.register(f"{_ADDER}.__init__", adder_init, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_launch_batch", launch, HookType.AROUND)
+    HookRegistry.register(f"{_SCHEDULER}._pp_process_batch_result", before_result, HookType.BEFORE)
     HookRegistry.register(f"{_SCHEDULER}._pp_process_batch_result", result, HookType.AFTER)
     HookRegistry.register(f"{_STREAMER}.stream_output", streaming, HookType.BEFORE)
     HookRegistry.register(f"{_SCHEDULER}._add_request_to_queue", enqueued, HookType.AFTER)
