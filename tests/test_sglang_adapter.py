@@ -208,6 +208,23 @@ def test_adapter_fits_chunks_to_the_startup_ceiling_and_page_grid():
     assert adapter._fit(128, "r") == (128, "r")
 
 
+def test_leader_takes_one_set_of_stage_records_per_returning_microbatch():
+    # the plugin calls before_result (BEFORE hook) then result (AFTER hook) on each returning
+    # microbatch; with two microbatches in flight, a second receive would wait on one the last
+    # stage has not run yet (SGLang's watchdog then kills the server)
+    adapter = SGLangAdapter(PluginSettings(policy="static:64"), clock=lambda: 1.0)
+    received = []
+    adapter.channel = SimpleNamespace(recv_records=lambda: received.append(1) or [])
+    adapter.policies = SimpleNamespace(observe=lambda rec: None)
+    adapter.records, adapter.ready, adapter.is_leader = None, True, True
+    adapter._awaiting_records = 2
+    batch = SimpleNamespace(reqs=[], forward_mode=None, decoding_reqs=None)
+    sched = SimpleNamespace(mbs=[batch, object()])
+    adapter.before_result(batch)
+    adapter.result(sched, batch)
+    assert len(received) == 1 and adapter._awaiting_records == 1
+
+
 # ---------------------------------------------------------------------- channel and records
 def test_decision_and_record_encodings_round_trip(tmp_path):
     import pickle

@@ -400,7 +400,8 @@ class SGLangAdapter:
     def result(self, sched: Any, batch: Any) -> None:
         if not self.ready or not self.is_leader or batch is None:
             return
-        self.before_result(batch)  # when the BEFORE hook did not run (tests call result alone)
+        # (the stages' records of this microbatch came in before_result, the BEFORE hook: taking
+        # them here again would wait on a microbatch the last stage has not run yet)
         now = self.clock()
         slot = next((k for k, b in enumerate(sched.mbs) if b is batch), None)
         mode = batch.forward_mode
