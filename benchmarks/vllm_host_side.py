@@ -42,7 +42,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _stats(values: list[float]) -> dict:
+def stats_ms(values: list[float]) -> dict:
     if not values:
         return {"n": 0}
     a = np.asarray(values) * 1e3
@@ -78,10 +78,10 @@ def host_side(run_dir: Path) -> dict:
         stages = by_mb.get(d["mb_id"])
         if stages and 0 in stages:
             launch_s.append(stages[0][0] - d["at"])
-    out["schedule_s"] = _stats(sched_s)
-    out["empty_schedule_s"] = _stats(empty_sched_s)
+    out["schedule_s"] = stats_ms(sched_s)
+    out["empty_schedule_s"] = stats_ms(empty_sched_s)
     out["scheduled_while_computing"] = overlapped / max(len(sched_s), 1)
-    out["launch_s"] = _stats(launch_s)
+    out["launch_s"] = stats_ms(launch_s)
     to_core, fold_in, ours, to_token = [], [], [], []
     for mb, r in returns.items():
         stages = by_mb.get(mb)
@@ -92,10 +92,10 @@ def host_side(run_dir: Path) -> dict:
         fold_in.append(r["returned_at"] - r["update_started_at"])
         ours.append(r["done_at"] - r["returned_at"])
         to_token.append(r["returned_at"] - end)
-    out["last_stage_end_to_update_s"] = _stats(to_core)
-    out["update_from_output_s"] = _stats(fold_in)
-    out["fastpp_return_s"] = _stats(ours)
-    out["last_stage_end_to_token_s"] = _stats(to_token)
+    out["last_stage_end_to_update_s"] = stats_ms(to_core)
+    out["update_from_output_s"] = stats_ms(fold_in)
+    out["fastpp_return_s"] = stats_ms(ours)
+    out["last_stage_end_to_token_s"] = stats_ms(to_token)
     # the slot's cycle: last stage of mb k ends -> stage 0 of the slot's next non-empty mb starts
     slot_of = {d["mb_id"]: d["slot"] for d in decisions}
     nonempty = sorted(mb for mb, st in by_mb.items() if 0 in st and pp - 1 in st)
@@ -104,14 +104,14 @@ def host_side(run_dir: Path) -> dict:
         nxt = next((m for m in nonempty[k + 1:] if slot_of.get(m) == slot_of.get(mb)), None)
         if nxt is not None and nxt - mb == pp:  # the slot's very next launch carried work
             cycle.append(by_mb[nxt][0][0] - by_mb[mb][pp - 1][1])
-    out["slot_cycle_gap_s"] = _stats(cycle)
-    out["stage0_busy_while_later_stage_busy"] = _overlap_share(
+    out["slot_cycle_gap_s"] = stats_ms(cycle)
+    out["stage0_busy_while_later_stage_busy"] = overlap_share(
         [(it.started_at, it.finished_at) for it in its if it.stage == 0],
         [(it.started_at, it.finished_at) for it in its if it.stage > 0])
     return out
 
 
-def _overlap_share(first: list[tuple[float, float]], later: list[tuple[float, float]]) -> float:
+def overlap_share(first: list[tuple[float, float]], later: list[tuple[float, float]]) -> float:
     """Share of stage 0's busy time during which a later stage computes too: how much the
     pipeline actually pipelines (0 when one microbatch crosses the stages at a time)."""
     later = sorted(later)

@@ -325,4 +325,42 @@ def test_vllm_host_side_reads_a_record_dir(tmp_path):
                                        "p90_ms": pytest.approx(4.0)}
     assert got["scheduled_while_computing"] == 0.0
     assert got["stage0_busy_while_later_stage_busy"] == 0.0  # one microbatch in the pipe at a time
-    assert script["_overlap_share"]([(0.0, 2.0), (4.0, 5.0)], [(1.0, 3.0), (4.5, 6.0)]) == pytest.approx(0.5)
+    assert script["overlap_share"]([(0.0, 2.0), (4.0, 5.0)], [(1.0, 3.0), (4.5, 6.0)]) == pytest.approx(0.5)
+
+
+def test_sglang_host_side_reads_the_loop_timings(tmp_path, monkeypatch):
+    """benchmarks/sglang_host_side.py on hand-made host_rank*.jsonl files with known instants:
+    pp 2, two slots; rank 1 computes slot 0 from 102 to 195 ms while rank 0 computes slot 1."""
+    import runpy
+
+    def write(rank: int, *steps: dict) -> None:
+        (tmp_path / f"host_rank{rank}.jsonl").write_text(
+            "".join(json.dumps({"rank": rank, **s}) + "\n" for s in steps))
+
+    ms = 1e-3
+    write(0,
+          dict(step=0, slot=0, ingest=[0, 1 * ms], schedule=[1 * ms, 3 * ms], launch=[3 * ms, 100 * ms],
+               exchange_outputs=[100 * ms, 101 * ms], send_activations=[101 * ms, 102 * ms]),
+          dict(step=1, slot=1, ingest=[102 * ms, 103 * ms], schedule=[103 * ms, 104 * ms],
+               launch=[104 * ms, 200 * ms], exchange_outputs=[200 * ms, 201 * ms],
+               process_result=[201 * ms, 203 * ms], send_activations=[203 * ms, 204 * ms]),
+          dict(step=2, slot=0, ingest=[204 * ms, 205 * ms], schedule=[205 * ms, 207 * ms],
+               launch=[207 * ms, 300 * ms]))
+    write(1,
+          dict(step=0, slot=0, ingest=[0, 100 * ms], recv_activations=[100.5 * ms, 102 * ms],
+               launch=[102 * ms, 195 * ms], exchange_outputs=[195 * ms, 196 * ms]),
+          dict(step=1, slot=1, recv_activations=[204 * ms, 205 * ms], launch=[205 * ms, 290 * ms]))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "sglang_host_side.py"))
+    got = script["host_side"](tmp_path)
+    assert (got["pp"], got["slots"]) == (2, 2)
+    assert got["phases"]["0"]["schedule"]["median_ms"] == pytest.approx(2.0)  # 2, 1, 2 ms
+    assert got["phases"]["1"]["launch"]["n"] == 2
+    assert got["rank0_before_launch_s"]["median_ms"] == pytest.approx(3.0)  # 3, 2, 3 ms
+    # slot 0's tokens: last stage done at 195 ms, at rank 0 at 201 (rank 0 computed until 200),
+    # processed at 203, slot 0 launched again at 207
+    assert got["last_stage_end_to_tokens_at_rank0_s"]["median_ms"] == pytest.approx(6.0)
+    assert got["of_which_rank0_computing_s"]["median_ms"] == pytest.approx(5.0)
+    assert got["last_stage_end_to_tokens_processed_s"]["median_ms"] == pytest.approx(8.0)
+    assert got["slot_cycle_gap_s"]["median_ms"] == pytest.approx(12.0)
+    assert got["rank0_scheduled_while_later_stage_computed"] == pytest.approx(2 / 3)

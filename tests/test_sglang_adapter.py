@@ -11,6 +11,7 @@ import pytest
 from fastpp.backends.sglang import checks, launcher
 from fastpp.backends.sglang.adapter import PolicyFault, SGLangAdapter, _Faulty, state_digest
 from fastpp.backends.sglang.channel import Decision, _decode_record
+from fastpp.backends.sglang.host_timing import LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter, read_jsonl
 from fastpp.backends.sglang.settings import PluginSettings
 from fastpp.backends.sglang.view import ParkedRequest, SGLangView
@@ -223,6 +224,31 @@ def test_leader_takes_one_set_of_stage_records_per_returning_microbatch():
     adapter.before_result(batch)
     adapter.result(sched, batch)
     assert len(received) == 1 and adapter._awaiting_records == 1
+
+
+def test_loop_step_timer_writes_each_non_idle_step_once():
+    ticks = iter(range(100))
+    written: list[dict] = []
+    timer = LoopStepTimer(lambda: float(next(ticks)), written.append, rank=1)
+    timer.begin("ingest", slot=0)
+    timer.end("ingest")
+    timer.begin("schedule")
+    timer.end("schedule")
+    timer.begin("launch")
+    timer.end("launch")
+    timer.begin("ingest", slot=1)  # an idle step: not written
+    timer.end("ingest")
+    timer.begin("ingest", slot=0)
+    timer.begin("process_result")
+    timer.end("process_result")
+    timer.begin("process_result")  # a second call within the step keeps the first interval
+    timer.end("process_result")
+    timer.end("send_activations")  # an end without its begin is ignored
+    timer.close()
+    assert written == [
+        {"rank": 1, "step": 0, "slot": 0, "ingest": [0.0, 1.0], "schedule": [2.0, 3.0], "launch": [4.0, 5.0]},
+        {"rank": 1, "step": 2, "slot": 0, "process_result": [9.0, 10.0]},
+    ]
 
 
 # ---------------------------------------------------------------------- channel and records

@@ -20,6 +20,7 @@ import pytest
 
 from fastpp.backends.ports import free_port
 from fastpp.backends.sglang.checks import applied_vs_decided, rank_batches, rank_disagreements
+from fastpp.backends.sglang.host_timing import PHASES
 from fastpp.backends.sglang.launcher import LaunchSpec, SGLangServer, find_engine_python, resolve_model
 from fastpp.backends.sglang.recorder import finalize_record_dir, read_jsonl
 from fastpp.run_files import read_iterations_csv
@@ -146,6 +147,25 @@ def test_raising_policy_falls_back_and_the_server_keeps_serving(predictive_fault
     assert any(not d["fallback"] and d["reason"] != "fallback: policy error" for d in decisions)
     assert applied_vs_decided(predictive_faulty.record_dir) == []
     assert "raised PolicyFault" in predictive_faulty.log.read_text()
+
+
+def test_record_dir_times_every_phase_of_the_pp_loop(greedy_ds):
+    iterations = read_iterations_csv(greedy_ds.record_dir / "iterations.csv")
+    for rank in (0, 1):
+        steps = read_jsonl(greedy_ds.record_dir / f"host_rank{rank}.jsonl")
+        assert [s["step"] for s in steps] == sorted({s["step"] for s in steps})
+        for s in steps:  # the phases ran in event_loop_pp's order, each within its step
+            spans = [s[p] for p, _ in PHASES if p in s]
+            assert all(a <= b for a, b in spans)
+            assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:], strict=False))
+        launched = [s for s in steps if "launch" in s]
+        stage = [it for it in iterations if it.stage == rank]
+        # every recorded stage iteration is one timed launch, inside the interval recorded for it
+        assert len(launched) == len(stage) > 0
+        assert all(it.started_at <= s["launch"][0] and s["launch"][1] <= it.finished_at
+                   for s, it in zip(launched, stage, strict=True))
+        if rank == 1:
+            assert all("recv_activations" in s for s in launched)
 
 
 def test_record_dir_is_fastpp_run_format(greedy_ds):

@@ -1,6 +1,6 @@
 """Our policies inside one SGLang 0.5.23 scheduler process (one per PP rank).
 
-The plugin (``plugin.py``) routes five SGLang methods here:
+The plugin (``plugin.py``) routes these SGLang methods here:
 
 * ``Scheduler.get_new_batch_prefill`` -> ``form``: SGLang calls it once per PP-loop step (from
   ``get_next_batch_to_run``, after merging the slot's finished prefill into its running batch
@@ -13,9 +13,14 @@ The plugin (``plugin.py``) routes five SGLang methods here:
 * ``Scheduler._pp_launch_batch`` -> ``launch``: times this rank's stage of the microbatch,
   reads the batch's contents from SGLang's objects, and makes the stage's IterationRecord (rank
   0 feeds it to the policies; other ranks send it to rank 0).
-* ``Scheduler._pp_process_batch_result`` -> ``result``: tokens as they come back (rank 0:
+* ``Scheduler._pp_process_batch_result`` -> ``before_result`` (rank 0 takes in the other
+  stages' records of the returning microbatch) and ``result``: tokens as they come back (rank 0:
   TTFT, token gaps, request records).
+* ``SchedulerOutputStreamer.stream_output`` -> ``streaming``: finished requests are recorded
+  before SGLang replies to their clients.
 * ``Scheduler._add_request_to_queue`` -> ``enqueued``: arrivals (rank 0).
+* with a record directory, the methods of ``host_timing.PHASES`` -> ``phase_begin`` /
+  ``phase_end``: each PP-loop step's phases, timed on every rank.
 
 Meaning of C: the whole token budget of the microbatch, decodes included (fastpp's meaning).
 SGLang 0.5.23's ``chunked_prefill_size`` already has that meaning with ``--enable-mixed-chunk``
@@ -37,6 +42,7 @@ from typing import Any
 
 from fastpp.backends.sglang.batch_ops import batch_contents, park, restore
 from fastpp.backends.sglang.channel import Decision, DecisionChannel
+from fastpp.backends.sglang.host_timing import STEP_START, LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter
 from fastpp.backends.sglang.settings import PluginSettings
 from fastpp.backends.sglang.view import ParkedRequest, SGLangView
@@ -99,6 +105,7 @@ class SGLangAdapter:
         self._adder_budget: int | None = None
         self._slot_budget: dict[int, tuple[int | None, str, int | None]] = {}
         self._awaiting_records = 0  # leader: launched microbatches whose peers' records are due
+        self.timer: LoopStepTimer | None = None  # with a record dir: the PP loop's phase timings
 
     # ------------------------------------------------------------------ setup
     def _setup(self, sched: Any) -> None:
@@ -150,6 +157,8 @@ class SGLangAdapter:
                                        peers if self.is_leader else [])
         record_dir = self.settings.record_dir
         self.records = RecordWriter(record_dir, self.pp_rank) if record_dir else None
+        if self.records is not None:
+            self.timer = LoopStepTimer(self.clock, self.records.host, self.pp_rank)
         if self.records is not None and self.is_leader:
             setup = run_setup(sched, self.settings.policy, self.config, self.pp_size)
             if setup is not None:
@@ -385,6 +394,15 @@ class SGLangAdapter:
         if self.records is not None:
             self.records.iteration(rec)
         self.policies.observe(rec)
+
+    # ------------------------------------------------------------------ loop timings
+    def phase_begin(self, sched: Any, phase: str) -> None:
+        if self.timer is not None:
+            self.timer.begin(phase, _slot_of(sched) if phase == STEP_START else None)
+
+    def phase_end(self, phase: str) -> None:
+        if self.timer is not None:
+            self.timer.end(phase)
 
     # ------------------------------------------------------------------ results
     def before_result(self, batch: Any) -> None:

@@ -17,6 +17,8 @@ scheduler_components.output_streamer.                     BEFORE  streaming (fin
 SchedulerOutputStreamer.stream_output                             recorded before the reply)
 scheduler.Scheduler._add_request_to_queue                 AFTER   enqueued (arrivals)
 scheduler.Scheduler.collect_inflight_reqs                 AFTER   parked requests count as in flight
+scheduler.Scheduler.<each method of host_timing.PHASES>   BEFORE  phase_begin (with a record dir:
+scheduler.Scheduler.<each method of host_timing.PHASES>   AFTER   phase_end    the loop's timings)
 ========================================================  ======  ===========================
 """
 
@@ -87,6 +89,13 @@ def register() -> None:
         # parked requests are SGLang's too: aborts, idle checks and leak checks must see them
         return ret | {p.req for p in a.parked.values()} if a.parked else ret
 
+    if settings.record_dir:
+        # registered first, so they wrap SGLang's methods innermost: the phases exclude our hooks
+        from fastpp.backends.sglang.host_timing import PHASES
+
+        for phase, method in PHASES:
+            HookRegistry.register(f"{_SCHEDULER}.{method}", _phase_begin(a, phase), HookType.BEFORE)
+            HookRegistry.register(f"{_SCHEDULER}.{method}", _phase_end(a, phase), HookType.AFTER)
     HookRegistry.register(f"{_SCHEDULER}.get_new_batch_prefill", form, HookType.AROUND)
     HookRegistry.register(f"{_ADDER}.__init__", adder_init, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._pp_launch_batch", launch, HookType.AROUND)
@@ -96,3 +105,15 @@ def register() -> None:
     HookRegistry.register(f"{_SCHEDULER}._add_request_to_queue", enqueued, HookType.AFTER)
     HookRegistry.register(f"{_SCHEDULER}.collect_inflight_reqs", inflight, HookType.AFTER)
     log.info("fastpp plugin registered: policy %r", settings.policy)
+
+
+def _phase_begin(a: Any, phase: str) -> Any:
+    def hook(sched: Any, *args: Any, **kwargs: Any) -> None:
+        a.phase_begin(sched, phase)
+    return hook
+
+
+def _phase_end(a: Any, phase: str) -> Any:
+    def hook(ret: Any, sched: Any, *args: Any, **kwargs: Any) -> None:
+        a.phase_end(phase)
+    return hook

@@ -11,6 +11,7 @@ write: every file is appended line by line and flushed. Files under the record d
 * ``decisions.jsonl`` (PP rank 0): what the policies decided at each step (our intent);
 * ``batches_rank{r}.jsonl`` (every rank): what SGLang's batches actually carried, read from
   SGLang's own objects when each microbatch launched (the applied side, for checks);
+* ``host_rank{r}.jsonl`` (every rank): each PP-loop step's phase timings (``host_timing``);
 * ``setup.json`` (PP rank 0, at start-up): the deployment (``fastpp.run_setup``);
 * ``summary.json`` (with ``setup.json`` as its ``setup``) and ``timeline.json``: written
   afterwards by ``finalize_record_dir``.
@@ -52,6 +53,9 @@ class RecordWriter:
 
     def batch(self, entry: dict) -> None:
         self._open(f"batches_rank{self.pp_rank}.jsonl").write(json.dumps(entry) + "\n")
+
+    def host(self, entry: dict) -> None:
+        self._open(f"host_rank{self.pp_rank}.jsonl").write(json.dumps(entry) + "\n")
 
     def decision(self, entry: dict) -> None:
         self._open("decisions.jsonl").write(json.dumps(entry) + "\n")
