@@ -133,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--profile", help="a profile file (or shipped profile name) instead of fitting one")
     src.add_argument("--profile-from", type=Path, help="fit the profile to this other run folder")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
-    ap.add_argument("--host-loop", choices=("auto", "batch-queue", "free-slots"), default="auto",
-                    help="the simulated host loop: vLLM's batch queue or launch-into-any-free-slot "
-                         "(default auto: from the run's engine)")
+    ap.add_argument("--host-loop", choices=("auto", "batch-queue", "free-slots", "blocking-launch"),
+                    default="auto",
+                    help="the simulated host loop: vLLM's batch queue, launch-into-any-free-slot, or "
+                         "free slots with the host computing stage 0 (SGLang on CPU) (default auto: "
+                         "from the run's engine)")
     rec = ap.add_argument_group("recording a run first (--record)")
     rec.add_argument("--record", choices=("vllm", "sglang", "torch"),
                      help="serve this backend and record RUN_DIR")

@@ -45,7 +45,7 @@ def simulate(
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
-    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots (our engines, SGLang) or batch-queue (vLLM's engine-core loop: slots strictly in turn, the host blocks on the oldest output). [default: free-slots]")] = None,
+    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots (our engines, SGLang on GPUs), batch-queue (vLLM's engine-core loop: slots strictly in turn, the host blocks on the oldest output) or blocking-launch (free slots, but the host computes stage 0 itself and folds in returned tokens only between its launches: SGLang on CPU). [default: free-slots]")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,

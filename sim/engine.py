@@ -43,10 +43,15 @@ from fastpp.sim.events import EventClock
 from fastpp.types import IterationRecord, Request, RequestRecord
 
 # How the host launches microbatches (fastpp/pipeline.py): "free-slots" launches
-# into any free slot as soon as the scheduler has work (our engines, SGLang's PP loop);
+# into any free slot as soon as the scheduler has work (our engines, SGLang's PP loop on GPUs);
 # "batch-queue" is vLLM 0.32.0's engine-core loop (slots strictly in turn, blocking on the
-# oldest output), measured in docs/engines/vllm.md section 6.
-HOST_LOOPS: dict[str, type[PipelineDriver]] = {"free-slots": PipelineDriver, "batch-queue": BatchQueueDriver}
+# oldest output), measured in docs/engines/vllm.md section 6; "blocking-launch" is free-slots
+# with a host that computes stage 0 itself (SGLang's PP loop on CPU, where run_batch returns
+# only when the forward is done): while stage 0 computes, the host neither launches nor folds
+# in returned tokens; they wait for it (docs/engines/sglang.md section 6).
+HOST_LOOPS: dict[str, type[PipelineDriver]] = {"free-slots": PipelineDriver, "batch-queue": BatchQueueDriver,
+                                               "blocking-launch": PipelineDriver}
+HOST_COMPUTES_STAGE0 = frozenset({"blocking-launch"})
 
 ProgressFn = Callable[[int, int], None]  # (requests ended, total requests)
 PROGRESS_EVERY = 256  # report progress every this many returned microbatches
@@ -123,7 +128,9 @@ class PipelineSimulation:
         self._in_flight: dict[int, tuple[MicroBatchPlan, list[tuple[float, float]]]] = {}
         self._records: list[RequestRecord] = []
         self._next_arrival = 0  # index into self.requests
-        self._host_busy = False  # paying the launch overhead of a formed microbatch
+        self._host_busy = False  # paying the launch overhead, or (blocking launch) computing stage 0
+        self._blocking_launch = host_loop in HOST_COMPUTES_STAGE0
+        self._held_returns: list[int] = []  # blocking launch: slots returned while the host was busy
         self._host_woken = False  # a host step is already scheduled at the current instant
         self._num_returned = 0
         self._token_return_s = profile.token_return_s if profile.pp > 1 else 0.0
@@ -170,13 +177,24 @@ class PipelineSimulation:
                 self._host_busy = True
                 self.clock.at(self.clock.now + overhead, self._launch, plan)
                 return
-
             self._submit(plan)
+            if self._host_busy:  # blocking launch: computing stage 0
+                return
 
     def _launch(self, plan: MicroBatchPlan) -> None:
         self._host_busy = False
         self._submit(plan)
-        self._host_step()
+        if not self._host_busy:
+            self._host_step()
+
+    def _stage0_done(self, _: object = None) -> None:
+        """Blocking launch: the host is back from stage 0's compute; it folds in the tokens that
+        returned meanwhile (in the order they came back), then looks for work."""
+        self._host_busy = False
+        held, self._held_returns = self._held_returns, []
+        for slot in held:
+            self._fold_in(slot)
+        self._wake_host()
 
     # ------------------------------------------------------------------ the stages
     def _submit(self, plan: MicroBatchPlan) -> None:
@@ -204,17 +222,27 @@ class PipelineSimulation:
                 ready = link_free[i] = max(end, link_free[i]) + link_s
         self._in_flight[plan.slot] = (plan, times)
         self.clock.at(end + self._token_return_s, self._on_return, plan.slot)
+        if self._blocking_launch:
+            self._host_busy = True
+            self.clock.at(times[0][1], self._stage0_done)
 
     def _on_return(self, slot: int) -> None:
         """The sampled tokens of ``slot``'s microbatch are back, with every stage's (start,
-        end): the policies observe those, then the scheduler folds the tokens in."""
+        end): the policies observe those, then the scheduler folds the tokens in (a blocking
+        launch's busy host does that when it is free)."""
+        if self._blocking_launch and self._host_busy:
+            self._held_returns.append(slot)
+            return
+        self._fold_in(slot)
+        self._wake_host()
+
+    def _fold_in(self, slot: int) -> None:
         plan, times = self._in_flight.pop(slot)
         self.driver.stages_finished(plan, times)
         self.driver.returned(plan)
         self._num_returned += 1
         if self._progress is not None and self._num_returned % PROGRESS_EVERY == 0:
             self._progress(self.scheduler.num_ended, len(self.requests))
-        self._wake_host()
 
     # ------------------------------------------------------------------ run
     def run(self, progress: ProgressFn | None = None) -> SimResult:

@@ -100,7 +100,7 @@ class DeploymentConfig:
     max_context: int | None = None  # default: the model's context length
     page_size: int | None = None  # default: the profile's
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
-    host_loop: str = "free-slots"  # or "batch-queue": vLLM's engine-core loop (sim/engine.py HOST_LOOPS)
+    host_loop: str = "free-slots"  # or batch-queue (vLLM), blocking-launch (sim/engine.py HOST_LOOPS)
 
     @property
     def label(self) -> str:

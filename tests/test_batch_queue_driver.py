@@ -1,4 +1,5 @@
-"""fastpp.pipeline.BatchQueueDriver: vLLM's batch-queue host loop in the simulator."""
+"""The simulator's host loops: fastpp.pipeline.BatchQueueDriver (vLLM's batch queue) and the
+blocking launch (SGLang on CPU), against the free-slots loop."""
 
 from __future__ import annotations
 
@@ -77,5 +78,30 @@ def test_a_deployment_chooses_its_host_loop():
         assert run.summary["host_loop"] == loop and run.summary["completed"] == 30
     # vLLM's loop leaves slots idle while it waits on the oldest output: fewer, fuller microbatches
     assert runs["batch-queue"].result.num_microbatches < runs["free-slots"].result.num_microbatches
-    with pytest.raises(ValueError, match="host loop must be one of free-slots, batch-queue, got 'fifo'"):
+    with pytest.raises(ValueError, match="free-slots, batch-queue, blocking-launch, got 'fifo'"):
         check_deployment(DeploymentConfig(host_loop="fifo"))
+
+
+def test_a_blocking_launch_host_neither_launches_nor_folds_in_tokens_while_stage_0_computes():
+    from dataclasses import replace
+
+    profile = replace(load_profile(resolve_profile("cpu_smollm2-135m_pp2")), host_overhead_s=0.004)
+    reqs = [Request(i, 0.003 * i, 200, 6) for i in range(8)]
+    runs = {}
+    for loop in ("free-slots", "blocking-launch"):
+        config = SchedulerConfig(num_slots=2, kv_capacity_tokens=65536, page_size=16, chunk_candidates=(256,),
+                                 default_chunk=256, slo=SLO(5.0, 0.5))
+        chunk, balancer = make_policies("static", config, profile)
+        result = PipelineSimulation(profile, Scheduler(config, lambda: 0.0, chunk, balancer), reqs,
+                                    host_loop=loop).run()
+        assert all(r.num_generated == 6 for r in result.records)
+        stage0 = sorted((it.started_at, it.finished_at) for it in result.iterations if it.stage == 0)
+        gaps = [b[0] - a[1] for a, b in zip(stage0, stage0[1:], strict=False)]
+        tokens = [t for r in result.records for t in r.token_times]
+        inside = sum(any(a < t < b for a, b in stage0) for t in tokens)
+        runs[loop] = (min(gaps), inside)
+    # free slots: the host forms the next microbatch while stage 0 computes (back-to-back
+    # launches) and folds tokens in whenever they return
+    assert runs["free-slots"][0] == 0.0 and runs["free-slots"][1] > 0
+    # blocking launch: the host pays its overhead after stage 0's compute, and tokens wait for it
+    assert runs["blocking-launch"][0] >= 0.004 - 1e-12 and runs["blocking-launch"][1] == 0
