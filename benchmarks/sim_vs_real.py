@@ -70,8 +70,14 @@ def replay_requests(records: list[RequestRecord]) -> tuple[list[Request], float]
 
 def host_loop_of(setup: RunSetup) -> str:
     """The host loop the engine runs: ``batch-queue`` for vLLM (fastpp.pipeline.BatchQueueDriver),
-    ``free-slots`` (our PipelineDriver: SGLang's loop, our engine's, the simulator's) otherwise."""
-    return "batch-queue" if setup.engine.startswith("vllm") and setup.pp > 1 else "free-slots"
+    ``blocking-launch`` for SGLang on CPU (its scheduler computes stage 0 itself, synchronously:
+    docs/engines/sglang.md section 6), ``free-slots`` (our PipelineDriver: SGLang's loop on GPUs,
+    our engine's, the simulator's) otherwise."""
+    if setup.pp > 1 and setup.engine.startswith("vllm"):
+        return "batch-queue"
+    if setup.engine.startswith("sglang") and setup.device.upper() == "CPU":
+        return "blocking-launch"
+    return "free-slots"
 
 
 def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_loop: str = "free-slots"):

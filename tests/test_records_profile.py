@@ -292,6 +292,9 @@ def test_sim_vs_real_replays_a_recorded_run(cpu_run, tmp_path):
     # a vLLM run is replayed with vLLM's batch-queue host loop
     setup = RunSetup.from_summary(json.loads((run_dir / SUMMARY).read_text()))
     assert script["host_loop_of"](replace(setup, engine="vllm 0.32.0")) == "batch-queue"
+    # SGLang on CPU computes stage 0 in its scheduler loop; on a GPU it launches asynchronously
+    assert script["host_loop_of"](replace(setup, engine="sglang 0.5.23", device="CPU")) == "blocking-launch"
+    assert script["host_loop_of"](replace(setup, engine="sglang 0.5.23", device="H100")) == "free-slots"
 
 
 def test_vllm_host_side_reads_a_record_dir(tmp_path):
