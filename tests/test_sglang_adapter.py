@@ -244,7 +244,7 @@ def test_loop_step_timer_writes_each_non_idle_step_once():
     timer.begin("process_result")  # a second call within the step keeps the first interval
     timer.end("process_result")
     timer.end("send_activations")  # an end without its begin is ignored
-    timer.close()
+    timer.begin("ingest", slot=1)  # the next step starts: the last one is written
     assert written == [
         {"rank": 1, "step": 0, "slot": 0, "ingest": [0.0, 1.0], "schedule": [2.0, 3.0], "launch": [4.0, 5.0]},
         {"rank": 1, "step": 2, "slot": 0, "process_result": [9.0, 10.0]},

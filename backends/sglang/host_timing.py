@@ -12,7 +12,9 @@ per step that launched a microbatch or processed a returned one to ``host_rank{r
 Instants are on the run's clock (the iterations' clock: ``time.time()`` minus the run's epoch).
 A phase the step did not run is absent. ``slot`` is the microbatch slot the step launched (or
 would have launched); the step processes the result of slot ``(slot + 1) % pp_loop_size``.
-Idle steps (nothing launched, nothing returned) are not written: an idle loop spins.
+Idle steps (nothing launched, nothing returned) are not written: an idle loop spins. A step is
+written when the next one starts (SGLang stops its ranks with signals, so the step in progress
+when a rank is killed is lost; the loop idles after the last request, so no served step is).
 
 ``benchmarks/sglang_host_side.py`` turns the files into the host-side figures of
 docs/engines/sglang.md section 6.
@@ -69,7 +71,3 @@ class LoopStepTimer:
         self.step += 1
         self._current = {}
         self._open.clear()
-
-    def close(self) -> None:
-        """Write the step in progress (when the process stops cleanly)."""
-        self._flush()
