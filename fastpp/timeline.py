@@ -96,7 +96,7 @@ def write_chrome_trace(
     """
     plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
     dumps = partial(json.dumps, separators=(",", ":"))
-    slice_parts: dict[tuple, tuple[str, str]] = {}
+    slice_parts: dict = {}  # formatted text by slice fields (and reason texts by reason)
     parts = [dumps(e) for e in plan.meta]
     for i in plan.kept:
         parts.append(_slice_json(iterations[i], slice_parts) if i < len(iterations)
@@ -159,17 +159,23 @@ def _counter(sample: tuple[str, float, float]) -> dict:
             "args": {"value": float(v)}}
 
 
-def _slice_json(it: IterationRecord, parts: dict[tuple, tuple[str, str]]) -> str:
+def _slice_json(it: IterationRecord, parts: dict) -> str:
     """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them). The text
     before ``tid`` and from ``args`` on is the same for every stage of a microbatch: ``parts``
-    keeps it by the fields it is made of, so it is formatted once per microbatch."""
+    keeps it by the fields it is made of, so it is formatted once per microbatch, by f-strings
+    (integers print as json prints them; the one string field, ``reason``, goes through
+    ``json.dumps`` once per distinct value)."""
     key = _SLICE_KEY(it)
     both = parts.get(key)
     if both is None:
-        d = _slice(it)
-        head = json.dumps({k: d[k] for k in ("name", "cat", "ph", "pid")}, separators=(",", ":"))
-        both = parts[key] = (head[:-1] + ',"tid":',
-                             ',"args":' + json.dumps(d["args"], separators=(",", ":")) + "}")
+        reason = parts.get(it.reason)
+        if reason is None:
+            reason = parts[it.reason] = json.dumps(it.reason)
+        both = parts[key] = (
+            f'{{"name":"mb{it.mb_id} s{it.slot}","cat":"{_kind(it)}","ph":"X","pid":{PID},"tid":',
+            f',"args":{{"mb_id":{it.mb_id},"slot":{it.slot},"tokens":{it.num_tokens},'
+            f'"prefill_tokens":{it.num_prefill_tokens},"decode_reqs":{it.num_decode_reqs},'
+            f'"chunk_budget":{it.chunk_budget},"reason":{reason}}}}}')
     head, tail = both
     return (f"{head}{it.stage},\"ts\":{round(it.started_at * _US, _ROUND)!r},"
             f"\"dur\":{round(max(0.0, it.duration_s) * _US, _ROUND)!r}{tail}")
