@@ -4,6 +4,7 @@
     python benchmarks/sim_vs_real.py RUN_DIR --record vllm       # first serve, load and record it
     python benchmarks/sim_vs_real.py RUN_DIR --profile-from DIR2  # fitted to another run (held out)
     python benchmarks/sim_vs_real.py RUN_DIR --profile P.json     # any profile file
+    python benchmarks/sim_vs_real.py RUN_DIR --noise-cv 0.3 --noise-seeds 5   # noisy stage times
 
 RUN_DIR is a run folder (fastpp.run_files) with its setup in summary.json: ``fastpp serve
 --backend torch|vllm|sglang --record-dir``, or ``fastpp simulate -o``. The script
@@ -80,11 +81,13 @@ def host_loop_of(setup: RunSetup) -> str:
     return "free-slots"
 
 
-def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_loop: str = "free-slots"):
+def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_loop: str = "free-slots",
+             noise_cv: float = 0.0, noise_seed: int = 0):
     config = replace(setup.scheduler, num_slots=profile.pp)
     chunk_policy, balancer = make_policies(setup.policy, config, profile)
     scheduler = Scheduler(config, lambda: 0.0, chunk_policy, balancer)
-    return PipelineSimulation(profile, scheduler, requests, host_loop=host_loop).run()
+    return PipelineSimulation(profile, scheduler, requests, host_loop=host_loop, noise_cv=noise_cv,
+                              noise_seed=noise_seed).run()
 
 
 def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:
@@ -144,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated host loop: vLLM's batch queue, launch-into-any-free-slot, or "
                          "free slots with the host computing stage 0 (SGLang on CPU) (default auto: "
                          "from the run's engine)")
+    ap.add_argument("--noise-cv", type=float, default=0.0,
+                    help="simulated stage times jitter by a mean-one lognormal factor of this "
+                         "coefficient of variation (default 0: the profile's times exactly)")
+    ap.add_argument("--noise-seeds", type=int, default=1,
+                    help="with --noise-cv: simulate this many seeds and report their median")
     rec = ap.add_argument_group("recording a run first (--record)")
     rec.add_argument("--record", choices=("vllm", "sglang", "torch"),
                      help="serve this backend and record RUN_DIR")
@@ -177,16 +185,22 @@ def main(argv: list[str] | None = None) -> int:
     kept = {r.req_id for r in requests}
     real_records = [r for r in run.records if r.req_id in kept]
     host_loop = host_loop_of(setup) if args.host_loop == "auto" else args.host_loop
-    result = simulate(profile, setup, requests, host_loop)
+    if args.noise_cv and args.noise_seeds < 1:
+        raise SystemExit(f"--noise-seeds must be >= 1, got {args.noise_seeds}")
+    seeds = range(args.noise_seeds if args.noise_cv else 1)
+    runs = [simulate(profile, setup, requests, host_loop, args.noise_cv, seed) for seed in seeds]
+    sims = [summarize(r.records, slo=setup.scheduler.slo, backend="fastpp-sim") for r in runs]
+    sim_mb = int(np.median([r.num_microbatches for r in runs]))
+    sim = {key: float(np.median([float(x.get(key, math.nan)) for x in sims])) for key, _ in METRICS}
     real = summarize(real_records, slo=setup.scheduler.slo, backend=setup.engine)
-    sim = summarize(result.records, slo=setup.scheduler.slo, backend="fastpp-sim")
     real_mb = len({it.mb_id for it in run.iterations})
     in_sample = iteration_errors(profile, run.iterations)
     held_out = holdout_errors(run, setup, str(args.run_dir)) if not args.profile else None
 
     print(f"run: {args.run_dir} ({setup.engine}, {setup.device}, pp={setup.pp}, policy {setup.policy}, "
           f"{len(requests)} requests replayed)")
-    print(f"profile: {how}; simulated host loop: {host_loop}")
+    print(f"profile: {how}; simulated host loop: {host_loop}"
+          + (f"; stage-time noise CV {args.noise_cv} (median of {len(runs)} seeds)" if args.noise_cv else ""))
     for n in fit_notes:
         print(f"  note: {n}")
     print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
@@ -198,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in METRICS:
         r, s = float(real.get(key, math.nan)), float(sim.get(key, math.nan))
         print(f"| {label} | {r:.1f} | {s:.1f} | {_pct(s, r)} |")
-    sim_mb = result.num_microbatches
     print(f"| microbatches | {real_mb} | {sim_mb} | {_pct(sim_mb, real_mb)} |")
     print()
     # the profile's own error on this run's iterations: in-sample when fitted to this run; with
@@ -216,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         out = {"run_dir": str(args.run_dir), "engine": setup.engine, "policy": setup.policy, "profile": how,
                "host_loop": host_loop,
                "real": {k: real.get(k) for k, _ in METRICS}, "sim": {k: sim.get(k) for k, _ in METRICS},
-               "microbatches": {"real": real_mb, "sim": result.num_microbatches},
+               "microbatches": {"real": real_mb, "sim": sim_mb}, "noise_cv": args.noise_cv,
+               "noise_seeds": len(runs),
                "iteration_errors": in_sample, "iteration_errors_held_out": held_out,
                "profile_fields": {"host_overhead_s": profile.host_overhead_s,
                                   "token_return_s": profile.token_return_s,
