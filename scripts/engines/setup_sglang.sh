@@ -11,21 +11,11 @@
 # Why each choice: docs/engines/sglang.md ("Installing on CPU").
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-ENGINES_DIR=${FASTPP_ENGINES_DIR:-$REPO/.engines}
-VENV=$ENGINES_DIR/sglang-0.5.23
-PYTHON=${PYTHON:-python3}
-START=$(date +%s)
-
-# pip, quiet; drops two kinds of expected noise from its stderr: the local index folders it
-# skips (once per package) and the resolver listing the CUDA requirements left out on purpose.
-pip_install() {
-  local status=0
-  "$VENV/bin/python" -m pip install -q "$@" 2>"$VENV/.pip-stderr" || status=$?
-  grep -v -e "is ignored: it is neither a file nor a directory" -e "^sglang 0.5.23 requires" \
-    -e "dependency resolver does not currently take into account" "$VENV/.pip-stderr" >&2 || true
-  return $status
-}
+VENV_NAME=sglang-0.5.23
+# shellcheck source=scripts/engines/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# the resolver listing the CUDA requirements left out on purpose (below)
+PIP_EXPECTED=("^sglang 0.5.23 requires" "dependency resolver does not currently take into account")
 
 # SGLang's own pure-Python requirements (0.5.23 wheel METADATA), less what cannot or need not be
 # installed on a CPU machine: the CUDA kernels and stacks (cuda-python, flashinfer, sglang-kernel,

