@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from vllm_host_side import overlap_share, stats_ms
+from vllm_host_side import overlap_share, row_ms, stats_ms
 
 from fastpp.backends.sglang.host_timing import PHASES
 
@@ -108,12 +108,6 @@ def host_side(run_dir: Path) -> dict:
     return out
 
 
-def _row(label: str, s: dict) -> str:
-    if not s.get("n"):
-        return f"| {label} | 0 | - | - | - |"
-    return f"| {label} | {s['n']} | {s['median_ms']:.2f} | {s['p10_ms']:.2f} | {s['p90_ms']:.2f} |"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
@@ -132,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for rank, per_phase in out["phases"].items():
         for phase, _ in PHASES:
-            print(_row(f"rank {rank}: {phase}", per_phase[phase]))
+            print(row_ms(f"rank {rank}: {phase}", per_phase[phase]))
     print("| per microbatch | n | median ms | p10 ms | p90 ms |")
     print("|---|---|---|---|---|")
     for key, label in (
@@ -142,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             ("last_stage_end_to_tokens_processed_s",
              "last stage ends -> rank 0 processed them (token return)"),
             ("slot_cycle_gap_s", "last stage ends -> rank 0 launches the slot again")):
-        print(_row(label, out[key]))
+        print(row_ms(label, out[key]))
     if args.profile is not None:
         from fastpp.profile import load_profile, save_profile
 

@@ -111,6 +111,13 @@ def host_side(run_dir: Path) -> dict:
     return out
 
 
+def row_ms(label: str, s: dict) -> str:
+    """A markdown row of ``stats_ms`` figures: | label | n | median | p10 | p90 |."""
+    if not s.get("n"):
+        return f"| {label} | 0 | - | - | - |"
+    return f"| {label} | {s['n']} | {s['median_ms']:.2f} | {s['p10_ms']:.2f} | {s['p90_ms']:.2f} |"
+
+
 def overlap_share(first: list[tuple[float, float]], later: list[tuple[float, float]]) -> float:
     """Share of stage 0's busy time during which a later stage computes too: how much the
     pipeline actually pipelines (0 when one microbatch crosses the stages at a time)."""
@@ -147,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
               ("last_stage_end_to_token_s", "last stage ends -> token instant (token return)"),
               ("slot_cycle_gap_s", "last stage ends -> stage 0 starts the slot's next microbatch"))
     for key, label in labels:
-        s = out[key]
-        if s["n"]:
-            print(f"| {label} | {s['n']} | {s['median_ms']:.2f} | {s['p10_ms']:.2f} | {s['p90_ms']:.2f} |")
-        else:
-            print(f"| {label} | 0 | - | - | - |")
+        print(row_ms(label, out[key]))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

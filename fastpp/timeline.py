@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from operator import attrgetter
 from pathlib import Path
 
@@ -96,7 +96,7 @@ def write_chrome_trace(
     """
     plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
     dumps = partial(json.dumps, separators=(",", ":"))
-    slice_parts: dict = {}  # formatted text by slice fields (and reason texts by reason)
+    slice_parts: dict[tuple, tuple[str, str]] = {}
     parts = [dumps(e) for e in plan.meta]
     for i in plan.kept:
         parts.append(_slice_json(iterations[i], slice_parts) if i < len(iterations)
@@ -159,18 +159,16 @@ def _counter(sample: tuple[str, float, float]) -> dict:
             "args": {"value": float(v)}}
 
 
-def _slice_json(it: IterationRecord, parts: dict) -> str:
+def _slice_json(it: IterationRecord, parts: dict[tuple, tuple[str, str]]) -> str:
     """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them). The text
     before ``tid`` and from ``args`` on is the same for every stage of a microbatch: ``parts``
     keeps it by the fields it is made of, so it is formatted once per microbatch, by f-strings
     (integers print as json prints them; the one string field, ``reason``, goes through
-    ``json.dumps`` once per distinct value)."""
+    ``json.dumps``, cached: a run has few distinct reasons)."""
     key = _SLICE_KEY(it)
     both = parts.get(key)
     if both is None:
-        reason = parts.get(it.reason)
-        if reason is None:
-            reason = parts[it.reason] = json.dumps(it.reason)
+        reason = _json_text(it.reason)
         both = parts[key] = (
             f'{{"name":"mb{it.mb_id} s{it.slot}","cat":"{_kind(it)}","ph":"X","pid":{PID},"tid":',
             f',"args":{{"mb_id":{it.mb_id},"slot":{it.slot},"tokens":{it.num_tokens},'
@@ -181,5 +179,6 @@ def _slice_json(it: IterationRecord, parts: dict) -> str:
             f"\"dur\":{round(max(0.0, it.duration_s) * _US, _ROUND)!r}{tail}")
 
 
+_json_text = lru_cache(maxsize=4096)(json.dumps)  # a reason's JSON text
 _SLICE_KEY = attrgetter("mb_id", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
                         "chunk_budget", "reason")  # every field _slice takes but stage and times

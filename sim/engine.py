@@ -42,16 +42,26 @@ from fastpp.scheduler import Scheduler
 from fastpp.sim.events import EventClock
 from fastpp.types import IterationRecord, Request, RequestRecord
 
-# How the host launches microbatches (fastpp/pipeline.py): "free-slots" launches
-# into any free slot as soon as the scheduler has work (our engines, SGLang's PP loop on GPUs);
-# "batch-queue" is vLLM 0.32.0's engine-core loop (slots strictly in turn, blocking on the
-# oldest output), measured in docs/engines/vllm.md section 6; "blocking-launch" is free-slots
-# with a host that computes stage 0 itself (SGLang's PP loop on CPU, where run_batch returns
-# only when the forward is done): while stage 0 computes, the host neither launches nor folds
-# in returned tokens; they wait for it (docs/engines/sglang.md section 6).
-HOST_LOOPS: dict[str, type[PipelineDriver]] = {"free-slots": PipelineDriver, "batch-queue": BatchQueueDriver,
-                                               "blocking-launch": PipelineDriver}
-HOST_COMPUTES_STAGE0 = frozenset({"blocking-launch"})
+
+@dataclass(frozen=True, slots=True)
+class HostLoop:
+    """How the host launches microbatches (fastpp/pipeline.py). "free-slots" launches into any
+    free slot as soon as the scheduler has work (our engines, SGLang's PP loop on GPUs);
+    "batch-queue" is vLLM 0.32.0's engine-core loop (slots strictly in turn, blocking on the
+    oldest output), measured in docs/engines/vllm.md section 6; "blocking-launch" is free-slots
+    with a host that computes stage 0 itself (SGLang's PP loop on CPU, where run_batch returns
+    only when the forward is done): while stage 0 computes, the host neither launches nor folds
+    in returned tokens; they wait for it (docs/engines/sglang.md section 6)."""
+
+    driver: type[PipelineDriver]  # slot order and when the host calls the scheduler
+    computes_stage0: bool = False  # the host is busy while stage 0 computes what it launched
+
+
+HOST_LOOPS: dict[str, HostLoop] = {
+    "free-slots": HostLoop(PipelineDriver),
+    "batch-queue": HostLoop(BatchQueueDriver),
+    "blocking-launch": HostLoop(PipelineDriver, computes_stage0=True),
+}
 
 ProgressFn = Callable[[int, int], None]  # (requests ended, total requests)
 PROGRESS_EVERY = 256  # report progress every this many returned microbatches
@@ -120,7 +130,8 @@ class PipelineSimulation:
         env = self.clock.env
         scheduler.clock = lambda: env.now
         num_stages = len(profile.stages)
-        self.driver = HOST_LOOPS[host_loop](scheduler, num_stages, record_iterations=record_iterations)
+        loop = HOST_LOOPS[host_loop]
+        self.driver = loop.driver(scheduler, num_stages, record_iterations=record_iterations)
         self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster
         self._stage_free_at = [0.0] * num_stages  # when each stage ends its last microbatch
         self._link_free_at = [0.0] * num_stages  # when the link after each stage is free
@@ -129,7 +140,7 @@ class PipelineSimulation:
         self._records: list[RequestRecord] = []
         self._next_arrival = 0  # index into self.requests
         self._host_busy = False  # paying the launch overhead, or (blocking launch) computing stage 0
-        self._blocking_launch = host_loop in HOST_COMPUTES_STAGE0
+        self._blocking_launch = loop.computes_stage0
         self._held_returns: list[int] = []  # blocking launch: slots returned while the host was busy
         self._host_woken = False  # a host step is already scheduled at the current instant
         self._num_returned = 0
