@@ -14,8 +14,9 @@ stands for); the sampled tokens' path (the last stage ends slot k's microbatch -
 tokens -> rank 0 has processed them: the simulator's ``token_return_s``), and how much of that
 path is rank 0 still computing its own stage of the previous slot (the loop receives tokens only
 after its launch returns); the slot's cycle gap (last stage ends -> rank 0 launches the slot
-again); how often rank 0 schedules while a later stage computes; and how much of rank 0's compute
-overlaps a later stage's (the pipelining).
+again); how often rank 0 schedules while a later stage computes; how much of rank 0's compute
+overlaps a later stage's (the pipelining); and, from iterations.csv, how much the stage time of
+one microbatch shape varies (median, p10, p90, coefficient of variation).
 
 ``--profile P.json --profile-out Q.json`` writes P with ``host_overhead_s`` and
 ``token_return_s`` replaced by the medians measured here (for ``benchmarks/sim_vs_real.py
@@ -30,9 +31,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from vllm_host_side import overlap_share, row_ms, stats_ms
 
 from fastpp.backends.sglang.host_timing import PHASES
+from fastpp.run_files import read_iterations_csv
 
 
 def read_host_files(run_dir: Path) -> dict[int, list[dict]]:
@@ -105,7 +108,27 @@ def host_side(run_dir: Path) -> dict:
     out["rank0_scheduled_while_later_stage_computed"] = (
         sum(any(a < t1 and b > t0 for a, b in later) for t0, t1 in scheds) / max(len(scheds), 1))
     out["stage0_busy_while_later_stage_busy"] = overlap_share([tuple(s["launch"]) for s in launches0], later)
+    out["repeated_shapes"] = repeated_shapes(run_dir)
     return out
+
+
+def repeated_shapes(run_dir: Path, min_count: int = 5) -> list[dict]:
+    """Stage times of microbatches of one shape (stage, tokens, prefill tokens) seen at least
+    ``min_count`` times in iterations.csv: how much identical work varies on this machine (what
+    ``sim_vs_real.py --noise-cv`` puts back)."""
+    path = run_dir / "iterations.csv"
+    if not path.is_file():
+        return []
+    groups: dict[tuple[int, int, int], list[float]] = {}
+    for it in read_iterations_csv(path, torn_tail=True):
+        groups.setdefault((it.stage, it.num_tokens, it.num_prefill_tokens), []).append(it.duration_s)
+    rows = []
+    for (stage, tokens, prefill), times in sorted(groups.items()):
+        if len(times) >= min_count:
+            a = np.asarray(times)
+            rows.append({"stage": stage, "tokens": tokens, "prefill_tokens": prefill,
+                         **stats_ms(times), "cv": float(a.std() / a.mean())})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +160,14 @@ def main(argv: list[str] | None = None) -> int:
              "last stage ends -> rank 0 processed them (token return)"),
             ("slot_cycle_gap_s", "last stage ends -> rank 0 launches the slot again")):
         print(row_ms(label, out[key]))
+    shapes = out["repeated_shapes"]
+    if shapes:
+        print("| microbatch shape (stage, tokens, prefill tokens) | n | median ms | p10 ms | p90 ms | CV |")
+        print("|---|---|---|---|---|---|")
+        for r in shapes:
+            print(row_ms(f"{r['stage']}, {r['tokens']}, {r['prefill_tokens']}", r) + f" {r['cv']:.2f} |")
+        cv = np.average([r["cv"] for r in shapes], weights=[r["n"] for r in shapes])
+        print(f"CV over the repeated shapes, weighted by count: {cv:.2f}")
     if args.profile is not None:
         from fastpp.profile import load_profile, save_profile
 
