@@ -24,6 +24,7 @@ or ask the simulator what-if questions::
 from typing import TYPE_CHECKING, Any
 
 from fastpp._version import __version__
+from fastpp.iteration_log import IterationLog
 from fastpp.metrics import summarize
 from fastpp.plan import BalancePlan, MicroBatchPlan, RequestEnd, SchedulerStats, StepOutput
 from fastpp.policies import make_balancer, make_chunk_policy, make_policies
@@ -68,8 +69,8 @@ __all__ = [
     # the latency predictor (scikit-learn style fit / predict / partial_fit)
     "ALPPredictor", "TokensOnlyPredictor", "LatencyPredictor",
     # records, objectives, profiles
-    "IterationRecord", "Request", "RequestRecord", "FinishReason", "SLO", "Profile", "load_profile",
-    "summarize",
+    "IterationRecord", "IterationLog", "Request", "RequestRecord", "FinishReason", "SLO", "Profile",
+    "load_profile", "summarize",
     # our scheduler and its executor contract
     "Scheduler", "SchedulerConfig", "MicroBatchPlan", "StepOutput", "RequestEnd", "SchedulerStats",
     # the simulator

@@ -17,26 +17,30 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from fastpp.iteration_log import Head, IterationLog, make_record
 from fastpp.plan import MicroBatchPlan, StepOutput
 from fastpp.scheduler import Scheduler
 from fastpp.types import IterationRecord
 
 
+def microbatch_head(plan: MicroBatchPlan) -> Head:
+    """The fields every stage record of ``plan`` shares (``fastpp.iteration_log``)."""
+    return (plan.mb_id, plan.slot, plan.num_tokens, plan.num_prefill_tokens,
+            len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx,
+            plan.chunk_budget, plan.reason, plan.num_sampled)
+
+
 def iteration_record(plan: MicroBatchPlan, stage: int, started_at: float,
                      finished_at: float) -> IterationRecord:
     """The IterationRecord of ``plan`` on ``stage`` between the two instants (seconds)."""
-    return IterationRecord(
-        plan.mb_id, stage, plan.slot, started_at, finished_at, plan.num_tokens,
-        plan.num_prefill_tokens, len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq,
-        plan.sum_dec_ctx, plan.chunk_budget, plan.reason, plan.num_sampled,
-    )
+    return make_record(microbatch_head(plan), stage, started_at, finished_at)
 
 
 class PipelineDriver:
     """Launch order, stage records and returns of one pipeline around ``scheduler``.
 
     ``stage_busy_s`` accumulates each stage's compute seconds; with ``record_iterations`` every
-    IterationRecord is kept in ``iterations`` (a run's iterations file and timeline).
+    stage record is kept in ``iterations`` (a run's iterations file and timeline).
     """
 
     def __init__(self, scheduler: Scheduler, num_stages: int, *, record_iterations: bool = True) -> None:
@@ -45,7 +49,7 @@ class PipelineDriver:
         self.scheduler = scheduler
         self.num_stages = num_stages
         self.record_iterations = record_iterations
-        self.iterations: list[IterationRecord] = []
+        self.iterations = IterationLog()
         self.stage_busy_s = [0.0] * num_stages
         self._num_slots = scheduler.config.num_slots
         self._next_slot = 0
@@ -76,15 +80,19 @@ class PipelineDriver:
 
     def stages_finished(self, plan: MicroBatchPlan, times: Sequence[tuple[float, float]]) -> None:
         """Stages 0, 1, ... computed ``plan`` between these (start, end) instants: each is
-        recorded and observed as by ``stage_finished``, unless nobody needs the records (no
-        iterations kept, no policy observes), and then only the busy time is counted."""
-        if self.record_iterations or self.scheduler.observes_iterations:
-            for stage, (start, end) in enumerate(times):
-                self.stage_finished(plan, stage, start, end)
-        else:
-            busy = self.stage_busy_s
-            for stage, (start, end) in enumerate(times):
-                busy[stage] += end - start
+        recorded and observed as by ``stage_finished``; the records are built only when a policy
+        observes them (the log keeps their columns)."""
+        busy = self.stage_busy_s
+        for stage, (start, end) in enumerate(times):
+            busy[stage] += end - start
+        record, observe = self.record_iterations, self.scheduler.observes_iterations
+        if record or observe:
+            head = microbatch_head(plan)
+            if record:
+                self.iterations.add_stages(head, times)
+            if observe:
+                for stage, (start, end) in enumerate(times):
+                    self.scheduler.observe(make_record(head, stage, start, end))
 
     def returned(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
         """The sampled tokens of ``plan`` are back: fold them in (see ``Scheduler.update``)."""

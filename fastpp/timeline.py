@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache, partial
-from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 
+from fastpp.iteration_log import Head, IterationLog
 from fastpp.types import IterationRecord
 
 MAX_EVENTS = 200_000  # data events kept in one trace (metadata events are not counted)
@@ -74,8 +74,9 @@ def chrome_trace(
     ``num_events`` (before the cap) and ``num_events_kept``. Raises ValueError for a negative
     ``max_events`` or stage index.
     """
-    plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
-    events = [_slice(iterations[i]) if i < len(iterations) else _counter(plan.sample(i))
+    log = IterationLog.of(iterations)
+    plan = _TracePlan(log, stage_names, extra_tracks, max_events)
+    events = [_slice(log[i]) if i < len(log) else _counter(plan.sample(i))
               for i in plan.kept]
     return {"traceEvents": plan.meta + events, "displayTimeUnit": "ms", "otherData": plan.other}
 
@@ -91,15 +92,18 @@ def write_chrome_trace(
     """Write ``chrome_trace(...)`` to ``path`` as compact JSON; returns the path.
 
     The bytes are those of ``json.dumps(chrome_trace(...), separators=(",", ":"))``, but each
-    slice's text is formatted directly (``_slice_json``) instead of built as a dict and encoded:
-    a run of an hour has 200,000 of them.
+    slice's text is formatted directly (``_slice_json``) from the columns of an IterationLog
+    instead of built as a dict and encoded: a run of an hour has 200,000 of them.
     """
-    plan = _TracePlan(iterations, stage_names, extra_tracks, max_events)
+    log = IterationLog.of(iterations)
+    plan = _TracePlan(log, stage_names, extra_tracks, max_events)
     dumps = partial(json.dumps, separators=(",", ":"))
-    slice_parts: dict[tuple, tuple[str, str]] = {}
+    slice_parts: dict[Head, tuple[str, str]] = {}
     parts = [dumps(e) for e in plan.meta]
+    heads, stages, starts, ends = log.heads, log.stages, log.started_at, log.finished_at
+    n = len(log)
     for i in plan.kept:
-        parts.append(_slice_json(iterations[i], slice_parts) if i < len(iterations)
+        parts.append(_slice_json(heads[i], stages[i], starts[i], ends[i], slice_parts) if i < n
                      else dumps(_counter(plan.sample(i))))
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
@@ -115,14 +119,14 @@ class _TracePlan:
     """What a trace holds: its metadata events, which slices and counter samples are kept (in
     time order) and its ``otherData``; shared by ``chrome_trace`` and ``write_chrome_trace``."""
 
-    def __init__(self, iterations: Sequence[IterationRecord], stage_names: Sequence[str] | None,
+    def __init__(self, log: IterationLog, stage_names: Sequence[str] | None,
                  extra_tracks: Mapping[str, Sequence[tuple[float, float]]] | None,
                  max_events: int) -> None:
         if max_events < 0:
             raise ValueError(f"max_events must be >= 0, got {max_events}")
         names = list(stage_names or ())
-        num_stages = max([len(names)] + [it.stage + 1 for it in iterations])
-        if any(it.stage < 0 for it in iterations):
+        num_stages = max(len(names), max(log.stages, default=-1) + 1)
+        if min(log.stages, default=0) < 0:
             raise ValueError("iteration stage must be >= 0")
         self.meta: list[dict] = [
             {"name": "process_name", "ph": "M", "pid": PID, "tid": 0, "args": {"name": "pipeline"}}
@@ -132,12 +136,11 @@ class _TracePlan:
             track = {"ph": "M", "pid": PID, "tid": k}
             self.meta.append({"name": "thread_name", **track, "args": {"name": label}})
             self.meta.append({"name": "thread_sort_index", **track, "args": {"sort_index": k}})
-        self._num_slices = len(iterations)
+        self._num_slices = len(log)
         self._samples = [(name, t, v) for name, series in (extra_tracks or {}).items()
                          for t, v in series]
         # keep the earliest: one stable argsort over slice starts and counter sample times
-        times = np.array([it.started_at for it in iterations] + [t for _, t, _ in self._samples],
-                         float)
+        times = np.array(log.started_at + [t for _, t, _ in self._samples], float)
         self.kept: list[int] = np.argsort(times, kind="stable")[:max_events].tolist()
         self.other = {
             "generator": "fastpp.timeline",
@@ -159,26 +162,25 @@ def _counter(sample: tuple[str, float, float]) -> dict:
             "args": {"value": float(v)}}
 
 
-def _slice_json(it: IterationRecord, parts: dict[tuple, tuple[str, str]]) -> str:
-    """The compact JSON text of ``_slice(it)`` (floats by repr, as json writes them). The text
-    before ``tid`` and from ``args`` on is the same for every stage of a microbatch: ``parts``
-    keeps it by the fields it is made of, so it is formatted once per microbatch, by f-strings
-    (integers print as json prints them; the one string field, ``reason``, goes through
-    ``json.dumps``, cached: a run has few distinct reasons)."""
-    key = _SLICE_KEY(it)
-    both = parts.get(key)
+def _slice_json(head: Head, stage: int, started_at: float, finished_at: float,
+                parts: dict[Head, tuple[str, str]]) -> str:
+    """The compact JSON text of ``_slice`` of this stage iteration (floats by repr, as json
+    writes them). The text before ``tid`` and from ``args`` on is the same for every stage of a
+    microbatch: ``parts`` keeps it by the microbatch's head, so it is formatted once per
+    microbatch, by f-strings (integers print as json prints them; the one string field,
+    ``reason``, goes through ``json.dumps``, cached: a run has few distinct reasons)."""
+    both = parts.get(head)
     if both is None:
-        reason = _json_text(it.reason)
-        both = parts[key] = (
-            f'{{"name":"mb{it.mb_id} s{it.slot}","cat":"{_kind(it)}","ph":"X","pid":{PID},"tid":',
-            f',"args":{{"mb_id":{it.mb_id},"slot":{it.slot},"tokens":{it.num_tokens},'
-            f'"prefill_tokens":{it.num_prefill_tokens},"decode_reqs":{it.num_decode_reqs},'
-            f'"chunk_budget":{it.chunk_budget},"reason":{reason}}}}}')
-    head, tail = both
-    return (f"{head}{it.stage},\"ts\":{round(it.started_at * _US, _ROUND)!r},"
-            f"\"dur\":{round(max(0.0, it.duration_s) * _US, _ROUND)!r}{tail}")
+        mb_id, slot, tokens, prefill, decodes, _, _, _, budget, reason, _ = head
+        kind = ("mixed" if decodes else "prefill") if prefill else "decode"  # as _kind
+        both = parts[head] = (
+            f'{{"name":"mb{mb_id} s{slot}","cat":"{kind}","ph":"X","pid":{PID},"tid":',
+            f',"args":{{"mb_id":{mb_id},"slot":{slot},"tokens":{tokens},'
+            f'"prefill_tokens":{prefill},"decode_reqs":{decodes},'
+            f'"chunk_budget":{budget},"reason":{_json_text(reason)}}}}}')
+    head_text, tail_text = both
+    return (f"{head_text}{stage},\"ts\":{round(started_at * _US, _ROUND)!r},"
+            f"\"dur\":{round(max(0.0, finished_at - started_at) * _US, _ROUND)!r}{tail_text}")
 
 
 _json_text = lru_cache(maxsize=4096)(json.dumps)  # a reason's JSON text
-_SLICE_KEY = attrgetter("mb_id", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
-                        "chunk_budget", "reason")  # every field _slice takes but stage and times

@@ -72,7 +72,7 @@ class SimResult:
     """Everything a run produced. Times in seconds of virtual time."""
 
     records: list[RequestRecord]
-    iterations: list[IterationRecord]
+    iterations: Sequence[IterationRecord]  # an IterationLog (fastpp.iteration_log)
     stage_busy_s: list[float]  # compute time per stage
     end_at: float  # virtual time when the last request ended
     num_microbatches: int
