@@ -91,11 +91,13 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
                     max_time: float | None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fastpp.cli.forked_writes import ForkedWrites
     from fastpp.run_files import json_safe, write_json
     from fastpp.sim.output import write_simulation
     from fastpp.sim.run import run_simulation
 
     runs = []
+    writes = ForkedWrites()  # each run's files are written while the next run simulates
     quiet = as_json or not sys.stderr.isatty()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
@@ -109,9 +111,11 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
             except (ValueError, OSError) as exc:
                 fail(f"{dep.label}: {exc}")
             runs.append(run)
-            write_simulation(run, out, timeline=timeline)
+            write_simulation(run, out, timeline=timeline, submit=writes.submit)
     summaries = [r.summary for r in runs]
     write_json(summaries, out / "summary.json")
+    if failed := writes.wait():
+        fail(f"could not write {', '.join(failed)} (the errors are above)")
     if as_json:
         console.print_json(json.dumps(json_safe(summaries)))
         return

@@ -14,8 +14,9 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
@@ -118,20 +119,36 @@ def _csv_line(values: Sequence[Any]) -> str:
     return buf.getvalue()
 
 
+WriteFn = Callable[[], object]
+Submit = Callable[[str, WriteFn], None]  # (file name, a call that writes it)
+
+
 def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],
               summary: dict, *, stage_names: Sequence[str] | None = None,
-              timeline: bool = True) -> dict[str, Path]:
+              timeline: bool = True, submit: Submit | None = None) -> dict[str, Path]:
     """Write one run's folder (module docstring); returns the paths by kind. The timeline is
-    written only when there are iterations and ``timeline`` is set."""
+    written only when there are iterations and ``timeline`` is set.
+
+    ``submit`` runs each file's writer (all but summary.json): by default here and now; the CLI
+    passes one that writes in a forked child (``fastpp.cli.forked_writes``), so the files of a
+    long run are written side by side while it goes on.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "summary": write_json(summary, out / SUMMARY),
-        "records": write_records_jsonl(records, out / REQUESTS),
-        "iterations": write_iterations_csv(iterations, out / ITERATIONS),
-    }
+    paths = {"summary": write_json(summary, out / SUMMARY), "records": out / REQUESTS,
+             "iterations": out / ITERATIONS}
+    writes: list[tuple[str, WriteFn]] = [
+        (REQUESTS, partial(write_records_jsonl, records, paths["records"])),
+        (ITERATIONS, partial(write_iterations_csv, iterations, paths["iterations"]))]
     if timeline and iterations:
-        paths["timeline"] = write_chrome_trace(iterations, out / TIMELINE, stage_names=stage_names)
+        paths["timeline"] = out / TIMELINE
+        writes.append((TIMELINE, partial(write_chrome_trace, iterations, paths["timeline"],
+                                         stage_names=stage_names)))
+    for name, write in writes:
+        if submit is None:
+            write()
+        else:
+            submit(str(out / name), write)
     return paths
 
 

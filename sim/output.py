@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastpp.run_files import write_run
+from fastpp.run_files import Submit, write_run
 from fastpp.sim.run import SimulationRun
 
 
-def write_simulation(run: SimulationRun, out_dir: Path, *, timeline: bool = True) -> dict[str, Path]:
-    """Write ``run`` into ``out_dir / run.deployment.run_id``; returns the paths by kind."""
+def write_simulation(run: SimulationRun, out_dir: Path, *, timeline: bool = True,
+                     submit: Submit | None = None) -> dict[str, Path]:
+    """Write ``run`` into ``out_dir / run.deployment.run_id``; returns the paths by kind
+    (``submit``: see ``fastpp.run_files.write_run``)."""
     names = [f"stage {i} ({s.num_layers} layers)" for i, s in enumerate(run.profile.stages)]
     return write_run(out_dir / run.deployment.run_id, run.result.records, run.result.iterations,
-                     run.summary, stage_names=names, timeline=timeline)
+                     run.summary, stage_names=names, timeline=timeline, submit=submit)
