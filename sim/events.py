@@ -52,7 +52,7 @@ class EventClock:
         if now + delay != when:  # the subtraction rounded: step the delay onto ``when``
             delay = _exact_delay(now, when)
         self._num_scheduled += 1
-        Timeout(self.env, delay, arg).callbacks.append(lambda event: callback(event.value))
+        Timeout(self.env, delay, (callback, arg)).callbacks.append(_call)
 
     def next_at(self) -> float:
         """When the next scheduled callback is due (infinity when none is)."""
@@ -77,6 +77,12 @@ class EventClock:
     def __len__(self) -> int:
         """Callbacks scheduled and not yet run (between runs)."""
         return self._num_scheduled - self.num_events
+
+
+def _call(event: Timeout) -> None:
+    """A Timeout's callback: its value is the (callback, arg) pair ``at`` was given."""
+    callback, arg = event.value
+    callback(arg)
 
 
 def _exact_delay(now: float, when: float) -> float:
