@@ -52,6 +52,7 @@ def simulate(
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated second (> 0); abort what is left.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("runs/simulate"),
     timeline: Annotated[bool, typer.Option(help="Write a Chrome-trace timeline per deployment.")] = True,
+    table_format: Annotated[str, typer.Option("--table-format", help="How each run's request and iteration tables are written: text (requests.jsonl, iterations.csv) or parquet (requests.parquet, iterations.parquet: typed columns, written in C, for pandas / polars / DuckDB; needs pyarrow, pip install 'fastpp[parquet]').")] = "text",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
 ) -> None:
     """Simulate a deployment serving a workload; compare PP and TP side by side."""
@@ -83,12 +84,26 @@ def simulate(
         requests = wl.requests()
     except (ValueError, OSError) as exc:
         fail(str(exc))
+    _check_table_format(table_format)
     writable_dir(out)
-    _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time)
+    _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time, table_format)
+
+
+def _check_table_format(table_format: str) -> None:
+    """Fail before simulating when the tables cannot be written as asked."""
+    from fastpp.run_files import TABLE_FORMATS
+
+    if table_format not in TABLE_FORMATS:
+        fail(f"--table-format must be one of {', '.join(TABLE_FORMATS)}, got {table_format!r}")
+    if table_format == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            fail("--table-format parquet needs pyarrow: pip install 'fastpp[parquet]'")
 
 
 def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_json: bool,
-                    max_time: float | None) -> None:
+                    max_time: float | None, table_format: str = "text") -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fastpp.cli.forked_writes import ForkedWrites
@@ -111,7 +126,8 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
             except (ValueError, OSError) as exc:
                 fail(f"{dep.label}: {exc}")
             runs.append(run)
-            write_simulation(run, out, timeline=timeline, submit=writes.submit)
+            write_simulation(run, out, timeline=timeline, submit=writes.submit,
+                             table_format=table_format)
     summaries = [r.summary for r in runs]
     write_json(summaries, out / "summary.json")
     if failed := writes.wait():
@@ -127,6 +143,7 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
     for r in runs:
         for note in r.summary.get("notes", []):
             console.print(f"[yellow]{r.deployment.label}: {note}[/]")
-    files = "summary.json, requests.jsonl, iterations.csv" + (", timeline.json for Perfetto" if timeline else "")
+    tables = "requests.parquet, iterations.parquet" if table_format == "parquet" else "requests.jsonl, iterations.csv"
+    files = f"summary.json, {tables}" + (", timeline.json for Perfetto" if timeline else "")
     console.print(f"outputs in {out}/: summary.json, and one folder per deployment ({files})",
                   markup=False, highlight=False)

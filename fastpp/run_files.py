@@ -6,6 +6,9 @@ run can become a profile (``fastpp profile --from-records DIR``).
     requests.jsonl   one RequestRecord per line (``RequestRecord.to_dict``; gaps in ms)
     iterations.csv   one IterationRecord per stage and microbatch (its field names as header)
     timeline.json    Chrome trace of the iterations, one track per stage (Perfetto opens it)
+
+With ``table_format="parquet"`` the two tables are requests.parquet and iterations.parquet
+instead (the same columns, typed; ``fastpp.run_parquet``); ``read_run`` reads either.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from typing import Any
 import numpy as np
 
 from fastpp.iteration_log import HEAD_FIELDS, IterationLog
+from fastpp.run_parquet import (
+    ITERATIONS_PARQUET,
+    REQUESTS_PARQUET,
+    read_iterations_parquet,
+    read_records_parquet,
+    write_iterations_parquet,
+    write_records_parquet,
+)
 from fastpp.timeline import write_chrome_trace
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
 
@@ -31,6 +42,7 @@ SUMMARY = "summary.json"
 REQUESTS = "requests.jsonl"
 ITERATIONS = "iterations.csv"
 TIMELINE = "timeline.json"
+TABLE_FORMATS = ("text", "parquet")  # requests.jsonl + iterations.csv, or the two .parquet
 
 
 def json_safe(value: Any) -> Any:
@@ -125,30 +137,38 @@ Submit = Callable[[str, WriteFn], None]  # (file name, a call that writes it)
 
 def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],
               summary: dict, *, stage_names: Sequence[str] | None = None,
-              timeline: bool = True, submit: Submit | None = None) -> dict[str, Path]:
+              timeline: bool = True, submit: Submit | None = None,
+              table_format: str = "text") -> dict[str, Path]:
     """Write one run's folder (module docstring); returns the paths by kind. The timeline is
-    written only when there are iterations and ``timeline`` is set.
+    written only when there are iterations and ``timeline`` is set; ``table_format`` is one of
+    TABLE_FORMATS.
 
     ``submit`` runs each file's writer (all but summary.json): by default here and now; the CLI
     passes one that writes in a forked child (``fastpp.cli.forked_writes``), so the files of a
     long run are written side by side while it goes on.
     """
+    if table_format not in TABLE_FORMATS:
+        raise ValueError(f"table format must be one of {', '.join(TABLE_FORMATS)}, got {table_format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": write_json(summary, out / SUMMARY), "records": out / REQUESTS,
-             "iterations": out / ITERATIONS}
-    writes: list[tuple[str, WriteFn]] = [
-        (REQUESTS, partial(write_records_jsonl, records, paths["records"])),
-        (ITERATIONS, partial(write_iterations_csv, iterations, paths["iterations"]))]
+    paths = {"summary": write_json(summary, out / SUMMARY)}
+    if table_format == "parquet":
+        tables = ((REQUESTS_PARQUET, write_records_parquet), (ITERATIONS_PARQUET, write_iterations_parquet))
+    else:
+        tables = ((REQUESTS, write_records_jsonl), (ITERATIONS, write_iterations_csv))
+    paths["records"], paths["iterations"] = out / tables[0][0], out / tables[1][0]
+    writes: list[tuple[Path, WriteFn]] = [
+        (paths["records"], partial(tables[0][1], records, paths["records"])),
+        (paths["iterations"], partial(tables[1][1], iterations, paths["iterations"]))]
     if timeline and iterations:
         paths["timeline"] = out / TIMELINE
-        writes.append((TIMELINE, partial(write_chrome_trace, iterations, paths["timeline"],
-                                         stage_names=stage_names)))
-    for name, write in writes:
+        writes.append((paths["timeline"], partial(write_chrome_trace, iterations, paths["timeline"],
+                                                  stage_names=stage_names)))
+    for path, write in writes:
         if submit is None:
             write()
         else:
-            submit(str(out / name), write)
+            submit(str(path), write)
     return paths
 
 
@@ -253,13 +273,26 @@ class RunFiles:
 
 
 def read_run(run_dir: str | Path) -> RunFiles:
-    """Read a folder ``write_run`` wrote. FileNotFoundError names a missing file."""
+    """Read a folder ``write_run`` wrote, with its tables in either format (Parquet where both
+    are there). FileNotFoundError names a missing file."""
     d = Path(run_dir)
-    for name in (SUMMARY, REQUESTS, ITERATIONS):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"{d}: no {name} (is this a run folder written by fastpp?)")
+    if not (d / SUMMARY).is_file():
+        raise FileNotFoundError(f"{d}: no {SUMMARY} (is this a run folder written by fastpp?)")
+    tables = []
+    for text, parquet in ((REQUESTS, REQUESTS_PARQUET), (ITERATIONS, ITERATIONS_PARQUET)):
+        if (d / parquet).is_file():
+            tables.append(d / parquet)
+        elif (d / text).is_file():
+            tables.append(d / text)
+        else:
+            raise FileNotFoundError(f"{d}: no {text} or {parquet} (is this a run folder written by fastpp?)")
     try:
         summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{d / SUMMARY}: not JSON: {exc}") from None
-    return RunFiles(summary, read_records_jsonl(d / REQUESTS), read_iterations_csv(d / ITERATIONS))
+    requests, iterations = tables
+    records = (read_records_parquet(requests) if requests.name == REQUESTS_PARQUET
+               else read_records_jsonl(requests))
+    iters = (list(read_iterations_parquet(iterations)) if iterations.name == ITERATIONS_PARQUET
+             else read_iterations_csv(iterations))
+    return RunFiles(summary, records, iters)
