@@ -152,10 +152,11 @@ def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": write_json(summary, out / SUMMARY)}
-    if table_format == "parquet":
-        tables = ((REQUESTS_PARQUET, write_records_parquet), (ITERATIONS_PARQUET, write_iterations_parquet))
-    else:
-        tables = ((REQUESTS, write_records_jsonl), (ITERATIONS, write_iterations_csv))
+    text = ((REQUESTS, write_records_jsonl), (ITERATIONS, write_iterations_csv))
+    parquet = ((REQUESTS_PARQUET, write_records_parquet), (ITERATIONS_PARQUET, write_iterations_parquet))
+    tables, other = (parquet, text) if table_format == "parquet" else (text, parquet)
+    for name, _ in other:  # a folder written before in the other format: no stale tables left
+        (out / name).unlink(missing_ok=True)
     paths["records"], paths["iterations"] = out / tables[0][0], out / tables[1][0]
     writes: list[tuple[Path, WriteFn]] = [
         (paths["records"], partial(tables[0][1], records, paths["records"])),

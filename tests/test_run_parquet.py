@@ -69,6 +69,10 @@ def test_a_bad_table_is_named(run, tmp_path):
     paths["records"].write_text("not parquet")
     with pytest.raises(ValueError, match=r"requests\.parquet: not a Parquet table"):
         read_run(tmp_path)
+    write_run(tmp_path, res.records[:3], [], {"again": True})  # as text: the Parquet tables go
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        "iterations.csv", "requests.jsonl", "summary.json", "timeline.json"]
+    assert len(read_run(tmp_path).records) == 3
     with pytest.raises(ValueError, match="table format must be one of text, parquet"):
         write_run(tmp_path / "x", res.records, res.iterations, {}, table_format="xml")
 
