@@ -65,6 +65,9 @@ HOST_LOOPS: dict[str, HostLoop] = {
 
 ProgressFn = Callable[[int, int], None]  # (requests ended, total requests)
 PROGRESS_EVERY = 256  # report progress every this many returned microbatches
+LOOK_STEP_S = 1.0  # run_until_ended checks the records this often, in virtual seconds
+GIVE_UP_EVERY_S = 10.0  # ... and asks its give_up predicate this often
+GiveUp = Callable[[Sequence[RequestRecord], float], bool]  # (arrived records, now) -> stop?
 
 
 @dataclass(slots=True)
@@ -146,6 +149,9 @@ class PipelineSimulation:
         self._num_returned = 0
         self._token_return_s = profile.token_return_s if profile.pp > 1 else 0.0
         self._progress: ProgressFn | None = None
+        self._started = False  # first arrival and first host look scheduled
+        self._first_unended = 0  # run_until_ended: records before this index have ended
+        self.gave_up = False  # the last run_until_ended stopped on its give_up predicate
 
     # ------------------------------------------------------------------ arrivals
     def _arrive(self, _: object = None) -> None:
@@ -260,10 +266,8 @@ class PipelineSimulation:
         """Simulate until every request has ended (or ``max_time_s``, then abort the rest)."""
         self._progress = progress
         wall0, cpu0 = time.perf_counter(), time.process_time()
+        self._start()
         clock = self.clock
-        if self.requests:
-            clock.at(self.requests[0].arrived_at, self._arrive)
-        self._wake_host()  # the host's first look, after the arrivals due at time 0
         finished = clock.run(math.inf if self.max_time_s is None else self.max_time_s)
         notes: list[str] = []
         sched = self.scheduler
@@ -290,3 +294,49 @@ class PipelineSimulation:
             events=clock.num_events,
             notes=notes,
         )
+
+    def run_until_ended(self, count: int, give_up: GiveUp | None = None) -> list[RequestRecord]:
+        """Simulate until the first ``count`` requests by arrival have all ended, the later ones
+        arriving meanwhile as they would in a longer run, and return those ``count`` records
+        (final: a record no longer changes once its request has ended). Call again with a larger
+        ``count`` to look further: the run goes on from where it stopped, so looking at n, then
+        2n requests costs one run of 2n, and the first n are judged amid the load that follows
+        them instead of a queue that drains (fastpp.sim.goodput's converging probes).
+
+        ``give_up(records, now)`` is asked every ``GIVE_UP_EVERY_S`` virtual seconds with the
+        records of those of the first ``count`` requests that have arrived; when it answers
+        True the run stops there and returns them as they stand (some not ended), and
+        ``gave_up`` is True until the next call. A later call goes on from that point as if it
+        had never stopped."""
+        if not 0 <= count <= len(self.requests):
+            raise ValueError(f"count must be in [0, {len(self.requests)}] requests, got {count}")
+        self._start()
+        self.gave_up = False
+        clock, records = self.clock, self._records
+        # step virtual time in LOOK_STEP_S strides; records end out of order, so a pointer
+        # skips the leading ended ones (amortised O(1) a look)
+        next_ask = clock.now + GIVE_UP_EVERY_S
+        while True:
+            i = self._first_unended
+            while i < len(records) and records[i].finish_reason is not None:
+                i += 1
+            self._first_unended = i
+            if i >= count:
+                break
+            if give_up is not None and clock.now >= next_ask:
+                next_ask = clock.now + GIVE_UP_EVERY_S
+                if give_up(records[:count], clock.now):
+                    self.gave_up = True
+                    break
+            if clock.run(clock.now + LOOK_STEP_S):
+                break
+        return records[:count]
+
+    def _start(self) -> None:
+        """Schedule the first arrival and the host's first look (once per simulation)."""
+        if self._started:
+            return
+        self._started = True
+        if self.requests:
+            self.clock.at(self.requests[0].arrived_at, self._arrive)
+        self._wake_host()  # the host's first look, after the arrivals due at time 0

@@ -174,6 +174,27 @@ def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler
     return Scheduler(config, lambda: 0.0, chunk_policy, balancer)
 
 
+def open_simulation(
+    workload: WorkloadConfig,
+    deployment: DeploymentConfig,
+    *,
+    requests: list[Request] | None = None,
+    record_iterations: bool = True,
+    max_time_s: float | None = None,
+    noise_cv: float = 0.0,
+) -> PipelineSimulation:
+    """The simulation of ``workload`` on ``deployment``, built and not yet run: ``run()`` it
+    whole, or ``run_until_ended(n)`` to look at its first n requests and go on from there."""
+    reqs = workload.requests() if requests is None else requests
+    profile = deployment.load_profile()
+    if deployment.profile_path is not None:  # the file says how the deployment is split
+        deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
+    scheduler = build_scheduler(profile, deployment)
+    return PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
+                              max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
+                              host_loop=deployment.host_loop)
+
+
 def run_simulation(
     workload: WorkloadConfig,
     deployment: DeploymentConfig,
@@ -185,14 +206,12 @@ def run_simulation(
     noise_cv: float = 0.0,
 ) -> SimulationRun:
     """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
-    reqs = workload.requests() if requests is None else requests
-    profile = deployment.load_profile()
+    sim = open_simulation(workload, deployment, requests=requests,
+                          record_iterations=record_iterations, max_time_s=max_time_s,
+                          noise_cv=noise_cv)
+    profile, scheduler = sim.profile, sim.scheduler
     if deployment.profile_path is not None:  # the file says how the deployment is split
         deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
-    scheduler = build_scheduler(profile, deployment)
-    sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
-                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
-                             host_loop=deployment.host_loop)
     result = sim.run(progress)
     summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
                         request_rate=workload.rate if workload.replay is None else None)

@@ -180,3 +180,48 @@ def test_guarded_policies_observe_unless_both_say_they_do_not():
 
     assert not GuardedPolicies(StaticChunkPolicy(64), NoBalancer(), 64).observes
     assert GuardedPolicies(_Watcher([]), NoBalancer(), 64).observes  # no attribute: assumed
+
+
+def test_looking_at_the_first_requests_and_going_on_changes_nothing():
+    """run_until_ended(n) stops once the first n requests by arrival have ended and hands back
+    final records; going on (a larger count, or run()) gives what one uninterrupted run gives."""
+    import copy
+
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+
+    workload = WorkloadConfig(name="azure-conv", rate=7.0, num_requests=300, seed=3)
+    deployment = DeploymentConfig(pp=4, policy="predictive")
+    stepped = open_simulation(workload, deployment, record_iterations=False)
+    first = copy.deepcopy(stepped.run_until_ended(80))
+    assert [r.req_id for r in first] == list(range(80))
+    assert all(r.is_finished for r in first)
+    later = stepped.run_until_ended(200)
+    assert later[:80] == first  # ended records do not change as the run goes on
+    direct = open_simulation(workload, deployment, record_iterations=False).run_until_ended(200)
+    assert later == direct
+    whole = open_simulation(workload, deployment, record_iterations=False).run()
+    assert stepped.run().records == whole.records
+    assert whole.records[:200] == direct  # the first 200 ended as in the uninterrupted run
+    with pytest.raises(ValueError, match="count must be in"):
+        stepped.run_until_ended(301)
+
+
+def test_giving_up_stops_the_look_and_going_on_loses_nothing():
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+
+    workload = WorkloadConfig(name="azure-conv", rate=7.0, num_requests=300, seed=3)
+    deployment = DeploymentConfig(pp=4, policy="static:512")
+    asked: list[tuple[int, float]] = []
+
+    def give_up(arrived, now):
+        asked.append((len(arrived), now))
+        return now >= 20.0
+
+    stepped = open_simulation(workload, deployment, record_iterations=False)
+    partial = stepped.run_until_ended(250, give_up)
+    assert stepped.gave_up and len(partial) < 250 and not all(r.is_finished for r in partial)
+    assert [now for _, now in asked] == [10.0, 20.0] and asked[-1][0] == len(partial)
+    done = stepped.run_until_ended(250)
+    assert not stepped.gave_up and all(r.is_finished for r in done)
+    direct = open_simulation(workload, deployment, record_iterations=False).run_until_ended(250)
+    assert done == direct
