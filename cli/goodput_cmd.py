@@ -22,7 +22,7 @@ def goodput(
     seeds: Annotated[int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")] = 2,
     first_seed: Annotated[int, typer.Option(help="First workload seed of each probe.")] = 0,
     precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
-    low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 0.5,
+    low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 2.0,
     high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed a probe starts with; probes whose verdict is unsettled are lengthened (doubled, up to 16x). [default: enough arrivals for a steady queue]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,

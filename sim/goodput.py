@@ -27,13 +27,24 @@ Probe rules (``slo_goodput``):
   each seed's run cut into consecutive batches by arrival, the first dropped as warm-up, so
   that the standard error reflects requests that queue together). While 10% lies within
   ``SETTLE_Z`` standard errors of it, for TTFT or TPOT, the verdict is a coin toss that a longer
-  look could flip: the probe is run again twice as long, up to ``MAX_DOUBLINGS`` times and
-  ``MAX_REQUESTS_PER_SEED`` requests (its
+  look could flip: the probe is looked at twice as long, up to ``MAX_DOUBLINGS`` times and
+  ``MAX_REQUESTS_PER_SEED`` requests. A longer look goes on with the same simulation (each
+  seed's arrivals run one starting length past the longest look, ``run_until_ended``), so
+  looking at n, 2n, 4n requests costs one run of 4n, and every look judges its requests amid
+  the load that follows them, never a queue draining at the end of the arrivals (its
   metrics say ``converged=0`` if it is still unsettled then, and the longest run's verdict
-  stands). Far from the boundary one run decides; near it the probe grows until the P90s have
+  stands). A probe that misses one objective beyond doubt is settled whatever the other's
+  share. Far from the boundary one run decides; near it the probe grows until the P90s have
   settled, so the answer does not depend on the starting length. A probe that fails the
   steady-state rule alone is lengthened the same way: a burst passes on a longer look, a queue
   that really grows fails its P90s then.
+- Swamped probes stop early (P90 criterion): a look fails at once, without running its
+  requests to the end, when in every seed more than ``SWAMPED_SHARE`` of the requests it
+  judges are already certain to miss the TTFT objective (``TtftMisses``: a late first token,
+  none after waiting longer than the SLO, or rejected). Then the pooled P90 TTFT misses with
+  several times the 10% it may, which no longer look flips; the probe's metrics say
+  ``stopped_early=1`` and the lower bound on the share missed. If only some seeds are swamped,
+  those go on (the same simulation, nothing redone) and the look is judged as usual.
 - Steady state: per seed, split the requests by arrival order into quarters and pool each
   quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
   the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
@@ -57,8 +68,8 @@ from typing import Literal
 
 import numpy as np
 
-from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment, summarize
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation, run_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
@@ -69,14 +80,22 @@ STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor 
 MAX_DOUBLINGS = 4  # an unsettled probe is rerun twice as long at most this often (16x)
 MAX_REQUESTS_PER_SEED = 12_000  # ... and never beyond this (or the starting length if longer)
 UNSTEADY = "queue not stationary"  # the reason a probe fails the steady-state rule with
+SWAMPED_SHARE = 0.5  # a look stops early, failed, once every seed has this share of TTFT misses
 BATCHES = 8  # batch means per seed run (the first is warm-up) for the settling test
 SETTLE_Z = 2.0  # unsettled while 10% misses lies within this many standard errors
 # Version of the rules above: sweeps put it in a goodput point's id, so that cached rows of an
-# older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes).
-GOODPUT_METHOD = 2
+# older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes;
+# 3: a longer look goes on with the same run, and the search starts at DEFAULT_LOW).
+GOODPUT_METHOD = 3
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
+# slo_goodput's first probe and upper bracket guess, req/s. A low first probe is the dearest one
+# (a lightly loaded pipeline runs many small microbatches per request), and 2 req/s is below the
+# goodput of every 32B/14B deployment docs/RESULTS.md finds feasible; the search halves below it.
+DEFAULT_LOW = 2.0
+DEFAULT_HIGH = 8.0
 
 Criterion = Literal["p90", "attainment"]
+_COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)  # finish reasons of a served request
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +313,8 @@ def slo_goodput(
     seeds: Sequence[int] = (0, 1),
     num_requests: int | None = None,
     precision: float = 0.1,
-    low: float = 0.5,
-    high: float = 8.0,
+    low: float = DEFAULT_LOW,
+    high: float = DEFAULT_HIGH,
     criterion: Criterion = "p90",
     attainment: float = 0.9,
     max_probes: int = 16,
@@ -341,22 +360,49 @@ def slo_goodput(
         return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
                              require_steady=require_steady)
 
+    def swamped(misses: Sequence[TtftMisses], rate: float, n: int) -> ProbeResult:
+        total, missed = n * len(misses), sum(m.missed for m in misses)
+        reason = (f"P90 TTFT: {missed} of {total} requests already waited over "
+                  f"{slo.ttft_s * 1e3:g} ms for a first token (probe stopped early)")
+        return ProbeResult(rate, False, {"num_requests": float(total),
+                                         "ttft_missed_at_least": missed / total,
+                                         "stopped_early": 1.0}, reason,
+                           seed_ok=(False,) * len(misses))
+
     def judge(rate: float) -> ProbeResult:
         n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
-        cap = max(n, MAX_REQUESTS_PER_SEED)
-        for doubling in range(MAX_DOUBLINGS + 1 if converge else 1):
-            if doubling:
-                if n >= cap:
-                    break
-                n = min(2 * n, cap)
+        if not converge:  # one fixed run per seed, judged whole
             runs = run(rate, n)
-            whole = verdict(runs, rate)
-            # a queue that only looks unsteady may be a burst: a longer look shows which
-            unsettled = converge and ((criterion == "p90" and is_unsettled(runs, slo))
-                                      or whole.reason.startswith(UNSTEADY))
-            if not unsettled:
-                break
-        seed_ok = tuple(verdict([records], rate).ok for records in runs)
+            whole, unsettled = verdict(runs, rate), False
+        else:
+            cap = max(n, MAX_REQUESTS_PER_SEED)
+            # one simulation per seed, looked at over its first n, 2n, ... requests; arrivals go
+            # on one starting length past the longest look, so no look sees the queue drain
+            sims = [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + n,
+                                            duration_s=None),
+                                    deployment, record_iterations=False) for seed in seeds]
+            for doubling in range(MAX_DOUBLINGS + 1):
+                if doubling:
+                    if n >= cap:
+                        break
+                    n = min(2 * n, cap)
+                misses = [TtftMisses(slo) for _ in sims]
+                runs = [sim.run_until_ended(n, miss.past(SWAMPED_SHARE * n)
+                                            if criterion == "p90" else None)
+                        for sim, miss in zip(sims, misses, strict=True)]
+                if all(sim.gave_up for sim in sims):
+                    # every seed past half misses: the pooled P90 fails beyond doubt
+                    whole, unsettled = swamped(misses, rate, n), False
+                    break
+                runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
+                        for r, sim in zip(runs, sims, strict=True)]
+                whole = verdict(runs, rate)
+                # a queue that only looks unsteady may be a burst: a longer look shows which
+                unsettled = ((criterion == "p90" and is_unsettled(runs, slo))
+                             or whole.reason.startswith(UNSTEADY))
+                if not unsettled:
+                    break
+        seed_ok = whole.seed_ok or tuple(verdict([records], rate).ok for records in runs)
         return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
                                        "converged": float(not unsettled)}, seed_ok=seed_ok)
 
@@ -384,9 +430,8 @@ def judge_records(
     """Judge one probe from its per-seed records (pooled), as ``slo_goodput`` does; with
     ``require_steady=False`` a growing queue is reported in the metrics but does not fail it."""
     pooled = [r for records in runs for r in records]
-    summary = summarize(pooled, slo=slo)
     p90_ttft = _p90([_ttft_ms(r) for r in pooled])  # failures as infinite TTFT
-    p90_tpot = summary["p90_tpot_ms"]
+    p90_tpot = _p90_tpot_ms(pooled)
     share = slo_attainment(pooled, slo)
     steady = check_steady_state(runs, slo)
     failures: list[str] = []
@@ -399,7 +444,7 @@ def judge_records(
                 failures.append(f"P90 TPOT: {p90_tpot:.2f} ms > {slo.tpot_s * 1e3:g} ms")
     elif not share >= attainment:
         failures.append(f"attainment {100 * share:.1f}% < {100 * attainment:g}%")
-    num_failed = sum(r.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP) for r in pooled)
+    num_failed = sum(r.finish_reason not in _COMPLETED for r in pooled)
     if num_failed and failures:
         failures.append(f"{num_failed} of {len(pooled)} requests rejected/aborted/unfinished")
     if require_steady and not steady.is_stationary:
@@ -431,8 +476,10 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
     """Could a longer probe flip the P90 verdict? P90 <= SLO is "at most 10% of requests miss
     it"; the share of misses is estimated with batch means (each run cut by arrival into
     ``BATCHES`` consecutive batches, the first dropped as warm-up), whose spread accounts for
-    the correlation of requests that queue together. Unsettled iff, for TTFT or TPOT, 0.10 lies
-    within ``SETTLE_Z`` standard errors of the share of misses."""
+    the correlation of requests that queue together. Per objective (TTFT, TPOT) the share is a
+    settled pass when it lies more than ``SETTLE_Z`` standard errors below 0.10, a settled miss
+    when that far above, unsettled otherwise; the verdict (both must pass) is settled when
+    either objective is a settled miss or both are settled passes."""
     ttft_slo, tpot_slo = slo.ttft_s * 1e3 + SLO_SLACK_MS, slo.tpot_s * 1e3 + SLO_SLACK_MS
     shares: list[tuple[float, float]] = []  # per batch: share missing TTFT, share missing TPOT
     for records in runs:
@@ -446,19 +493,59 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
             shares.append((ttft_miss / len(batch), tpot_miss / max(1, len(tpots))))
     if len(shares) < 2:
         return False
+    states = []
     for k in (0, 1):
         values = np.array([s[k] for s in shares])
-        se = values.std(ddof=1) / math.sqrt(values.size)
-        if abs(values.mean() - 0.1) < SETTLE_Z * se:
-            return True
-    return False
+        margin = SETTLE_Z * values.std(ddof=1) / math.sqrt(values.size)
+        mean = values.mean()
+        states.append("miss" if mean - margin > 0.1 else "pass" if mean + margin < 0.1
+                      else "unsettled")
+    return "miss" not in states and "unsettled" in states
+
+
+class TtftMisses:
+    """Counts the requests already certain to miss the TTFT objective as a run goes on: a first
+    token later than the SLO, none yet after waiting longer than it, or ended without one
+    (rejected, aborted). Counted over the leading records (by arrival) whose fate is known, so
+    each check only reads the requests that arrived since the SLO's span before the last one."""
+
+    def __init__(self, slo: SLO) -> None:
+        self.limit_s = slo.ttft_s + SLO_SLACK_MS / 1e3
+        self.upto = 0  # records[:upto] are counted for good
+        self.missed = 0  # misses among them
+
+    def count(self, records: Sequence[RequestRecord], now: float) -> int:
+        limit, upto, missed = self.limit_s, self.upto, self.missed
+        while upto < len(records):
+            r = records[upto]
+            if r.first_token_at is not None:
+                missed += r.first_token_at - r.arrived_at > limit
+            elif r.finish_reason is not None or now - r.arrived_at > limit:
+                missed += 1
+            else:
+                break  # still waiting within the SLO: its fate, and the later ones', is open
+            upto += 1
+        self.upto, self.missed = upto, missed
+        return missed
+
+    def past(self, threshold: float) -> Callable[[Sequence[RequestRecord], float], bool]:
+        """A ``run_until_ended`` give-up predicate: more than ``threshold`` misses known."""
+        return lambda records, now: self.count(records, now) > threshold
 
 
 def _ttft_ms(r: RequestRecord) -> float:
     """TTFT in ms of a completed request; infinity for rejected, aborted or unfinished ones."""
-    if r.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP) or r.first_token_at is None:
+    if r.finish_reason not in _COMPLETED or r.first_token_at is None:
         return math.inf
     return (r.first_token_at - r.arrived_at) * 1e3
+
+
+def _p90_tpot_ms(records: Sequence[RequestRecord]) -> float:
+    """P90 TPOT (ms) over the completed requests that have one: ``summarize``'s
+    ``p90_tpot_ms`` without the rest of the summary (NaN when none has a TPOT)."""
+    tpots = [t for r in records if r.finish_reason in _COMPLETED and r.first_token_at is not None
+             and (t := r.tpot_s) is not None]
+    return float(np.percentile(np.array(tpots, float) * 1e3, 90)) if tpots else math.nan
 
 
 def _p90(values_ms: Sequence[float]) -> float:

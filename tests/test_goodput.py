@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,7 @@ from fastpp.sim.goodput import (
     judge_records,
     slo_goodput,
 )
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
 THRESHOLD = 3.37  # req/s: the synthetic criterion's true goodput
@@ -150,6 +151,22 @@ def test_failed_requests_count_as_infinite_ttft():
     assert "15 of 100 requests rejected" in probe.reason
 
 
+def test_the_probe_tpot_percentile_is_the_run_summarys():
+    """judge_records takes P90 TPOT without building the whole summary: the same number as
+    fastpp.metrics.summarize, failures and one-token outputs left out as there."""
+    from fastpp.metrics import summarize
+
+    records = run_simulation(WorkloadConfig(rate=9.0, num_requests=300, seed=1),
+                             DeploymentConfig(pp=4, policy="static:256"),
+                             record_iterations=False).result.records
+    records += [RequestRecord(900, 1.0, 100, 5, finished_at=1.0, finish_reason=FinishReason.REJECTED),
+                record(901, 2.0, 0.3)]
+    probe = judge_records([records], SLO_DEFAULT, rate=9.0)
+    assert probe.metrics["p90_tpot_ms"] == summarize(records)["p90_tpot_ms"]
+    one_token = [[record(0, 0.0, 0.1, num_tokens=1)]]  # no TPOT at all: NaN, as summarize
+    assert math.isnan(judge_records(one_token, SLO_DEFAULT, rate=1.0).metrics["p90_tpot_ms"])
+
+
 def test_steady_state_flags_a_growing_queue():
     # TTFT climbs 9 ms per request: pooled P90 (~1.7 s) passes, but the queue is growing
     growing = [[record(i, i * 0.25, 0.1 + 0.009 * i) for i in range(200)]]
@@ -189,6 +206,20 @@ def test_a_share_of_misses_near_ten_percent_is_unsettled_and_far_from_it_settled
     assert not is_unsettled(runs(0.02), SLO_DEFAULT) and not is_unsettled(runs(0.5), SLO_DEFAULT)
 
 
+def test_a_verdict_that_one_objective_fails_beyond_doubt_is_settled():
+    """TPOT misses near 10% leave the verdict open only while TTFT passes: when TTFT misses
+    beyond doubt, no longer look can make the probe pass."""
+    from fastpp.sim.goodput import is_unsettled
+
+    def runs(ttft_s):  # TPOT misses the 200 ms SLO with chance 0.1
+        rng = random.Random(2)
+        return [[record(i, i * 0.25, ttft_s(rng), tpot_s=0.3 if rng.random() < 0.1 else 0.05)
+                 for i in range(800)]]
+
+    assert is_unsettled(runs(lambda rng: 0.3), SLO_DEFAULT)  # TTFT passes: TPOT decides
+    assert not is_unsettled(runs(lambda rng: 3.0 if rng.random() < 0.5 else 0.3), SLO_DEFAULT)
+
+
 def test_seed_rates_are_each_seeds_own_bracket():
     from fastpp.sim.goodput import ProbeResult, _seed_rates
 
@@ -220,6 +251,74 @@ def test_slo_goodput_small_real_run():
         assert p.seed_ok == (p.ok,)  # one seed: its own verdict is the pooled one
     fixed = slo_goodput(workload, deployment, **kwargs, converge=False)
     assert all(p.metrics["requests_per_seed"] == 120 for p in fixed.probes)
+
+
+def test_a_longer_look_judges_the_first_requests_of_one_run_that_goes_on(monkeypatch):
+    """A converging probe of n requests per seed judges the first n arrivals of a run whose
+    arrivals go on one starting length past the longest look: the same verdict and metrics as
+    judge_records on those records taken from one uninterrupted run."""
+    import fastpp.sim.goodput as goodput_module
+
+    monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 240)
+    workload = WorkloadConfig(name="cnn-dailymail-synthetic")
+    deployment = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512")
+    result = slo_goodput(workload, deployment, seeds=(0, 1), num_requests=60, precision=2.0,
+                         low=4.0, high=8.0)
+    for probe in result.probes:
+        n = int(probe.metrics["requests_per_seed"])
+        runs = [run_simulation(replace(workload, rate=probe.rate, seed=seed, num_requests=240 + 60),
+                               deployment, record_iterations=False).result.records[:n]
+                for seed in (0, 1)]
+        again = judge_records(runs, deployment.slo, rate=probe.rate)
+        assert (again.ok, again.reason) == (probe.ok, probe.reason)
+        assert again.metrics == {k: v for k, v in probe.metrics.items() if k in again.metrics}
+
+
+def test_ttft_misses_count_only_what_is_certain():
+    from fastpp.sim.goodput import TtftMisses
+
+    late, prompt = record(0, 0.0, 2.5), record(1, 1.0, 0.5)  # missed, met
+    rejected = RequestRecord(2, 2.0, 100, 5, finished_at=2.0, finish_reason=FinishReason.REJECTED)
+    waiting = RequestRecord(3, 3.0, 100, 5)  # no first token yet
+    after = RequestRecord(4, 3.5, 100, 5, finished_at=3.5, finish_reason=FinishReason.REJECTED)
+    records = [late, prompt, rejected, waiting, after]
+    misses = TtftMisses(SLO_DEFAULT)
+    assert misses.count(records, now=4.0) == 2  # request 3 waited 1 s: open, and so is 4 after it
+    assert misses.count(records, now=5.5) == 4  # request 3 has now waited past 2 s
+    assert not misses.past(4)(records, 6.0) and misses.past(3)(records, 6.0)
+
+
+def test_a_swamped_probe_stops_early_and_fails_as_its_whole_run_would(monkeypatch):
+    """At a rate far past capacity each seed's look stops once more than half of its requests
+    have missed TTFT; run to the end, the same look fails its P90 TTFT by far."""
+    import fastpp.sim.goodput as goodput_module
+
+    monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 400)
+    workload = WorkloadConfig(name="cnn-dailymail-synthetic")
+    deployment = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512")
+    result = slo_goodput(workload, deployment, seeds=(0, 1), num_requests=200, precision=8.0,
+                         low=4.0, high=96.0)
+    (swamped,) = [p for p in result.probes if p.rate == 96.0]
+    assert not swamped.ok and "probe stopped early" in swamped.reason
+    assert swamped.metrics["stopped_early"] == 1.0 and swamped.seed_ok == (False, False)
+    assert swamped.metrics["ttft_missed_at_least"] > 0.5
+    n = int(swamped.metrics["requests_per_seed"])
+    runs = [run_simulation(replace(workload, rate=96.0, seed=seed, num_requests=400 + n),
+                           deployment, record_iterations=False).result.records[:n]
+            for seed in (0, 1)]
+    whole = judge_records(runs, deployment.slo, rate=96.0)
+    assert not whole.ok and whole.reason.startswith("P90 TTFT")
+    assert whole.metrics["slo_attainment"] < 0.5
+
+
+def test_the_cli_searches_from_the_library_defaults():
+    import inspect
+
+    from fastpp.cli.goodput_cmd import goodput
+    from fastpp.sim.goodput import DEFAULT_HIGH, DEFAULT_LOW
+
+    params = inspect.signature(goodput).parameters
+    assert (params["low"].default, params["high"].default) == (DEFAULT_LOW, DEFAULT_HIGH)
 
 
 def test_slo_goodput_rejects_a_replayed_trace():
