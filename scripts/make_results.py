@@ -5,9 +5,10 @@ reproduced in simulation.
     python scripts/make_results.py --fresh        # ignore the cache (what the wall time in
                                                   # RESULTS.md was measured with)
 
-Goodput grids run through `fastpp sweep`'s machinery (parallel worker processes, resumable:
-an interrupted run picks up where it stopped); the other experiments run in this process.
-Every number in RESULTS.md is written by this script from the runs it makes.
+Goodput grids run through `fastpp sweep`'s machinery (resumable: an interrupted run picks up
+where it stopped), all of them handed to one pool of worker processes at the start, so the pool
+stays busy across grids; the other experiments run in this process meanwhile. Every number in
+RESULTS.md is written by this script from the runs it makes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 from fastpp.sim import experiments as ex
 from fastpp.sim import plots
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig
-from fastpp.sim.sweep import SweepGrid, make_executor, run_sweep
+from fastpp.sim.sweep import SweepGrid, execute_plans, make_executor, plan_sweep
 
 WORKLOADS = ("azure-conv", "sharegpt-synthetic", "cnn-dailymail-synthetic", "cnn-reversed-synthetic")
 STATIC = (256, 512, 1024, 2048)
@@ -35,19 +37,26 @@ PRECISION = {"Qwen2.5-32B": 0.25, "Qwen2.5-14B": 0.5}
 # The paper's benchmark protocol (section 8): fixed runs of 1,000 prompts, P90s alone.
 PAPER_REQUESTS = 1000
 PAPER_SEEDS = (0, 1, 2)
+SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
+SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
+NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
 
 
 class Report:
-    """Collects markdown sections and figure paths."""
+    """Collects markdown parts by section number (written in that order, whatever order the
+    experiments finish in) and figure paths."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.figures = out / "figures"
         self.figures.mkdir(parents=True, exist_ok=True)
-        self.parts: list[str] = []
+        self.parts: list[tuple[int, str]] = []
 
-    def add(self, text: str) -> None:
-        self.parts.append(text.strip() + "\n")
+    def add(self, section: int, text: str) -> None:
+        self.parts.append((section, text.strip() + "\n"))
+
+    def text(self) -> str:
+        return "\n".join(text for _, text in sorted(self.parts, key=lambda part: part[0]))
 
     def fig(self, name: str) -> Path:
         return self.figures / name
@@ -66,27 +75,79 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def sweep(cache: Path, name: str, workers: int, precision: float = 0.25,
-          seeds: tuple[int, ...] | None = None, **axes) -> list[dict]:
-    grid = SweepGrid(metric="goodput", seeds=seeds, precision=precision, **axes)
-    t0 = time.perf_counter()
-    result = run_sweep(grid, cache / name, make_executor("process", workers=workers))
-    print(f"  sweep {name}: {result.num_run} points run, {result.num_skipped} cached, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return result.rows
+def sweep_grids() -> dict[str, SweepGrid]:
+    """Every goodput grid of the page by cache folder name, dearest first (the pool takes them
+    in this order, so the long points do not trail at the end)."""
+    grids = {
+        f"goodput-{model}": SweepGrid(metric="goodput", precision=PRECISION[model],
+                                      workloads=WORKLOADS, models=(model,), deployments=SYSTEMS)
+        for model in ("Qwen2.5-14B", "Qwen2.5-32B")
+    }
+    grids["slo-scale"] = SweepGrid(metric="goodput", precision=0.25, workloads=("azure-conv",),
+                                   slo_scales=SLO_SCALES, deployments=SLO_SYSTEMS)
+    grids["nvlink"] = SweepGrid(metric="goodput", precision=0.25, workloads=("azure-conv",),
+                                gpus=("H100-SXM",), models=("Qwen2.5-32B", "Qwen2.5-72B"),
+                                deployments=NVLINK_SYSTEMS)
+    grids["predictor-goodput"] = SweepGrid(metric="goodput", precision=0.25,
+                                           workloads=("azure-conv",),
+                                           deployments=("pp4@predictive", "pp4@predictive:tokens"))
+    model = "Qwen2.5-32B"
+    grids[f"paper-protocol-{model}"] = SweepGrid(
+        metric="goodput", precision=PRECISION[model], seeds=PAPER_SEEDS, workloads=WORKLOADS,
+        models=(model,), deployments=SYSTEMS, num_requests=PAPER_REQUESTS, steady=False)
+    return grids
+
+
+class SweepsInBackground:
+    """All of the page's grids through one process pool, on a thread of this process while it
+    runs the other experiments; ``rows(name)`` waits for the pool, then gives a grid's rows."""
+
+    def __init__(self, cache: Path, workers: int) -> None:
+        self.plans = {name: plan_sweep(grid, cache / name) for name, grid in sweep_grids().items()}
+        self.workers = workers
+        self.results: dict[str, list[dict]] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="sweeps", daemon=True)
+
+    def start(self) -> None:
+        todo = len({p.point_id for plan in self.plans.values() for p in plan.todo})
+        print(f"  sweeps: {todo} goodput points to run on {self.workers} worker processes",
+              flush=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            if done and (done % 10 == 0 or done == total):
+                print(f"  sweeps: {done}/{total} points, {time.perf_counter() - t0:.0f} s",
+                      flush=True)
+
+        try:
+            names = list(self.plans)
+            done = execute_plans([self.plans[n] for n in names],
+                                 make_executor("process", workers=self.workers), progress)
+            self.results = {n: r.rows for n, r in zip(names, done, strict=True)}
+        except BaseException as exc:  # re-raised in the main thread by rows()
+            self.error = exc
+
+    def rows(self, name: str) -> list[dict]:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the goodput sweeps failed: {self.error}") from self.error
+        return self.results[name]
 
 
 def system_of(row: dict) -> str:
     return f"{row['deploy']}@{row['policy']}"
 
 
-def goodput_section(rep: Report, cache: Path, workers: int) -> dict:
+def goodput_section(rep: Report, sweeps: SweepsInBackground) -> dict:
     """The paper's Figure 9: goodput per workload and system, for 32B and 14B."""
     found: dict = {}
     body = []
     for model in ("Qwen2.5-32B", "Qwen2.5-14B"):
-        rows = sweep(cache, f"goodput-{model}", workers, PRECISION[model], workloads=WORKLOADS,
-                     models=(model,), deployments=SYSTEMS)
+        rows = sweeps.rows(f"goodput-{model}")
         g = {(r["workload"], system_of(r)): r for r in rows}
         out_rows, bar_rows = [], []
         for w in WORKLOADS:
@@ -111,7 +172,7 @@ def goodput_section(rep: Report, cache: Path, workers: int) -> dict:
         body.append(f"### {model}\n\n" + table(
             ["workload", "TP=4 (C=2048)", "PP=4 C=2048", "PP=4 best static", "PP=4 greedy",
              "PP=4 predictive", "PP=4 predictive+DS"], out_rows) + "\n\n" + rep.image(name, model))
-    rep.add("## 1. Goodput per workload and system (the paper's Figure 9)\n\n"
+    rep.add(1, "## 1. Goodput per workload and system (the paper's Figure 9)\n\n"
             "Goodput = the highest Poisson rate (req/s) at which P90 TTFT <= 2 s and P90 TPOT <= "
             "200 ms, found by bracketing and bisection (to 0.25 req/s for 32B, 0.5 req/s for 14B), "
             "seeds 0 and 1 pooled at every probe, each probe lengthened until its P90 verdict "
@@ -121,13 +182,11 @@ def goodput_section(rep: Report, cache: Path, workers: int) -> dict:
     return found
 
 
-def paper_protocol_section(rep: Report, cache: Path, workers: int, found: dict) -> dict:
+def paper_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict) -> dict:
     """Section 1's 32B grid judged as the paper's benchmark judged it: fixed runs of 1,000
     prompts, the P90s alone (no steady-queue rule)."""
     model = "Qwen2.5-32B"
-    rows = sweep(cache, f"paper-protocol-{model}", workers, PRECISION[model], seeds=PAPER_SEEDS,
-                 workloads=WORKLOADS, models=(model,), deployments=SYSTEMS,
-                 num_requests=PAPER_REQUESTS, steady=False)
+    rows = sweeps.rows(f"paper-protocol-{model}")
     g = {(r["workload"], system_of(r)): r["goodput"] for r in rows}
     out_rows, paper = [], {}
     for w in WORKLOADS:
@@ -139,7 +198,7 @@ def paper_protocol_section(rep: Report, cache: Path, workers: int, found: dict) 
                          f"{static[best]:.2f} (C={best})", g[(w, "pp4@greedy")],
                          f"{g[(w, 'pp4@predictive')]:.2f} ({steady['pp4@predictive']:.2f})",
                          f"{g[(w, 'pp4@predictive+ds')]:.2f} ({steady['pp4@predictive+ds']:.2f})"])
-    rep.add("## 8. Goodput as the paper's benchmark measured it\n\n"
+    rep.add(8, "## 8. Goodput as the paper's benchmark measured it\n\n"
             f"Section 1's systems on {model}, but every probe is a fixed run of "
             f"{PAPER_REQUESTS:,} requests per seed (seeds {', '.join(map(str, PAPER_SEEDS))} "
             "pooled) judged by the P90s alone, with no steady-queue rule, as the paper's "
@@ -164,7 +223,7 @@ def beat_section(rep: Report) -> dict:
                          rep.fig("timeline_predictive"), num_stages=4,
                          title="PP=4 predictive: the same kind of window")
     ratio = rows[-1]["p90_beat_ms"] / rows[0]["p90_beat_ms"]
-    rep.add("## 2. Pipeline beat (stage-iteration time) per policy\n\n"
+    rep.add(2, "## 2. Pipeline beat (stage-iteration time) per policy\n\n"
             f"{wl.describe()}, Qwen2.5-32B PP=4 on A100-40GB PCIe. The beat is the slowest stage's "
             "time for each microbatch.\n\n" + table(
                 ["policy", "P50 beat (ms)", "P90 beat (ms)", "P99 beat (ms)", "mean stage idle"],
@@ -176,15 +235,22 @@ def beat_section(rep: Report) -> dict:
     return {"beat_ratio": ratio}
 
 
-def predictor_section(rep: Report, cache: Path, workers: int) -> dict:
-    wl = WorkloadConfig(rate=5.0, num_requests=800)
+PREDICTOR_RUN = WorkloadConfig(rate=5.0, num_requests=800)  # the ablation's one simulated run
+
+
+def predictor_ablation() -> tuple[list[dict], list[dict]]:
+    """Beat prediction errors of each predictor, with exact stage times and with 3% noise."""
     dep = DeploymentConfig(policy="predictive")
-    exact = ex.predictor_ablation(wl, dep)
-    noisy = ex.predictor_ablation(wl, dep, noise_cv=0.03)
-    rows = sweep(cache, "predictor-goodput", workers, workloads=("azure-conv",),
-                 deployments=("pp4@predictive", "pp4@predictive:tokens"))
+    return (ex.predictor_ablation(PREDICTOR_RUN, dep),
+            ex.predictor_ablation(PREDICTOR_RUN, dep, noise_cv=0.03))
+
+
+def predictor_section(rep: Report, sweeps: SweepsInBackground,
+                      ablation: tuple[list[dict], list[dict]]) -> dict:
+    wl, (exact, noisy) = PREDICTOR_RUN, ablation
+    rows = sweeps.rows("predictor-goodput")
     gp = {r["policy"]: r["goodput"] for r in rows}
-    rep.add("## 3. Predictor ablation\n\n"
+    rep.add(3, "## 3. Predictor ablation\n\n"
             f"Beat prediction error on one simulated run ({wl.describe()}, PP=4 predictive), "
             "second half of the microbatches; online predictors start with no attention "
             "coefficients and learn by RLS; the tree is fitted on the first half.\n\n" + table(
@@ -202,18 +268,16 @@ def predictor_section(rep: Report, cache: Path, workers: int) -> dict:
     return {"mape": {a["predictor"]: a["mape"] for a in noisy}, "gp": gp}
 
 
-def slo_section(rep: Report, cache: Path, workers: int) -> dict:
-    scales = (1.0, 0.8, 0.6, 0.4, 0.2)
-    rows = sweep(cache, "slo-scale", workers, workloads=("azure-conv",), slo_scales=scales,
-                 deployments=("tp4@static:2048", "pp4@static:512", "pp4@static:256",
-                              "pp4@predictive"))
+def slo_section(rep: Report, sweeps: SweepsInBackground) -> dict:
+    scales = SLO_SCALES
+    rows = sweeps.rows("slo-scale")
     for r in rows:
         r["system"] = system_of(r)
     plots.attainment_vs_slo_scale(rows, rep.fig("slo_scale"), metric="goodput",
                                   title="azure-conv, Qwen2.5-32B: goodput as the SLO tightens")
     systems = list(dict.fromkeys(system_of(r) for r in rows))
     by = {(system_of(r), r["slo_scale"]): r for r in rows}
-    rep.add("## 4. SLO scaled from 1.0 down to 0.2\n\nGoodput (req/s) on azure-conv, Qwen2.5-32B "
+    rep.add(4, "## 4. SLO scaled from 1.0 down to 0.2\n\nGoodput (req/s) on azure-conv, Qwen2.5-32B "
             "on 4 x A100-40GB PCIe; scale s means P90 TTFT <= 2 s x s and P90 TPOT <= 200 ms x s."
             "\n\n" + table(["system", *(f"x{s}" for s in scales)],
                            [[s, *(by[(s, c)]["goodput"] for c in scales)] for s in systems])
@@ -236,7 +300,7 @@ def ds_section(rep: Report) -> dict:
             out_rows.append([model, f"{rate:g}", r["policy"], r["mean_e2e_latency_ms"] / 1e3,
                              r["p99_e2e_latency_ms"] / 1e3, r["p90_tpot_ms"], r["p99_tpot_ms"],
                              r["num_parked"]])
-    rep.add("## 5. Delay scheduling on a decode-heavy load\n\ncnn-reversed-synthetic (65 in / 884 "
+    rep.add(5, "## 5. Delay scheduling on a decode-heavy load\n\ncnn-reversed-synthetic (65 in / 884 "
             "out), 1,500 requests, PP=4 on 4 x A100-40GB PCIe, at a rate above the first DS tier "
             "(more than 512 running requests).\n\n" + table(
                 ["model", "rate", "policy", "mean E2E (s)", "P99 E2E (s)", "P90 TPOT (ms)",
@@ -259,7 +323,7 @@ def replay_section(rep: Report) -> dict:
                            for lbl, r in zip(label, runs, strict=True)
                            if r.deployment.policy in ("greedy", "predictive")},
                           rep.fig("replay_chunk"), title="chunk budget over the replay")
-    rep.add("## 6. Replay of the real Azure conversation trace\n\n"
+    rep.add(6, "## 6. Replay of the real Azure conversation trace\n\n"
             f"{wl.describe()} ({rows[0]['num_requests']} requests), Qwen2.5-32B on 4 x A100-40GB "
             "PCIe. Per-request attainment = share of requests meeting both SLOs themselves.\n\n"
             + table(["system", "attainment", "P90 TTFT (ms)", "P90 TPOT (ms)", "mean E2E (s)"],
@@ -277,13 +341,11 @@ def replay_section(rep: Report) -> dict:
     return dict(zip(label, rows, strict=True))
 
 
-def nvlink_section(rep: Report, cache: Path, workers: int) -> dict:
-    rows = sweep(cache, "nvlink", workers, workloads=("azure-conv",), gpus=("H100-SXM",),
-                 models=("Qwen2.5-32B", "Qwen2.5-72B"),
-                 deployments=("tp4@static:2048", "pp4@static:512", "pp4@predictive"))
+def nvlink_section(rep: Report, sweeps: SweepsInBackground) -> dict:
+    rows = sweeps.rows("nvlink")
     by = {(r["model"], system_of(r)): r["goodput"] for r in rows}
-    systems = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
-    rep.add("## 7. Beyond the paper: NVLink (4 x H100 SXM) and a larger model\n\nGoodput (req/s) "
+    systems = NVLINK_SYSTEMS
+    rep.add(7, "## 7. Beyond the paper: NVLink (4 x H100 SXM) and a larger model\n\nGoodput (req/s) "
             "on azure-conv.\n\n" + table(["model", *systems],
                                          [[m, *(by[(m, s)] for s in systems)]
                                           for m in ("Qwen2.5-32B", "Qwen2.5-72B")])
@@ -307,7 +369,7 @@ def tpot_at_best_static(rep: Report, found: dict) -> dict:
     for policy in (f"static:{best}", "predictive"):
         out[policy] = ex.pooled_summary(wl, DeploymentConfig(policy=policy), (0, 1))
     a, b = out[f"static:{best}"], out["predictive"]
-    rep.add(f"At the best static chunk's goodput rate ({rate:.2f} req/s, C={best}; azure-conv, "
+    rep.add(1, f"At the best static chunk's goodput rate ({rate:.2f} req/s, C={best}; azure-conv, "
             "Qwen2.5-32B, seeds 0 and 1 pooled):\n\n" + table(
                 ["policy", "P90 TTFT (ms)", "P90 TPOT (ms)", "mean E2E (s)", "attainment"],
                 [[p, s["p90_ttft_ms"], s["p90_tpot_ms"], s["mean_e2e_latency_ms"] / 1e3,
@@ -411,18 +473,21 @@ def main() -> None:
         shutil.rmtree(args.cache)
     t0 = time.perf_counter()
     rep = Report(args.out)
-    print("goodput grids ...", flush=True)
-    found = goodput_section(rep, args.cache, args.workers)
-    tpot = tpot_at_best_static(rep, found)
-    print("beat, predictor, SLO scaling, DS, replay, NVLink ...", flush=True)
+    sweeps = SweepsInBackground(args.cache, args.workers)
+    sweeps.start()
+    print("beat, predictor ablation, DS, replay (in this process, beside the sweeps) ...",
+          flush=True)
     beat = beat_section(rep)
-    predictor_section(rep, args.cache, args.workers)
-    slo = slo_section(rep, args.cache, args.workers)
+    ablation = predictor_ablation()
     ds = ds_section(rep)
     replay_section(rep)
-    nvlink_section(rep, args.cache, args.workers)
-    print("goodput under the paper's protocol ...", flush=True)
-    paper = paper_protocol_section(rep, args.cache, args.workers, found)
+    print("goodput tables (waiting for the sweeps) ...", flush=True)
+    found = goodput_section(rep, sweeps)
+    tpot = tpot_at_best_static(rep, found)
+    predictor_section(rep, sweeps, ablation)
+    slo = slo_section(rep, sweeps)
+    nvlink_section(rep, sweeps)
+    paper = paper_protocol_section(rep, sweeps, found)
     wall = time.perf_counter() - t0
     cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
@@ -437,7 +502,7 @@ def main() -> None:
     else:
         wall_text = "not measured yet (run with `--fresh`)"
     text = HEADER.format(wall=wall_text)
-    text += "\n" + findings(found, tpot, beat, slo, ds, paper) + "\n\n" + "\n".join(rep.parts)
+    text += "\n" + findings(found, tpot, beat, slo, ds, paper) + "\n\n" + rep.text()
     (args.out / "RESULTS.md").write_text(text)
     print(f"wrote {args.out / 'RESULTS.md'} in {wall:.0f} s")
 

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -53,7 +54,7 @@ from fastpp.workloads import WORKLOADS
 
 __all__ = ["SweepGrid", "SweepPoint", "BestStaticTarget", "SweepPlan", "SweepResult",
            "PointExecutor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "EXECUTORS",
-           "make_executor", "evaluate_point", "plan_sweep", "execute_plan", "run_sweep",
+           "make_executor", "evaluate_point", "plan_sweep", "execute_plan", "execute_plans", "run_sweep",
            "best_static_row", "grid_from_mapping", "load_grid_file", "SIMULATE_COLUMNS",
            "GOODPUT_COLUMNS", "TABLE_COLUMNS", "DEFAULT_STATIC_CHUNKS"]
 
@@ -268,29 +269,54 @@ def execute_plan(plan: SweepPlan, executor: PointExecutor | None = None,
                  progress: Progress | None = None) -> SweepResult:
     """Run ``plan.todo`` on ``executor`` (default: a process pool), appending each row as it
     completes; then add the best-static rows and write the sorted JSONL and the CSV."""
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    jsonl, rows = plan.out_dir / RESULTS_JSONL, plan.rows
-    expected = {p.point_id for p in plan.todo}
-    num_run = 0
+    return execute_plans([plan], executor, progress)[0]
+
+
+def execute_plans(plans: Sequence[SweepPlan], executor: PointExecutor | None = None,
+                  progress: Progress | None = None) -> list[SweepResult]:
+    """``execute_plan`` for several plans through one executor run: every plan's points are
+    handed over at once (a point two plans share runs once, its row goes to both), so a pool
+    stays busy across grids instead of idling at the end of each. Rows are appended to their
+    plans' JSONL files as they complete; then each plan's table is finished as ``execute_plan``
+    finishes it. Results in the order of ``plans``."""
+    owners: dict[str, list[SweepPlan]] = {}  # point id -> the plans waiting for its row
+    todo: list[SweepPoint] = []
+    for plan in plans:
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+        for point in plan.todo:
+            waiting = owners.setdefault(point.point_id, [])
+            if not waiting:
+                todo.append(point)
+            if all(other is not plan for other in waiting):
+                waiting.append(plan)
+    num_run = {id(plan): 0 for plan in plans}
     if progress is not None:
-        progress(0, len(plan.todo))
-    if plan.todo:
-        with jsonl.open("a") as fh:
-            for row in (executor or ProcessExecutor()).run(plan.todo):
-                if row.get("point_id") not in expected:
+        progress(0, len(todo))
+    if todo:
+        with ExitStack() as stack:
+            files = {id(plan): stack.enter_context((plan.out_dir / RESULTS_JSONL).open("a"))
+                     for plan in plans if plan.todo}
+            for done, row in enumerate((executor or ProcessExecutor()).run(todo), start=1):
+                waiting = owners.pop(row.get("point_id"), None)
+                if waiting is None:
                     raise RuntimeError(f"executor returned a row for an unknown point: {row!r:.200}")
-                expected.discard(row["point_id"])
                 row = json.loads(row_line(row))  # in memory exactly as on disk (inf, NaN: None)
-                rows[row["point_id"]] = row
-                append_row(fh, row)
-                num_run += 1
+                for plan in waiting:
+                    plan.rows[row["point_id"]] = row
+                    append_row(files[id(plan)], row)
+                    num_run[id(plan)] += 1
                 if progress is not None:
-                    progress(num_run, len(plan.todo))
-    if expected:
-        raise RuntimeError(f"executor finished without {len(expected)} of the points")
+                    progress(done, len(todo))
+    if owners:
+        raise RuntimeError(f"executor finished without {len(owners)} of the points")
+    return [_finish(plan, num_run[id(plan)]) for plan in plans]
+
+
+def _finish(plan: SweepPlan, num_run: int) -> SweepResult:
+    """Add the best-static rows, then write the plan's sorted JSONL and its CSV."""
+    jsonl, rows = plan.out_dir / RESULTS_JSONL, plan.rows
     for target in plan.targets:  # derived, cheap: always recomputed from the candidate rows
         rows[target.point_id] = best_static_row(target, rows)
-
     order = _grid_order(plan)
     table = [rows[i] for i in order]
     in_grid = set(order)

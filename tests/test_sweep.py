@@ -24,6 +24,7 @@ from fastpp.sim.sweep import (
     SerialExecutor,
     SweepGrid,
     SweepPoint,
+    execute_plans,
     make_executor,
     plan_sweep,
     run_sweep,
@@ -194,6 +195,22 @@ def test_rows_of_other_grids_are_kept_after_this_grids(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / RESULTS_JSONL).read_text().splitlines()]
     assert [r["deploy"] for r in lines] == ["tp2", "pp2"] and lines[1] == first[0]
     assert any("other grids" in n for n in result.notes)
+
+
+def test_several_grids_in_one_executor_run_share_points_and_write_what_each_would(tmp_path, reference):
+    """execute_plans hands every plan's points to one executor run; a point two grids share
+    runs once; each folder ends up byte-identical to its own run_sweep."""
+    part = SweepGrid(**TINY, deployments=("pp2",), chunks=(512, 2048), rates=(1.0, 4.0), seeds=(0, 1))
+    alone = tmp_path / "alone"
+    run_sweep(part, alone, SerialExecutor())
+    counting = CountingExecutor()
+    plans = [plan_sweep(SIM_GRID, tmp_path / "whole"), plan_sweep(part, tmp_path / "part")]
+    whole, sub = execute_plans(plans, counting)
+    assert sorted(counting.seen) == sorted(p.point_id for p in SIM_GRID.expand()[0])  # 16, not 24
+    assert (whole.num_run, sub.num_run) == (16, 8)
+    assert files(tmp_path / "whole") == files(reference)
+    assert files(tmp_path / "part") == files(alone)
+    assert [r["point_id"] for r in sub.rows] == [p.point_id for p in part.expand()[0]]
 
 
 # best static chunk

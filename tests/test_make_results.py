@@ -1,0 +1,60 @@
+"""scripts/make_results.py's plumbing (the experiments themselves take an hour): every grid goes
+through one background pool and comes back as its own sweep would; report parts come out in
+section order whatever order they were added in."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from fastpp.sim.sweep import SerialExecutor, SweepGrid, run_sweep
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_results.py"
+TINY = dict(workloads=("cnn-dailymail-synthetic",), models=("Qwen2.5-14B",), num_requests=40,
+            metric="goodput", precision=4.0, seeds=(0,))
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("make_results", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_background_sweeps_give_each_grid_its_own_rows(tmp_path, monkeypatch):
+    script = load_script()
+    grids = {"a": SweepGrid(**TINY, deployments=("pp2@static:512",)),
+             "b": SweepGrid(**TINY, deployments=("pp2@static:512", "tp2@static:2048"))}
+    monkeypatch.setattr(script, "sweep_grids", lambda: grids)
+    sweeps = script.SweepsInBackground(tmp_path / "cache", workers=1)
+    sweeps.start()
+    for name, grid in grids.items():
+        alone = run_sweep(grid, tmp_path / "alone" / name, SerialExecutor()).rows
+        assert sweeps.rows(name) == alone
+
+
+def test_a_failed_sweep_is_raised_where_its_rows_are_asked_for(tmp_path, monkeypatch):
+    script = load_script()
+    grids = {"a": SweepGrid(**TINY, deployments=("pp2@static:512",))}
+    monkeypatch.setattr(script, "sweep_grids", lambda: grids)
+
+    def broken(*args, **kwargs):
+        raise ValueError("a point failed")
+
+    monkeypatch.setattr(script, "execute_plans", broken)
+    sweeps = script.SweepsInBackground(tmp_path, workers=1)
+    sweeps.start()
+    with pytest.raises(RuntimeError, match="a point failed"):
+        sweeps.rows("a")
+
+
+def test_report_parts_come_out_in_section_order(tmp_path):
+    script = load_script()
+    rep = script.Report(tmp_path)
+    rep.add(5, "## 5. five")
+    rep.add(1, "## 1. one")
+    rep.add(2, "## 2. two")
+    rep.add(1, "one, continued")
+    assert rep.text() == "## 1. one\n\none, continued\n\n## 2. two\n\n## 5. five\n"
