@@ -53,8 +53,10 @@ Probe rules (``slo_goodput``):
   ``require_steady=False`` (CLI ``--no-steady``) drops this rule: the paper's benchmark judged
   fixed runs of 1,000 prompts, which at a decode-heavy load end before the KV cache has filled.
 - Seeds: the verdict is on the records of all seeds pooled; each seed is also judged alone at
-  every probe, and ``GoodputResult.seed_rates`` holds each seed's own goodput among the probed
-  rates (the spread a single-seed search would show).
+  every probe (on the pooled look's requests; a seed that fails the steady-state rule alone is
+  looked at longer, its run going on, as a single-seed search would), and
+  ``GoodputResult.seed_rates`` holds each seed's own goodput among the probed rates (the
+  spread a single-seed search would show).
 
 Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
 """
@@ -69,6 +71,7 @@ from typing import Literal
 import numpy as np
 
 from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
+from fastpp.sim.engine import PipelineSimulation
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation, run_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
@@ -369,6 +372,17 @@ def slo_goodput(
                                          "stopped_early": 1.0}, reason,
                            seed_ok=(False,) * len(misses))
 
+    def seed_verdict(sim: PipelineSimulation, records: Sequence[RequestRecord], rate: float,
+                     n: int, cap: int) -> bool:
+        """One seed's own verdict at the pooled look's length; a seed that fails the steady
+        state rule alone is looked at longer (its run goes on), as the pooled probe would be:
+        one seed's short run reads a burst in its last quarter as a growing queue."""
+        alone = verdict([records], rate)
+        while alone.reason.startswith(UNSTEADY) and n < cap:
+            n = min(2 * n, cap)
+            alone = verdict([sim.run_until_ended(n)], rate)
+        return alone.ok
+
     def judge(rate: float) -> ProbeResult:
         n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
         if not converge:  # one fixed run per seed, judged whole
@@ -402,7 +416,13 @@ def slo_goodput(
                              or whole.reason.startswith(UNSTEADY))
                 if not unsettled:
                     break
-        seed_ok = whole.seed_ok or tuple(verdict([records], rate).ok for records in runs)
+        if whole.seed_ok:  # swamped: every seed failed beyond doubt
+            seed_ok = whole.seed_ok
+        elif converge:  # each seed alone, lengthened as a single-seed search would be
+            seed_ok = tuple(seed_verdict(sim, records, rate, n, cap)
+                            for sim, records in zip(sims, runs, strict=True))
+        else:
+            seed_ok = tuple(verdict([records], rate).ok for records in runs)
         return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
                                        "converged": float(not unsettled)}, seed_ok=seed_ok)
 

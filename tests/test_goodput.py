@@ -311,6 +311,26 @@ def test_a_swamped_probe_stops_early_and_fails_as_its_whole_run_would(monkeypatc
     assert whole.metrics["slo_attainment"] < 0.5
 
 
+def test_a_seed_judged_alone_is_looked_at_longer_when_only_its_queue_looks_unsteady():
+    """TP=4 on azure-conv at 2 req/s: seed 0's first 300 requests alone end in a burst that
+    the quarters test reads as a growing queue; a single-seed search would look longer (600
+    requests) and pass, so the seed's own verdict at that probe is a pass."""
+    from fastpp.sim.goodput import MAX_REQUESTS_PER_SEED
+    from fastpp.sim.run import open_simulation
+
+    workload, deployment = WorkloadConfig(name="azure-conv"), DeploymentConfig(pp=1, tp=4)
+    result = slo_goodput(workload, deployment, seeds=(0, 1), low=2.0, high=4.0, precision=1.0,
+                         max_probes=1)
+    (probe,) = result.probes
+    assert probe.ok and probe.metrics["requests_per_seed"] == 300 and probe.seed_ok == (True, True)
+    seed0 = open_simulation(replace(workload, rate=2.0, seed=0,
+                                    num_requests=MAX_REQUESTS_PER_SEED + 300), deployment,
+                            record_iterations=False)
+    short = judge_records([seed0.run_until_ended(300)], deployment.slo, rate=2.0)
+    assert short.reason.startswith("queue not stationary")
+    assert judge_records([seed0.run_until_ended(600)], deployment.slo, rate=2.0).ok
+
+
 def test_the_cli_searches_from_the_library_defaults():
     import inspect
 
