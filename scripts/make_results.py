@@ -75,26 +75,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def goodput_grid(precision: float = 0.25, **axes) -> SweepGrid:
+    return SweepGrid(metric="goodput", precision=precision, **axes)
+
+
 def sweep_grids() -> dict[str, SweepGrid]:
     """Every goodput grid of the page by cache folder name, dearest first (the pool takes them
     in this order, so the long points do not trail at the end)."""
-    grids = {
-        f"goodput-{model}": SweepGrid(metric="goodput", precision=PRECISION[model],
-                                      workloads=WORKLOADS, models=(model,), deployments=SYSTEMS)
-        for model in ("Qwen2.5-14B", "Qwen2.5-32B")
-    }
-    grids["slo-scale"] = SweepGrid(metric="goodput", precision=0.25, workloads=("azure-conv",),
-                                   slo_scales=SLO_SCALES, deployments=SLO_SYSTEMS)
-    grids["nvlink"] = SweepGrid(metric="goodput", precision=0.25, workloads=("azure-conv",),
-                                gpus=("H100-SXM",), models=("Qwen2.5-32B", "Qwen2.5-72B"),
-                                deployments=NVLINK_SYSTEMS)
-    grids["predictor-goodput"] = SweepGrid(metric="goodput", precision=0.25,
-                                           workloads=("azure-conv",),
-                                           deployments=("pp4@predictive", "pp4@predictive:tokens"))
+    grids = {f"goodput-{model}": goodput_grid(PRECISION[model], workloads=WORKLOADS,
+                                              models=(model,), deployments=SYSTEMS)
+             for model in ("Qwen2.5-14B", "Qwen2.5-32B")}
+    grids["slo-scale"] = goodput_grid(workloads=("azure-conv",), slo_scales=SLO_SCALES,
+                                      deployments=SLO_SYSTEMS)
+    grids["nvlink"] = goodput_grid(workloads=("azure-conv",), gpus=("H100-SXM",),
+                                   models=("Qwen2.5-32B", "Qwen2.5-72B"), deployments=NVLINK_SYSTEMS)
+    grids["predictor-goodput"] = goodput_grid(workloads=("azure-conv",),
+                                              deployments=("pp4@predictive", "pp4@predictive:tokens"))
     model = "Qwen2.5-32B"
-    grids[f"paper-protocol-{model}"] = SweepGrid(
-        metric="goodput", precision=PRECISION[model], seeds=PAPER_SEEDS, workloads=WORKLOADS,
-        models=(model,), deployments=SYSTEMS, num_requests=PAPER_REQUESTS, steady=False)
+    grids[f"paper-protocol-{model}"] = goodput_grid(
+        PRECISION[model], seeds=PAPER_SEEDS, workloads=WORKLOADS, models=(model,),
+        deployments=SYSTEMS, num_requests=PAPER_REQUESTS, steady=False)
     return grids
 
 

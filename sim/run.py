@@ -185,14 +185,23 @@ def open_simulation(
 ) -> PipelineSimulation:
     """The simulation of ``workload`` on ``deployment``, built and not yet run: ``run()`` it
     whole, or ``run_until_ended(n)`` to look at its first n requests and go on from there."""
+    return _build(workload, deployment, requests, record_iterations, max_time_s, noise_cv)[0]
+
+
+def _build(workload: WorkloadConfig, deployment: DeploymentConfig, requests: list[Request] | None,
+           record_iterations: bool, max_time_s: float | None,
+           noise_cv: float) -> tuple[PipelineSimulation, DeploymentConfig]:
+    """The simulation, and the deployment as its profile splits it (a profile file says its
+    own pp and tp)."""
     reqs = workload.requests() if requests is None else requests
     profile = deployment.load_profile()
-    if deployment.profile_path is not None:  # the file says how the deployment is split
+    if deployment.profile_path is not None:
         deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
     scheduler = build_scheduler(profile, deployment)
-    return PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
-                              max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
-                              host_loop=deployment.host_loop)
+    sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
+                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
+                             host_loop=deployment.host_loop)
+    return sim, deployment
 
 
 def run_simulation(
@@ -206,12 +215,9 @@ def run_simulation(
     noise_cv: float = 0.0,
 ) -> SimulationRun:
     """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
-    sim = open_simulation(workload, deployment, requests=requests,
-                          record_iterations=record_iterations, max_time_s=max_time_s,
-                          noise_cv=noise_cv)
+    sim, deployment = _build(workload, deployment, requests, record_iterations, max_time_s,
+                             noise_cv)
     profile, scheduler = sim.profile, sim.scheduler
-    if deployment.profile_path is not None:  # the file says how the deployment is split
-        deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
     result = sim.run(progress)
     summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
                         request_rate=workload.rate if workload.replay is None else None)

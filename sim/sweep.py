@@ -54,8 +54,8 @@ from fastpp.workloads import WORKLOADS
 
 __all__ = ["SweepGrid", "SweepPoint", "BestStaticTarget", "SweepPlan", "SweepResult",
            "PointExecutor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "EXECUTORS",
-           "make_executor", "evaluate_point", "plan_sweep", "execute_plan", "execute_plans", "run_sweep",
-           "best_static_row", "grid_from_mapping", "load_grid_file", "SIMULATE_COLUMNS",
+           "make_executor", "evaluate_point", "plan_sweep", "execute_plan", "execute_plans",
+           "run_sweep", "best_static_row", "grid_from_mapping", "load_grid_file", "SIMULATE_COLUMNS",
            "GOODPUT_COLUMNS", "TABLE_COLUMNS", "DEFAULT_STATIC_CHUNKS"]
 
 # The summary keys a simulate row keeps (fastpp.metrics.summarize plus run_simulation's).
@@ -284,12 +284,9 @@ def execute_plans(plans: Sequence[SweepPlan], executor: PointExecutor | None = N
     for plan in plans:
         plan.out_dir.mkdir(parents=True, exist_ok=True)
         for point in plan.todo:
-            waiting = owners.setdefault(point.point_id, [])
-            if not waiting:
+            if point.point_id not in owners:
                 todo.append(point)
-            if all(other is not plan for other in waiting):
-                waiting.append(plan)
-    num_run = {id(plan): 0 for plan in plans}
+            owners.setdefault(point.point_id, []).append(plan)
     if progress is not None:
         progress(0, len(todo))
     if todo:
@@ -304,12 +301,11 @@ def execute_plans(plans: Sequence[SweepPlan], executor: PointExecutor | None = N
                 for plan in waiting:
                     plan.rows[row["point_id"]] = row
                     append_row(files[id(plan)], row)
-                    num_run[id(plan)] += 1
                 if progress is not None:
                     progress(done, len(todo))
     if owners:
         raise RuntimeError(f"executor finished without {len(owners)} of the points")
-    return [_finish(plan, num_run[id(plan)]) for plan in plans]
+    return [_finish(plan, len(plan.todo)) for plan in plans]  # every point ran, or it raised
 
 
 def _finish(plan: SweepPlan, num_run: int) -> SweepResult:
