@@ -10,6 +10,8 @@ probe ``low``; if it fails, halve down to ``min_rate`` until a rate passes (none
 the reason). Otherwise probe ``high``; if it passes, double up to ``max_rate`` until one fails
 (none: goodput is at least ``max_rate``, margin infinite, and a note says so). Then bisect. Every
 probe lies inside the current bracket, so no reported feasible probe sits above an infeasible one.
+With a ``confirm`` judge the answer must also pass it (below); one that fails it is withdrawn
+and the search goes on under it.
 ``precision`` is absolute, in requests per second: the search stops once lowest infeasible minus
 highest feasible is below it, so the true goodput lies in [rate, rate + margin).
 
@@ -39,6 +41,16 @@ Probe rules (``slo_goodput``):
   settled, so the answer does not depend on the starting length. A probe that fails the
   steady-state rule alone is lengthened the same way: a burst passes on a longer look, a queue
   that really grows fails its P90s then.
+- The answer is confirmed on the longest look (method 4): a pass that settled on a shorter look
+  is only tentative, since the queue's excursions near the boundary can outlast a short look
+  that happened to see none, and every run starts from an empty system. The search's answer
+  is looked at again at the cap (its runs go on, nothing is redone); if it fails there, it is
+  withdrawn and the search goes on below it, confirming every pass from then on
+  (``find_goodput``'s ``confirm``). PP=4 static:512 on azure-conv at 5.94 req/s passes
+  settled on 713 and 1,426 requests per seed and fails at 12,000 (P90 TTFT 4.9 s;
+  docs/GOODPUT_CONVERGENCE.md). So the reported goodput passed on 12,000 requests per seed,
+  whatever the starting length. Settled fails are not confirmed: a short look errs the other
+  way.
 - Swamped probes stop early (P90 criterion): a look fails at once, without running its
   requests to the end, when in every seed more than ``SWAMPED_SHARE`` of the requests it
   judges are already certain to miss the TTFT objective (``TtftMisses``: a late first token,
@@ -89,8 +101,9 @@ BATCHES = 8  # batch means per seed run (the first is warm-up) for the settling 
 SETTLE_Z = 2.0  # unsettled while 10% misses lies within this many standard errors
 # Version of the rules above: sweeps put it in a goodput point's id, so that cached rows of an
 # older method are not reused (1: halves test, fixed length; 2: issue 13's converging probes;
-# 3: a longer look goes on with the same run, and the search starts at DEFAULT_LOW).
-GOODPUT_METHOD = 3
+# 3: a longer look goes on with the same run, and the search starts at DEFAULT_LOW; 4: the
+# answer is confirmed on the longest look).
+GOODPUT_METHOD = 4
 EXPANSION_FACTOR = 16.0  # default cap = high x this; default floor = low / this
 # slo_goodput's first probe and upper bracket guess, req/s. A low first probe is the dearest one
 # (a lightly loaded pipeline runs many small microbatches per request), and 2 req/s is below the
@@ -185,13 +198,23 @@ def find_goodput(
     min_rate: float | None = None,
     max_rate: float | None = None,
     progress: Callable[[ProbeResult], None] | None = None,
+    confirm: Callable[[float], ProbeResult] | None = None,
 ) -> GoodputResult:
     """Highest rate r with ``criterion(r).ok``, assuming feasibility falls monotonically with r.
 
     Brackets (halving from ``low`` down to ``min_rate``, default low/16; doubling from ``high``
     up to ``max_rate``, default high x 16), then bisects until the bracket is narrower than
     ``precision`` req/s (absolute) or ``max_probes`` probes have run. ``progress`` sees every
-    probe. Deterministic whenever ``criterion`` is.
+    probe. Deterministic whenever ``criterion`` and ``confirm`` are.
+
+    ``confirm`` re-judges a passed rate on stronger evidence (``slo_goodput``: the longest
+    look). When given, the search's answer must pass it: the highest passed rate is confirmed;
+    if it fails there, its probe is replaced by the confirmation, the bracket closes under it,
+    and the search goes on below: the passes already there are bisected by confirming them (a
+    pass above one that fails confirmation is withdrawn with it, its reason says so), and every
+    new pass is confirmed as it is probed (the first looks proved optimistic there; confirming
+    only each new answer would walk down a step at a time). A confirmation replaces its probe
+    and does not count against ``max_probes``.
     """
     floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
     cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
@@ -206,13 +229,28 @@ def find_goodput(
     probes: list[ProbeResult] = []
     notes: list[str] = []
 
-    def probe(rate: float) -> bool:
-        result = criterion(rate)
+    def checked(result: ProbeResult, rate: float) -> ProbeResult:
         if not math.isclose(result.rate, rate):
             raise ValueError(f"criterion probed {rate:g} req/s but reported {result.rate:g}")
-        probes.append(result)
         if progress is not None:
             progress(result)
+        return result
+
+    confirmed: set[float] = set()  # rates judged by confirm
+    eager = False  # once a first look's pass was withdrawn, confirm every pass at once
+
+    def confirmation(rate: float) -> ProbeResult:
+        result = checked(confirm(rate), rate)
+        confirmed.add(rate)
+        if not result.ok:
+            notes.append(f"{rate:g} req/s passed its first looks but failed confirmation")
+        return result
+
+    def probe(rate: float) -> bool:
+        result = checked(criterion(rate), rate)
+        if eager and result.ok and confirm is not None:
+            result = confirmation(rate)
+        probes.append(result)
         return result.ok
 
     def budget_left() -> bool:
@@ -224,6 +262,30 @@ def find_goodput(
     def done(lo: float, hi: float, reason: str = "") -> GoodputResult:
         return GoodputResult(lo, hi - lo, tuple(probes), reason, tuple(notes))
 
+    def none_feasible(hi: float) -> GoodputResult:
+        lowest = min(probes, key=lambda p: p.rate)
+        why = (f"even {lowest.rate:g} req/s fails: {lowest.reason}" if lowest.reason
+               else f"even {lowest.rate:g} req/s is infeasible")
+        return done(0.0, hi, why)
+
+    def halve_below(hi: float) -> tuple[float, float]:
+        """Halve down from ``hi`` (infeasible) to the floor: (first feasible or 0, hi)."""
+        rate = hi / 2
+        while rate >= floor * (1 - 1e-9) and budget_left():
+            if probe(rate):
+                return rate, hi
+            hi, rate = rate, rate / 2
+        return 0.0, hi
+
+    def bisect(lo: float, hi: float) -> tuple[float, float]:
+        while hi - lo >= precision and math.isfinite(hi) and budget_left():
+            mid = (lo + hi) / 2
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, hi
+
     # bracket: lo = highest feasible rate seen (0 if none), hi = lowest infeasible (inf if none)
     lo, hi = 0.0, math.inf
     if probe(low):
@@ -234,33 +296,53 @@ def find_goodput(
                 break
             lo = rate
             if rate >= cap:
-                notes.append(f"feasible at the cap {cap:g} req/s: goodput is at least this")
-                return done(lo, hi)
-            rate = min(rate * 2, cap)
-        if lo >= high:
-            upto = f"to {hi:g}" if math.isfinite(hi) else f"past {lo:g}"
-            notes.append(f"high {high:g} req/s was feasible: expanded upward {upto}")
-    else:
-        hi, rate = low, low / 2
-        while rate >= floor * (1 - 1e-9) and budget_left():
-            if probe(rate):
-                lo = rate
                 break
-            hi, rate = rate, rate / 2
+            rate = min(rate * 2, cap)
+        if lo >= high and math.isfinite(hi):
+            notes.append(f"high {high:g} req/s was feasible: expanded upward to {hi:g}")
+    else:
+        lo, hi = halve_below(low)
         if lo == 0.0:
-            lowest = min(probes, key=lambda p: p.rate)
-            why = (f"even {lowest.rate:g} req/s fails: {lowest.reason}" if lowest.reason
-                   else f"even {lowest.rate:g} req/s is infeasible")
-            return done(0.0, hi, why)
+            return none_feasible(hi)
         notes.append(f"low {low:g} req/s was infeasible: expanded downward to {lo:g}")
+    lo, hi = bisect(lo, hi)
 
-    # bisect
-    while hi - lo >= precision and math.isfinite(hi) and budget_left():
-        mid = (lo + hi) / 2
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
+    # The answer must stand confirmation. One that fails it is withdrawn and closes the
+    # bracket under it; the first looks proved optimistic there, so the passes below are
+    # bisected by confirming them (a pass above a failed confirmation is withdrawn with it),
+    # and from then on every pass is confirmed as it is probed.
+    def confirm_at(rate: float) -> bool:
+        at = max(i for i, p in enumerate(probes) if p.rate == rate)
+        probes[at] = confirmation(rate)
+        return probes[at].ok
+
+    while confirm is not None and lo > 0 and lo not in confirmed:
+        if confirm_at(lo):
+            break
+        eager, hi = True, lo
+        below = [p.rate for p in probes if p.ok and p.rate < hi]
+        lo = max((r for r in below if r in confirmed), default=0.0)
+        pending = sorted(r for r in below if r > lo)
+        while pending:
+            mid = pending[len(pending) // 2]
+            if confirm_at(mid):
+                lo, pending = mid, [r for r in pending if r > mid]
+            else:
+                hi, pending = mid, [r for r in pending if r < mid]
+        for i, p in enumerate(probes):  # tentative passes above a failed confirmation
+            if p.ok and p.rate > hi:
+                probes[i] = replace(p, ok=False, reason=f"withdrawn: {hi:g} req/s below it "
+                                                        f"failed confirmation")
+        if lo == 0.0:
+            lo, hi = halve_below(hi)
+            if lo == 0.0:
+                return none_feasible(hi)
+        lo, hi = bisect(lo, hi)
+
+    if math.isinf(hi) and lo >= cap:
+        notes.append(f"feasible at the cap {cap:g} req/s: goodput is at least this")
+    elif math.isinf(hi) and lo >= high:
+        notes.append(f"high {high:g} req/s was feasible: expanded upward past {lo:g}")
     return done(lo, hi)
 
 
@@ -384,52 +466,78 @@ def slo_goodput(
             alone = verdict([sim.run_until_ended(n)], rate)
         return alone.ok
 
+    def look(sims: Sequence[PipelineSimulation], n: int,
+             rate: float) -> tuple[ProbeResult, list[list[RequestRecord]], bool]:
+        """Each seed's run looked at over its first n requests: (verdict, records, unsettled)."""
+        misses = [TtftMisses(slo) for _ in sims]
+        runs = [sim.run_until_ended(n, miss.past(SWAMPED_SHARE * n)
+                                    if criterion == "p90" else None)
+                for sim, miss in zip(sims, misses, strict=True)]
+        if all(sim.gave_up for sim in sims):
+            # every seed past half misses: the pooled P90 fails beyond doubt
+            return swamped(misses, rate, n), runs, False
+        runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
+                for r, sim in zip(runs, sims, strict=True)]
+        whole = verdict(runs, rate)
+        # a queue that only looks unsteady may be a burst: a longer look shows which
+        unsettled = ((criterion == "p90" and is_unsettled(runs, slo))
+                     or whole.reason.startswith(UNSTEADY))
+        return whole, runs, unsettled
+
+    def concluded(whole: ProbeResult, sims: Sequence[PipelineSimulation],
+                  runs: Sequence[Sequence[RequestRecord]], n: int, cap: int,
+                  unsettled: bool) -> ProbeResult:
+        """The probe's result from its last look: the seeds judged alone, the look's length."""
+        if whole.seed_ok:  # swamped: every seed failed beyond doubt
+            seed_ok = whole.seed_ok
+        else:  # each seed alone, lengthened as a single-seed search would be
+            seed_ok = tuple(seed_verdict(sim, records, whole.rate, n, cap)
+                            for sim, records in zip(sims, runs, strict=True))
+        return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
+                                       "converged": float(not unsettled)}, seed_ok=seed_ok)
+
+    # the runs of the passed probes, kept for their confirmation: rate -> (sims, cap, result)
+    passed: dict[float, tuple[list[PipelineSimulation], int, ProbeResult]] = {}
+
     def judge(rate: float) -> ProbeResult:
         n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
         if not converge:  # one fixed run per seed, judged whole
             runs = run(rate, n)
-            whole, unsettled = verdict(runs, rate), False
-        else:
-            cap = max(n, MAX_REQUESTS_PER_SEED)
-            # one simulation per seed, looked at over its first n, 2n, ... requests, the last
-            # look at the cap; its arrivals go on a quarter of the cap past it, so no look sees
-            # the queue drain, and every starting length sees the same run of a rate and seed
-            sims = [open_simulation(replace(workload, rate=rate, seed=seed,
-                                            num_requests=cap + cap // 4, duration_s=None),
-                                    deployment, record_iterations=False) for seed in seeds]
-            for doubling in range(MAX_DOUBLINGS + 1):
-                if doubling:
-                    if n >= cap:
-                        break
-                    n = cap if doubling == MAX_DOUBLINGS else min(2 * n, cap)
-                misses = [TtftMisses(slo) for _ in sims]
-                runs = [sim.run_until_ended(n, miss.past(SWAMPED_SHARE * n)
-                                            if criterion == "p90" else None)
-                        for sim, miss in zip(sims, misses, strict=True)]
-                if all(sim.gave_up for sim in sims):
-                    # every seed past half misses: the pooled P90 fails beyond doubt
-                    whole, unsettled = swamped(misses, rate, n), False
+            whole = verdict(runs, rate)
+            return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
+                                           "converged": 1.0},
+                           seed_ok=tuple(verdict([records], rate).ok for records in runs))
+        cap = max(n, MAX_REQUESTS_PER_SEED)
+        # one simulation per seed, looked at over its first n, 2n, ... requests, the last look
+        # at the cap; its arrivals go on a quarter of the cap past it, so no look sees the
+        # queue drain, and every starting length sees the same run of a rate and seed
+        sims = [open_simulation(replace(workload, rate=rate, seed=seed,
+                                        num_requests=cap + cap // 4, duration_s=None),
+                                deployment, record_iterations=False) for seed in seeds]
+        for doubling in range(MAX_DOUBLINGS + 1):
+            if doubling:
+                if n >= cap:
                     break
-                runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
-                        for r, sim in zip(runs, sims, strict=True)]
-                whole = verdict(runs, rate)
-                # a queue that only looks unsteady may be a burst: a longer look shows which
-                unsettled = ((criterion == "p90" and is_unsettled(runs, slo))
-                             or whole.reason.startswith(UNSTEADY))
-                if not unsettled:
-                    break
-        if whole.seed_ok:  # swamped: every seed failed beyond doubt
-            seed_ok = whole.seed_ok
-        elif converge:  # each seed alone, lengthened as a single-seed search would be
-            seed_ok = tuple(seed_verdict(sim, records, rate, n, cap)
-                            for sim, records in zip(sims, runs, strict=True))
-        else:
-            seed_ok = tuple(verdict([records], rate).ok for records in runs)
-        return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
-                                       "converged": float(not unsettled)}, seed_ok=seed_ok)
+                n = cap if doubling == MAX_DOUBLINGS else min(2 * n, cap)
+            whole, runs, unsettled = look(sims, n, rate)
+            if not unsettled:
+                break
+        result = concluded(whole, sims, runs, n, cap, unsettled)
+        if result.ok:
+            passed[rate] = (sims, cap, result)
+        return result
+
+    def confirm(rate: float) -> ProbeResult:
+        """A passed probe at the longest look: its runs go on to the cap, judged there."""
+        sims, cap, result = passed.pop(rate)
+        if result.metrics["requests_per_seed"] >= cap:
+            return result
+        whole, runs, unsettled = look(sims, cap, rate)
+        return concluded(whole, sims, runs, cap, cap, unsettled)
 
     result = find_goodput(judge, low=low, high=high, precision=precision,
-                          max_probes=max_probes, progress=progress)
+                          max_probes=max_probes, progress=progress,
+                          confirm=confirm if converge else None)
     result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":
         words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"

@@ -8,6 +8,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastpp.sim.goodput import (
     ProbeResult,
@@ -50,6 +52,44 @@ def test_bisection_finds_threshold_within_precision(low, high, expansion):
     assert_consistent(result)
     notes = " ".join(result.notes)
     assert (expansion in notes) if expansion else not notes
+
+
+@settings(max_examples=200, deadline=None)
+@given(looks=st.floats(0.05, 40.0), confirmed=st.floats(0.0, 1.0), low=st.floats(0.2, 6.0),
+       span=st.floats(1.5, 8.0), precision=st.sampled_from([0.01, 0.1, 0.5]))
+def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(looks, confirmed, low,
+                                                                        span, precision):
+    """First looks pass up to ``looks`` req/s, the longest look only up to a lower rate (a short
+    look is optimistic): the answer passes confirmation, the rate above it fails, within the
+    precision, and every probe that passed above the answer was replaced by its failed
+    confirmation."""
+    truth = looks * confirmed
+    confirms: list[float] = []
+
+    def first_look(rate: float) -> ProbeResult:
+        return ProbeResult(rate, rate <= looks, {"look": 1.0})
+
+    def longest_look(rate: float) -> ProbeResult:
+        confirms.append(rate)
+        return ProbeResult(rate, rate <= truth, {"look": 2.0}, "" if rate <= truth else "longer")
+
+    result = find_goodput(first_look, low=low, high=low * span, precision=precision,
+                          max_probes=60, confirm=longest_look)
+    assert_consistent(result)
+    assert len(set(confirms)) == len(confirms)  # no rate confirmed twice
+    # a withdrawn pass does not start a walk down, one confirmation per step
+    assert len(confirms) <= 2 * math.log2(16 * 16 * span / precision) + 2
+    if result.rate > 0:
+        assert result.best.metrics["look"] == 2.0 and result.rate <= truth
+        assert result.margin < precision or math.isinf(result.margin)
+        assert result.rate + result.margin > truth or math.isinf(result.margin)
+    else:  # nothing passed confirmation down to the floor (low / 16)
+        assert truth < low / 8 and result.reason.startswith("even ")
+    for p in result.probes:
+        if p.rate > result.rate:
+            assert not p.ok
+    withdrawn = [r for r in confirms if r > truth]
+    assert sum("failed confirmation" in n for n in result.notes) == len(withdrawn)
 
 
 def test_feasible_at_cap_reports_lower_bound():
@@ -303,14 +343,16 @@ def test_a_swamped_probe_stops_early_and_fails_as_its_whole_run_would(monkeypatc
 def test_a_seed_judged_alone_is_looked_at_longer_when_only_its_queue_looks_unsteady():
     """TP=4 on azure-conv at 2 req/s: seed 0's first 300 requests alone end in a burst that
     the quarters test reads as a growing queue; a single-seed search would look longer (600
-    requests) and pass, so the seed's own verdict at that probe is a pass."""
+    requests) and pass, so the seed's own verdict at that probe is a pass. (2.5 req/s passes
+    too and is the answer, confirmed on the longest look; 2 req/s keeps its first look.)"""
     from fastpp.sim.goodput import MAX_REQUESTS_PER_SEED
     from fastpp.sim.run import open_simulation
 
     workload, deployment = WorkloadConfig(name="azure-conv"), DeploymentConfig(pp=1, tp=4)
-    result = slo_goodput(workload, deployment, seeds=(0, 1), low=2.0, high=4.0, precision=1.0,
-                         max_probes=1)
-    (probe,) = result.probes
+    result = slo_goodput(workload, deployment, seeds=(0, 1), low=2.0, high=2.5, precision=1.0,
+                         max_probes=2)
+    probe, answer = result.probes
+    assert result.rate == 2.5 and answer.metrics["requests_per_seed"] == MAX_REQUESTS_PER_SEED
     assert probe.ok and probe.metrics["requests_per_seed"] == 300 and probe.seed_ok == (True, True)
     seed0 = open_simulation(replace(workload, rate=2.0, seed=0, num_requests=MAX_REQUESTS_PER_SEED
                                     + MAX_REQUESTS_PER_SEED // 4), deployment,
