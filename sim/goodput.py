@@ -210,8 +210,9 @@ def find_goodput(
     ``confirm`` re-judges a passed rate on stronger evidence (``slo_goodput``: the longest
     look). When given, the search's answer must pass it: the highest passed rate is confirmed;
     if it fails there, its probe is replaced by the confirmation, the bracket closes under it,
-    and the search goes on below: the passes already there are bisected by confirming them (a
-    pass above one that fails confirmation is withdrawn with it, its reason says so), and every
+    and the search goes on below: the passes already there are confirmed, the highest first,
+    then by halves (a pass above one that fails confirmation is withdrawn with it, its reason
+    says so), and every
     new pass is confirmed as it is probed (the first looks proved optimistic there; confirming
     only each new answer would walk down a step at a time). A confirmation replaces its probe
     and does not count against ``max_probes``.
@@ -309,8 +310,8 @@ def find_goodput(
 
     # The answer must stand confirmation. One that fails it is withdrawn and closes the
     # bracket under it; the first looks proved optimistic there, so the passes below are
-    # bisected by confirming them (a pass above a failed confirmation is withdrawn with it),
-    # and from then on every pass is confirmed as it is probed.
+    # confirmed, the highest first, then by halves (a pass above a failed confirmation is
+    # withdrawn with it), and from then on every pass is confirmed as it is probed.
     def confirm_at(rate: float) -> bool:
         at = max(i for i, p in enumerate(probes) if p.rate == rate)
         probes[at] = confirmation(rate)
@@ -323,8 +324,10 @@ def find_goodput(
         below = [p.rate for p in probes if p.ok and p.rate < hi]
         lo = max((r for r in below if r in confirmed), default=0.0)
         pending = sorted(r for r in below if r > lo)
-        while pending:
-            mid = pending[len(pending) // 2]
+        first = True
+        while pending:  # the highest first (the likeliest answer), then by halves
+            mid = pending[-1] if first else pending[len(pending) // 2]
+            first = False
             if confirm_at(mid):
                 lo, pending = mid, [r for r in pending if r > mid]
             else:
