@@ -212,10 +212,9 @@ def find_goodput(
     if it fails there, its probe is replaced by the confirmation, the bracket closes under it,
     and the search goes on below: the passes already there are confirmed, the highest first,
     then by halves (a pass above one that fails confirmation is withdrawn with it, its reason
-    says so), and every
-    new pass is confirmed as it is probed (the first looks proved optimistic there; confirming
-    only each new answer would walk down a step at a time). A confirmation replaces its probe
-    and does not count against ``max_probes``.
+    says so), and every new pass is confirmed as it is probed (the first looks proved
+    optimistic there; confirming only each new answer would walk down a step at a time). A
+    confirmation replaces its probe and does not count against ``max_probes``.
     """
     floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
     cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
