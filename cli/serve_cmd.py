@@ -39,6 +39,7 @@ def serve(
     max_running_requests: Annotated[int | None, typer.Option(help="Cap on admitted requests. [default: KV-bound only]")] = None,
     max_queue: Annotated[int, typer.Option(help="Answer 503 while this many requests wait for admission.")] = 256,
     threads: Annotated[int | None, typer.Option(help="Intra-op threads per stage. [default: 1]")] = None,
+    pin_cores: Annotated[bool, typer.Option("--pin-cores", help="torch: run each stage's computing thread on a core of its own (needs a core per stage).")] = False,
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (slower on AVX2-only CPUs). [default: float32]")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -57,7 +58,7 @@ def serve(
     key_args = ["--api-key", api_key] if api_key and backend != "torch" else []  # both engines take it
     if backend == "sglang":
         torch_only = {"--kv-blocks": kv_blocks, "--block-size": block_size, "--threads": threads, "--seed": seed,
-                      "--max-running-requests": max_running_requests}
+                      "--max-running-requests": max_running_requests, "--pin-cores": pin_cores or None}
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
             fail(f"{', '.join(named)} apply to --backend torch only (pass SGLang's own flags for sglang)")
@@ -67,7 +68,7 @@ def serve(
                       chunk_candidates=chunk_candidates, record_dir=record_dir, engine_python=engine_python,
                       token_step=token_step)
     if backend == "vllm":
-        torch_only = {"--kv-blocks": kv_blocks, "--threads": threads}
+        torch_only = {"--kv-blocks": kv_blocks, "--threads": threads, "--pin-cores": pin_cores or None}
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
             fail(f"{', '.join(named)}: options of --backend torch (vLLM sizes its KV cache itself: "
@@ -109,7 +110,7 @@ def serve(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
             chunk_candidates=candidates,
             profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed,
-            record=True if record_dir is not None else None))
+            pin_cores=pin_cores, record=True if record_dir is not None else None))
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
         return

@@ -4,6 +4,7 @@ shutdown leave no KV block held on any stage."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -165,3 +166,24 @@ def test_abort_frees_kv_on_every_stage_and_bad_prompts_are_refused():
     finally:
         engine.shutdown()
     check_no_leak(engine)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin two stages")
+def test_pinned_stages_run_on_a_core_each_and_still_match_the_reference():
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=2, kv_blocks=128, block_size=16,
+                                                 policy="static:48", pin_cores=True)).start()
+    try:
+        assert engine.spec.cores == tuple(cores)
+        assert os.sched_getaffinity(engine._procs.procs[0].pid) == {cores[1]}
+        assert os.sched_getaffinity(engine._thread.native_id) == {cores[0]}
+        run_and_check(engine, seed=5, n=6)
+    finally:
+        engine.shutdown()
+    check_no_leak(engine)
+
+
+def test_pinning_more_stages_than_cores_is_refused(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    with pytest.raises(ValueError, match="2 stages, 1 core"):
+        PipelineEngine(SOURCE, EngineConfig(num_stages=2, pin_cores=True))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -53,6 +54,17 @@ log = logging.getLogger(__name__)
 __all__ = ["EngineConfig", "EngineDeadError", "PipelineEngine"]
 
 
+def stage_cores(config: EngineConfig) -> tuple[int, ...]:
+    """With ``pin_cores``, stage r's core: the r-th of the cores this process may run on."""
+    if not config.pin_cores:
+        return ()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < config.num_stages:
+        raise ValueError(f"pin_cores needs a core per stage: {config.num_stages} stages, "
+                         f"{len(cores)} core(s) available ({cores})")
+    return tuple(cores[:config.num_stages])
+
+
 class PipelineEngine:
     """Serve generation requests on ``config.num_stages`` CPU stages. ``start()``, then ``submit``."""
 
@@ -68,7 +80,7 @@ class PipelineEngine:
                              f"{self.model_config.num_layers} layers")
         self._weights = weights  # stage 0's (loaded in start() when None)
         self.spec = StageSpec(source, config.num_stages, config.kv_blocks, config.block_size, config.dtype,
-                              config.threads, port=0, seed=config.seed)
+                              config.threads, port=0, seed=config.seed, cores=stage_cores(config))
         self.scheduler_config = SchedulerConfig(
             num_slots=config.num_stages,
             kv_capacity_tokens=config.kv_blocks * config.block_size,
@@ -252,6 +264,7 @@ class PipelineEngine:
 
     def _run(self) -> None:
         try:
+            self.spec.pin(0)  # this thread computes stage 0
             self._loop()
         except Exception:
             self._fail(f"engine thread failed:\n{traceback.format_exc()}")

@@ -29,6 +29,9 @@ class EngineConfig:
     new_token_ratio: float = 0.1  # share of running requests' remaining output kept free at admission
     dtype: str = "float32"
     threads: int = 1  # intra-op threads per stage
+    # each stage's computing thread on a core of its own (stage r on the r-th core this process
+    # may use; stage 0's is the engine thread), so the stages do not migrate between cores
+    pin_cores: bool = False
     seed: int = 0
     eos_token_id: int | None = None  # the tokenizer's; ends a request unless it sets ignore_eos
     record: bool = False  # keep every ended request's record and every IterationRecord (memory grows)

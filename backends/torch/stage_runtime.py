@@ -47,6 +47,7 @@ class StageSpec:
     threads: int = 1  # intra-op threads per stage
     port: int = 0  # rendezvous port on 127.0.0.1
     seed: int = 0  # the sampler's seed for requests without one
+    cores: tuple[int, ...] = ()  # the CPU core of each rank's computing thread (): unpinned
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -54,6 +55,14 @@ class StageSpec:
         for name in ("num_stages", "kv_blocks", "block_size", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cores and len(self.cores) != self.num_stages:
+            raise ValueError(f"cores must name one core per stage ({self.num_stages}), "
+                             f"got {self.cores}")
+
+    def pin(self, rank: int) -> None:
+        """Pin the calling thread (on Linux, only it) to rank's core, when cores are given."""
+        if self.cores:
+            os.sched_setaffinity(0, {self.cores[rank]})
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -106,6 +115,7 @@ def stage_main(rank: int, spec: StageSpec, conn: Any) -> None:
     """
     logging.basicConfig(level=logging.INFO, format=f"[stage {rank}] %(levelname)s %(message)s")
     torch.set_num_threads(spec.threads)
+    spec.pin(rank)
     try:
         runner = StageRunner(spec, rank, spec.weights.load(spec.torch_dtype))
     except Exception as exc:  # report why, then die: the engine prints it
