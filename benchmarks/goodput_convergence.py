@@ -4,6 +4,7 @@
     python benchmarks/goodput_convergence.py --deploy tp4@static:2048 --json out.json
     python benchmarks/goodput_convergence.py --column "-n 6000" --json a.json   # one column
     python benchmarks/goodput_convergence.py --table a.json b.json   # the table from saved cells
+    python benchmarks/goodput_convergence.py --deploy pp4@static:512 --looks 5.75,5.84,5.94
 
 Rows: deployments on azure-conv, Qwen2.5-32B, 4 x A100-40GB PCIe, SLO 2 s / 200 ms. Columns:
 ``fastpp goodput``'s search (fastpp.sim.goodput.slo_goodput, precision 0.1 req/s) started from
@@ -12,17 +13,33 @@ set. Each cell is the goodput (the bracket's low end) and, in brackets, each see
 (the pooled verdict is on both seeds' records together). The last column says whether the
 cells' brackets overlap within the precision: the method converged if the answer does not move
 with the starting length or the seeds.
+
+``--looks RATES`` runs no search: for each rate (on ``--workload`` and ``--model``, default
+azure-conv and Qwen2.5-32B), one simulation per seed (seeds 0 and 1, the probe's run of 15,000
+arrivals) is looked at over its first n requests, n the length rule's
+first look doubled up to 12,000, and each look's pooled verdict, P90 TTFT and P90 TPOT and
+whether the 2-error rule calls it settled are printed: what a probe at that rate would see at
+each length.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from fastpp.sim.goodput import slo_goodput
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+from fastpp.sim.goodput import (
+    MAX_REQUESTS_PER_SEED,
+    MIN_REQUESTS,
+    is_unsettled,
+    judge_records,
+    probe_span_s,
+    slo_goodput,
+)
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation, parse_deployment
 
 DEPLOYMENTS = ("tp4@static:2048", "pp4@static:512")
 COLUMNS = (  # (label, starting requests per seed or None for the length rule, seeds)
@@ -43,7 +60,16 @@ def main() -> None:
     ap.add_argument("--json", help="also write the cells to this file")
     ap.add_argument("--table", nargs="+", metavar="JSON",
                     help="print the table from cells saved with --json (runs nothing)")
+    ap.add_argument("--looks", metavar="RATES",
+                    help="comma-separated rates: each look's verdict at every length, no search")
+    ap.add_argument("--workload", default="azure-conv", help="--looks: the workload")
+    ap.add_argument("--model", default="Qwen2.5-32B", help="--looks: the model")
     args = ap.parse_args()
+    if args.looks:
+        for spec in args.deploy or DEPLOYMENTS:
+            for rate in (float(r) for r in args.looks.split(",")):
+                print_looks(spec, rate, WorkloadConfig(name=args.workload), args.model)
+        return
     if args.table:
         cells = [c for path in args.table for c in json.loads(Path(path).read_text())]
         print(markdown_table(cells))
@@ -71,6 +97,29 @@ def main() -> None:
             if args.json:  # after every cell, so that an interrupted run keeps what it did
                 Path(args.json).write_text(json.dumps(cells, indent=1))
     print(markdown_table(cells))
+
+
+def print_looks(spec: str, rate: float, workload: WorkloadConfig, model: str,
+                seeds: tuple[int, ...] = (0, 1)) -> None:
+    """One line per look length at ``rate``: what slo_goodput's probe sees there."""
+    pp, tp, policy = parse_deployment(spec)
+    dep = DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy or "static:2048")
+    cap = MAX_REQUESTS_PER_SEED
+    sims = [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4,
+                                    duration_s=None), dep, record_iterations=False)
+            for seed in seeds]
+    n = max(MIN_REQUESTS, math.ceil(probe_span_s(workload, dep.slo) * rate))
+    while True:
+        runs = [sim.run_until_ended(n) for sim in sims]
+        v = judge_records(runs, dep.slo, rate=rate)
+        settled = "unsettled" if is_unsettled(runs, dep.slo) else "settled"
+        print(f"{model} {workload.name} {spec} {rate:g} req/s, {n:>6} requests per seed: "
+              f"{'pass' if v.ok else 'FAIL'} "
+              f"({settled})  P90 TTFT {v.metrics['p90_ttft_ms']:.0f} ms  P90 TPOT "
+              f"{v.metrics['p90_tpot_ms']:.1f} ms  {v.reason}".rstrip(), flush=True)
+        if n >= cap:
+            return
+        n = min(2 * n, cap)
 
 
 def markdown_table(cells: list[dict]) -> str:

@@ -46,7 +46,7 @@ Probe rules (``slo_goodput``):
   that happened to see none, and every run starts from an empty system. The search's answer
   is looked at again at the cap (its runs go on, nothing is redone); if it fails there, it is
   withdrawn and the search goes on below it, confirming every pass from then on
-  (``find_goodput``'s ``confirm``). PP=4 static:512 on azure-conv at 5.94 req/s passes
+  (``find_goodput``'s ``confirm``; a confirmed probe's metrics say ``confirmed=1``). PP=4 static:512 on azure-conv at 5.94 req/s passes
   settled on 713 and 1,426 requests per seed and fails at 12,000 (P90 TTFT 4.9 s;
   docs/GOODPUT_CONVERGENCE.md). So the reported goodput passed on 12,000 requests per seed,
   whatever the starting length. Settled fails are not confirmed: a short look errs the other
@@ -532,10 +532,10 @@ def slo_goodput(
     def confirm(rate: float) -> ProbeResult:
         """A passed probe at the longest look: its runs go on to the cap, judged there."""
         sims, cap, result = passed.pop(rate)
-        if result.metrics["requests_per_seed"] >= cap:
-            return result
-        whole, runs, unsettled = look(sims, cap, rate)
-        return concluded(whole, sims, runs, cap, cap, unsettled)
+        if result.metrics["requests_per_seed"] < cap:
+            whole, runs, unsettled = look(sims, cap, rate)
+            result = concluded(whole, sims, runs, cap, cap, unsettled)
+        return replace(result, metrics={**result.metrics, "confirmed": 1.0})
 
     result = find_goodput(judge, low=low, high=high, precision=precision,
                           max_probes=max_probes, progress=progress,
