@@ -46,11 +46,11 @@ Probe rules (``slo_goodput``):
   that happened to see none, and every run starts from an empty system. The search's answer
   is looked at again at the cap (its runs go on, nothing is redone); if it fails there, it is
   withdrawn and the search goes on below it, confirming every pass from then on
-  (``find_goodput``'s ``confirm``; a confirmed probe's metrics say ``confirmed=1``). PP=4 static:512 on azure-conv at 5.94 req/s passes
-  settled on 713 and 1,426 requests per seed and fails at 12,000 (P90 TTFT 4.9 s;
-  docs/GOODPUT_CONVERGENCE.md). So the reported goodput passed on 12,000 requests per seed,
-  whatever the starting length. Settled fails are not confirmed: a short look errs the other
-  way.
+  (``find_goodput``'s ``confirm``; a confirmed probe's metrics say ``confirmed=1``). PP=4
+  static:512 on azure-conv at 5.94 req/s passes settled on 713 and 1,426 requests per seed
+  and fails at 12,000 (P90 TTFT 4.9 s; docs/GOODPUT_CONVERGENCE.md). So the reported goodput
+  passed on 12,000 requests per seed, whatever the starting length. Settled fails are not
+  confirmed: a run starts from an empty system, so a short look errs toward passing.
 - Swamped probes stop early (P90 criterion): a look fails at once, without running its
   requests to the end, when in every seed more than ``SWAMPED_SHARE`` of the requests it
   judges are already certain to miss the TTFT objective (``TtftMisses``: a late first token,
