@@ -256,7 +256,9 @@ def find_goodput(
     def budget_left() -> bool:
         if len(probes) < max_probes:
             return True
-        notes.append(f"probe budget of {max_probes} exhausted")
+        exhausted = f"probe budget of {max_probes} exhausted"
+        if exhausted not in notes:
+            notes.append(exhausted)
         return False
 
     def done(lo: float, hi: float, reason: str = "") -> GoodputResult:

@@ -362,6 +362,27 @@ def test_a_seed_judged_alone_is_looked_at_longer_when_only_its_queue_looks_unste
     assert judge_records([seed0.run_until_ended(600)], deployment.slo, rate=2.0).ok
 
 
+def test_a_pass_that_fails_on_the_longest_look_is_withdrawn(monkeypatch):
+    """TP=4 (14B) on cnn-reversed at 8.25 req/s: the first look (2,879 requests per seed) passes,
+    settled, before the KV cache has filled; at the longest look (here 6,000) the queue has
+    grown past the TTFT SLO, so the answer is withdrawn and, with no probe left, goodput is 0."""
+    import fastpp.sim.goodput as goodput_module
+
+    monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 6000)
+    seen: list[ProbeResult] = []
+    result = slo_goodput(WorkloadConfig(name="cnn-reversed-synthetic"),
+                         DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4), low=8.25, high=16.0,
+                         precision=4.0, max_probes=1, progress=seen.append)
+    first, confirmation = seen
+    assert first.ok and first.metrics["converged"] == 1.0
+    assert first.metrics["requests_per_seed"] < 6000
+    assert not confirmation.ok and confirmation.reason.startswith("P90 TTFT")
+    assert confirmation.metrics["requests_per_seed"] == 6000
+    assert confirmation.metrics["confirmed"] == 1.0
+    assert result.probes == (confirmation,) and result.rate == 0.0
+    assert "8.25 req/s passed its first looks but failed confirmation" in result.notes
+
+
 def test_the_cli_searches_from_the_library_defaults():
     import inspect
 
@@ -377,15 +398,19 @@ def test_slo_goodput_rejects_a_replayed_trace():
         slo_goodput(WorkloadConfig(replay="azure-conv"), DeploymentConfig())
 
 
-def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path):
+def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path, monkeypatch):
     """`fastpp goodput`, `fastpp sweep --metric goodput` and slo_goodput (what
     scripts/make_results.py runs through the sweep) on one point: the same search, the same
-    numbers."""
+    numbers. (The longest look is shortened to 2,000 requests per seed for speed; all three
+    run in this process, the sweep with the serial executor.)"""
     import json
 
     from typer.testing import CliRunner
 
+    import fastpp.sim.goodput as goodput_module
     from fastpp.cli.app import app
+
+    monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 2000)
 
     point = ["-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-n", "60"]
     runner = CliRunner()
