@@ -32,7 +32,8 @@ SYSTEMS = ("tp4@static:2048", "pp4@static:2048", *(f"pp4@static:{c}" for c in ST
            "pp4@greedy", "pp4@predictive", "pp4@predictive+ds")
 # Goodput bracket width, req/s, per model: about 4% of the goodputs each model reaches on this
 # hardware. Seeds and probe lengths are `fastpp goodput`'s (fastpp.sim.goodput: seeds 0 and 1
-# pooled, probes lengthened until a longer one keeps the verdict), so its answers are the CLI's.
+# pooled, probes lengthened until settled, the answer confirmed on the longest look), so its
+# answers are the CLI's.
 PRECISION = {"Qwen2.5-32B": 0.25, "Qwen2.5-14B": 0.5}
 # The paper's benchmark protocol (section 8): fixed runs of 1,000 prompts, P90s alone.
 PAPER_REQUESTS = 1000
@@ -176,7 +177,8 @@ def goodput_section(rep: Report, sweeps: SweepsInBackground) -> dict:
             "Goodput = the highest Poisson rate (req/s) at which P90 TTFT <= 2 s and P90 TPOT <= "
             "200 ms, found by bracketing and bisection (to 0.25 req/s for 32B, 0.5 req/s for 14B), "
             "seeds 0 and 1 pooled at every probe, each probe lengthened until its P90 verdict "
-            "has settled and checked for a steady queue: `fastpp goodput`'s method, by the same "
+            "has settled and checked for a steady queue, the answer confirmed on 12,000 "
+            "requests per seed: `fastpp goodput`'s method, by the same "
             "code (`fastpp.sim.goodput`, docs/GOODPUT_CONVERGENCE.md). Best static = the best "
             f"of C in {STATIC} on that workload (PP_static).\n\n" + "\n\n".join(body))
     return found
