@@ -7,7 +7,8 @@
     python benchmarks/goodput_convergence.py --deploy pp4@static:512 --looks 5.75,5.84,5.94
 
 Rows: deployments on azure-conv, Qwen2.5-32B, 4 x A100-40GB PCIe, SLO 2 s / 200 ms. Columns:
-``fastpp goodput``'s search (fastpp.sim.goodput.slo_goodput, precision 0.1 req/s) started from
+``fastpp goodput``'s search (fastpp.sim.goodput.slo_goodput, precision 0.1 req/s; other rows with
+``--workload`` / ``--model``) started from
 the default probe length, from 1,000, 3,000 and 6,000 requests per seed, and with another seed
 set. Each cell is the goodput (the bracket's low end) and, in brackets, each seed's own goodput
 (the pooled verdict is on both seeds' records together). The last column says whether the
@@ -62,8 +63,8 @@ def main() -> None:
                     help="print the table from cells saved with --json (runs nothing)")
     ap.add_argument("--looks", metavar="RATES",
                     help="comma-separated rates: each look's verdict at every length, no search")
-    ap.add_argument("--workload", default="azure-conv", help="--looks: the workload")
-    ap.add_argument("--model", default="Qwen2.5-32B", help="--looks: the model")
+    ap.add_argument("--workload", default="azure-conv", help="the workload (default azure-conv)")
+    ap.add_argument("--model", default="Qwen2.5-32B", help="the model (default Qwen2.5-32B)")
     args = ap.parse_args()
     if args.looks:
         for spec in args.deploy or DEPLOYMENTS:
@@ -74,18 +75,20 @@ def main() -> None:
         cells = [c for path in args.table for c in json.loads(Path(path).read_text())]
         print(markdown_table(cells))
         return
-    workload = WorkloadConfig(name="azure-conv")
+    workload = WorkloadConfig(name=args.workload)
     cells = []
     for spec in args.deploy or DEPLOYMENTS:
         pp, tp, policy = parse_deployment(spec)
-        dep = DeploymentConfig(pp=pp, tp=tp, policy=policy or "static:2048")
+        dep = DeploymentConfig(model=args.model, pp=pp, tp=tp, policy=policy or "static:2048")
+        row = spec if (args.workload, args.model) == ("azure-conv", "Qwen2.5-32B") else \
+            f"{spec}, {args.model}, {args.workload}"
         for label, n, seeds in COLUMNS:
             if args.column and label not in args.column:
                 continue
             t0, cpu0 = time.perf_counter(), time.process_time()
             res = slo_goodput(workload, dep, seeds=seeds, num_requests=n, precision=PRECISION)
             lengths = [int(p.metrics["requests_per_seed"]) for p in res.probes]
-            cell = {"deployment": spec, "column": label, "seeds": list(seeds),
+            cell = {"deployment": spec, "row": row, "column": label, "seeds": list(seeds),
                     "goodput": res.rate, "margin": res.margin,
                     "seed_goodputs": list(res.seed_rates), "probes": len(res.probes),
                     "longest_probe": max(lengths), "unsettled_probes": sum(
@@ -129,8 +132,11 @@ def markdown_table(cells: list[dict]) -> str:
     labels = [c[0] for c in COLUMNS]
     header = ["deployment", *labels, "agree within 0.1?"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for spec in dict.fromkeys(c["deployment"] for c in cells):
-        row = {c["column"]: c for c in cells if c["deployment"] == spec}
+    def row_of(cell: dict) -> str:  # cells saved before rows had other workloads lack "row"
+        return cell.get("row", cell["deployment"])
+
+    for spec in dict.fromkeys(row_of(c) for c in cells):
+        row = {c["column"]: c for c in cells if row_of(c) == spec}
         shown = [f"{row[k]['goodput']:.2f} ({', '.join(f'{g:.2f}' for g in row[k]['seed_goodputs'])})"
                  if k in row else "-" for k in labels]
         spread = max(c["goodput"] for c in row.values()) - min(c["goodput"] for c in row.values())
