@@ -178,7 +178,10 @@ def test_record_dir_is_fastpp_run_format(greedy_ds):
     assert any(r["num_parked"] > 0 for r in requests)
     iterations = read_iterations_csv(greedy_ds.record_dir / "iterations.csv")
     by_stage = {s: [it.mb_id for it in iterations if it.stage == s] for s in (0, 1)}
-    assert by_stage[0] and by_stage[0] == by_stage[1][: len(by_stage[0])]
+    # the same microbatches in the same order on both stages; the newest may be missing on one
+    # (rank 1's records reach rank 0's file after the fact: CI once read 19 on stage 0, 18 on 1)
+    shorter, longer = sorted(by_stage.values(), key=len)
+    assert shorter and shorter == longer[: len(shorter)] and len(longer) - len(shorter) <= 1
     assert all(it.finished_at >= it.started_at for it in iterations)
     paths = finalize_record_dir(greedy_ds.record_dir, num_stages=2)
     summary = json.loads(paths["summary"].read_text())
