@@ -21,7 +21,13 @@ import pytest
 from fastpp.backends.ports import free_port
 from fastpp.backends.sglang.checks import applied_vs_decided, rank_batches, rank_disagreements
 from fastpp.backends.sglang.host_timing import PHASES
-from fastpp.backends.sglang.launcher import LaunchSpec, SGLangServer, find_engine_python, resolve_model
+from fastpp.backends.sglang.launcher import (
+    LaunchSpec,
+    PortInUseError,
+    SGLangServer,
+    find_engine_python,
+    resolve_model,
+)
 from fastpp.backends.sglang.recorder import finalize_record_dir, read_jsonl
 from fastpp.run_files import read_iterations_csv
 
@@ -76,13 +82,20 @@ def _serve(tmp_path_factory, name: str, **spec_kw) -> Run:
     _engine_ready()
     root = tmp_path_factory.mktemp(name)
     extra = spec_kw.pop("sglang_args", ())
-    spec = LaunchSpec(model="smollm2", pp=2, port=free_port(), record_dir=str(root / "records"),
-                      sglang_args=SGLANG_ARGS + tuple(extra), **spec_kw)
-    log = root / "sglang.log"
+    for attempt in range(3):  # a free port can be taken before SGLang binds it (seen in CI)
+        records, log = root / f"records-{attempt}", root / f"sglang-{attempt}.log"
+        spec = LaunchSpec(model="smollm2", pp=2, port=free_port(), record_dir=str(records),
+                          sglang_args=SGLANG_ARGS + tuple(extra), **spec_kw)
+        try:
+            server = SGLangServer(spec, log).start(timeout_s=900)
+            break
+        except PortInUseError:
+            if attempt == 2:
+                raise
     # all prompts at once: they share microbatches
-    with SGLangServer(spec, log).start(timeout_s=900) as server, cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+    with server, cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         outs = list(pool.map(lambda p: _generate(server.spec.url, p), PROMPTS))
-    return Run([t for t, _ in outs], [x for _, x in outs], root / "records", log)
+    return Run([t for t, _ in outs], [x for _, x in outs], records, log)
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +200,21 @@ def test_record_dir_is_fastpp_run_format(greedy_ds):
     summary = json.loads(paths["summary"].read_text())
     assert summary["completed"] == len(requests)
     assert paths["timeline"].exists()
+
+
+def test_a_port_taken_before_sglang_binds_it_fails_at_once(monkeypatch, tmp_path):
+    """SGLang's HTTP server fails to bind but its schedulers keep running: start() must not
+    wait out its timeout (900 s in these tests) for a server that never answers."""
+    import sys
+    import time
+
+    import fastpp.backends.sglang.launcher as launcher
+
+    script = ("import time; print('[x] ERROR:    [Errno 98] error while attempting to bind on "
+              "address (\\'127.0.0.1\\', 1): address already in use', flush=True); time.sleep(60)")
+    monkeypatch.setattr(launcher, "build_command", lambda spec: ([sys.executable, "-c", script], None))
+    server = SGLangServer(LaunchSpec(model="smollm2", pp=2, port=free_port()), tmp_path / "log")
+    t0 = time.monotonic()
+    with pytest.raises(PortInUseError, match="could not bind port"):
+        server.start(timeout_s=120)
+    assert time.monotonic() - t0 < 30 and server.proc is None  # stopped, not left running

@@ -240,6 +240,8 @@ class SGLangServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 600.0) -> SGLangServer:
+        """Launch and wait until ``/v1/models`` answers; ``PortInUseError`` at once when SGLang's
+        HTTP server cannot bind the port (SGLang itself keeps running then, never ready)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -252,6 +254,10 @@ class SGLangServer:
                                    f"log {self.log_path}:\n{self.log_tail()}")
             if _http_ok(self.spec.url + "/v1/models"):
                 return self
+            if BIND_FAILED in self.log_tail():
+                self.stop()
+                raise PortInUseError(f"SGLang could not bind port {self.spec.port} (address "
+                                     f"already in use); log {self.log_path}")
             time.sleep(2.0)
         self.stop()
         raise TimeoutError(f"SGLang not ready after {timeout_s:.0f} s; "
@@ -281,6 +287,13 @@ class SGLangServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PortInUseError(RuntimeError):
+    """SGLang's HTTP server could not bind its port: another process holds it."""
+
+
+BIND_FAILED = "error while attempting to bind on address"  # uvicorn's words, in SGLang's log
 
 
 def _http_ok(url: str) -> bool:
