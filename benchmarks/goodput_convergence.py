@@ -27,20 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from fastpp.sim.goodput import (
     MAX_REQUESTS_PER_SEED,
-    MIN_REQUESTS,
+    first_look_length,
     is_unsettled,
     judge_records,
+    open_probe_runs,
     probe_span_s,
     slo_goodput,
 )
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation, parse_deployment
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
 
 DEPLOYMENTS = ("tp4@static:2048", "pp4@static:512")
 COLUMNS = (  # (label, starting requests per seed or None for the length rule, seeds)
@@ -78,8 +77,7 @@ def main() -> None:
     workload = WorkloadConfig(name=args.workload)
     cells = []
     for spec in args.deploy or DEPLOYMENTS:
-        pp, tp, policy = parse_deployment(spec)
-        dep = DeploymentConfig(model=args.model, pp=pp, tp=tp, policy=policy or "static:2048")
+        dep = deployment_of(spec, args.model)
         row = spec if (args.workload, args.model) == ("azure-conv", "Qwen2.5-32B") else \
             f"{spec}, {args.model}, {args.workload}"
         for label, n, seeds in COLUMNS:
@@ -102,16 +100,19 @@ def main() -> None:
     print(markdown_table(cells))
 
 
+def deployment_of(spec: str, model: str) -> DeploymentConfig:
+    """``pp4@static:512`` on ``model`` (SGLang's default chunk 2048 when no policy is named)."""
+    pp, tp, policy = parse_deployment(spec)
+    return DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy or "static:2048")
+
+
 def print_looks(spec: str, rate: float, workload: WorkloadConfig, model: str,
                 seeds: tuple[int, ...] = (0, 1)) -> None:
     """One line per look length at ``rate``: what slo_goodput's probe sees there."""
-    pp, tp, policy = parse_deployment(spec)
-    dep = DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy or "static:2048")
+    dep = deployment_of(spec, model)
     cap = MAX_REQUESTS_PER_SEED
-    sims = [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4,
-                                    duration_s=None), dep, record_iterations=False)
-            for seed in seeds]
-    n = max(MIN_REQUESTS, math.ceil(probe_span_s(workload, dep.slo) * rate))
+    sims = open_probe_runs(workload, dep, rate, seeds, cap)
+    n = first_look_length(probe_span_s(workload, dep.slo), rate)
     while True:
         runs = [sim.run_until_ended(n) for sim in sims]
         v = judge_records(runs, dep.slo, rate=rate)

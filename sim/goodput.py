@@ -396,6 +396,23 @@ def probe_span_s(workload: WorkloadConfig, slo: SLO, samples: int = 4000) -> flo
     return max(ARRIVAL_SPAN_S, LIFETIMES * mean_output * slo.tpot_s)
 
 
+def first_look_length(span_s: float, rate: float) -> int:
+    """The length rule: requests per seed of a probe's first look at ``rate`` when it covers
+    ``span_s`` seconds of arrivals (:func:`probe_span_s`), at least ``MIN_REQUESTS``."""
+    return max(MIN_REQUESTS, math.ceil(span_s * rate))
+
+
+def open_probe_runs(workload: WorkloadConfig, deployment: DeploymentConfig, rate: float,
+                    seeds: Sequence[int], cap: int) -> list[PipelineSimulation]:
+    """One simulation per seed for a probe at ``rate``, to be looked at over its first n, 2n,
+    ... requests (``run_until_ended``), the last look at ``cap``. Its arrivals go on a quarter
+    of the cap past it, so no look sees the queue drain, and every starting length sees the
+    same run of a rate and seed."""
+    return [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4,
+                                    duration_s=None), deployment, record_iterations=False)
+            for seed in seeds]
+
+
 def slo_goodput(
     workload: WorkloadConfig,
     deployment: DeploymentConfig,
@@ -504,7 +521,7 @@ def slo_goodput(
     passed: dict[float, tuple[list[PipelineSimulation], int, ProbeResult]] = {}
 
     def judge(rate: float) -> ProbeResult:
-        n = num_requests or max(MIN_REQUESTS, math.ceil(span_s * rate))
+        n = num_requests or first_look_length(span_s, rate)
         if not converge:  # one fixed run per seed, judged whole
             runs = run(rate, n)
             whole = verdict(runs, rate)
@@ -512,12 +529,7 @@ def slo_goodput(
                                            "converged": 1.0},
                            seed_ok=tuple(verdict([records], rate).ok for records in runs))
         cap = max(n, MAX_REQUESTS_PER_SEED)
-        # one simulation per seed, looked at over its first n, 2n, ... requests, the last look
-        # at the cap; its arrivals go on a quarter of the cap past it, so no look sees the
-        # queue drain, and every starting length sees the same run of a rate and seed
-        sims = [open_simulation(replace(workload, rate=rate, seed=seed,
-                                        num_requests=cap + cap // 4, duration_s=None),
-                                deployment, record_iterations=False) for seed in seeds]
+        sims = open_probe_runs(workload, deployment, rate, seeds, cap)
         for doubling in range(MAX_DOUBLINGS + 1):
             if doubling:
                 if n >= cap:

@@ -254,7 +254,7 @@ class SGLangServer:
                                    f"log {self.log_path}:\n{self.log_tail()}")
             if _http_ok(self.spec.url + "/v1/models"):
                 return self
-            if BIND_FAILED in self.log_tail():
+            if BIND_FAILED in self.log_path.read_text(errors="replace"):  # anywhere in the log
                 self.stop()
                 raise PortInUseError(f"SGLang could not bind port {self.spec.port} (address "
                                      f"already in use); log {self.log_path}")
