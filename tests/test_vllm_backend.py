@@ -31,6 +31,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
            "Water boils at", "My favourite food is"]
 MAX_TOKENS = 24
 LONG_PROMPTS = [" ".join([p] * 5) for p in PROMPTS]  # 30-60 tokens each: a budget of 48 binds
+BALANCE_SENDS = 3  # test_budget_and_decode_placement_...: sends of LONG_PROMPTS, at most
 # The servers whose tokens are compared run in float32. vLLM on CPU downcasts this float32
 # checkpoint to bfloat16, where the top two logprobs of these prompts often tie exactly (they
 # move in steps of 0.125), so greedy tokens depend on how requests happen to be batched: stock
@@ -147,9 +148,18 @@ def test_static_budget_gives_stock_vllms_tokens(stock, static):
 def test_budget_and_decode_placement_are_what_vllm_scheduled(flaky):
     """Read back from vLLM's own SchedulerOutput (``scheduled``: request id -> tokens): every
     step scheduled at most the budget the policy chose and exactly the decodes it chose to ride;
-    the budget binds while prompts wait; the balancer moved decodes between slots."""
-    tokens = flaky.complete(LONG_PROMPTS)
-    assert all(len(t) == MAX_TOKENS for t in tokens)
+    the budget binds while prompts wait; the balancer moved decodes between slots.
+
+    Whether the balancer has anything to move depends on how the 8 prompts split between the two
+    slots, which depends on when each HTTP request reached vLLM's engine core: a 4/4 split that
+    lasts until all end together needs no move (a CI run saw that once). So the load
+    is sent again, up to ``BALANCE_SENDS`` times, until a move happened; every decision of every
+    send is checked."""
+    for _ in range(BALANCE_SENDS):
+        tokens = flaky.complete(LONG_PROMPTS)
+        assert all(len(t) == MAX_TOKENS for t in tokens)
+        if _moves(flaky.decisions()):
+            break
     decisions = flaky.decisions()
     chosen = [d for d in decisions if not d["reason"].startswith("fallback")]
     assert chosen and {d["budget"] for d in chosen} == {48}
@@ -161,9 +171,13 @@ def test_budget_and_decode_placement_are_what_vllm_scheduled(flaky):
         assert d["scheduled_decodes"] == d["chosen_decodes"], d  # ... and no other decode did
         assert all(scheduled[rid] == 1 for rid in ran)
     assert any(d["total_scheduled"] == 48 for d in chosen), "the budget never bound"
-    moves = [int(n) for d in decisions for n in re.findall(r"(?:park|restore) (\d+)", d["balance"])]
-    assert sum(moves) > 0, "the balancer never moved a decode"
+    assert _moves(decisions) > 0, f"the balancer never moved a decode in {BALANCE_SENDS} sends"
     assert {d["slot"] for d in decisions if d["scheduled_decodes"]} == {0, 1}
+
+
+def _moves(decisions: list[dict]) -> int:
+    """Decodes the balancer parked or restored over ``decisions``."""
+    return sum(int(n) for d in decisions for n in re.findall(r"(?:park|restore) (\d+)", d["balance"]))
 
 
 def test_a_policy_that_raises_falls_back_and_serving_goes_on(flaky):
