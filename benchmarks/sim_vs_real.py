@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise-cv", type=float, default=0.0,
                     help="simulated stage times jitter by a mean-one lognormal factor of this "
                          "coefficient of variation (default 0: the profile's times exactly)")
+    ap.add_argument("--no-turnaround", action="store_true",
+                    help="simulate with every stage's turnaround 0 (the model before profile schema 2)")
     ap.add_argument("--noise-seeds", type=int, default=1,
                     help="with --noise-cv: simulate this many seeds and report their median")
     rec = ap.add_argument_group("recording a run first (--record)")
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         how = f"fitted to {'this run' if args.profile_from is None else fit_dir} (fastpp.records_profile)"
     if profile.pp != setup.pp:
         raise SystemExit(f"the profile is for pp={profile.pp}, the run had pp={setup.pp}")
+    if args.no_turnaround:
+        profile = replace(profile, stage_turnaround_s=(0.0,) * profile.pp)
 
     requests, _ = replay_requests(run.records)
     kept = {r.req_id for r in requests}
@@ -205,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  note: {n}")
     print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
           f"token return {profile.token_return_s * 1e3:.3f} ms, "
-          f"link latency {profile.link.latency_s * 1e3:.3f} ms")
+          f"link latency {profile.link.latency_s * 1e3:.3f} ms, stage turnaround "
+          + " / ".join(f"{t * 1e3:.3f}" for t in profile.stage_turnaround_s) + " ms")
     print()
     print("| metric | real | simulated | sim vs real |")
     print("|---|---|---|---|")
@@ -234,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                "iteration_errors": in_sample, "iteration_errors_held_out": held_out,
                "profile_fields": {"host_overhead_s": profile.host_overhead_s,
                                   "token_return_s": profile.token_return_s,
-                                  "link_latency_s": profile.link.latency_s}}
+                                  "link_latency_s": profile.link.latency_s,
+                                  "stage_turnaround_s": list(profile.stage_turnaround_s)}}
         args.json.write_text(json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float)
                                         and not np.isfinite(v) else v) + "\n")
     return 0

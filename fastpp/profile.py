@@ -7,7 +7,7 @@ made analytically (``fastpp.sim.analytic``) or measured (torch engine, SGLang) a
 
 Units: every duration is in seconds (suffix ``_s``), sizes in bytes, token counts are ints.
 
-Schema (``SCHEMA_VERSION`` 1), top level keys::
+Schema (``SCHEMA_VERSION`` 2), top level keys::
 
     schema_version, name, kind, provenance{str: str}, gpu, interconnect,
     model{name, num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
@@ -16,10 +16,13 @@ Schema (``SCHEMA_VERSION`` 1), top level keys::
     activation_bytes_per_token, link{latency_s, bandwidth_bytes_per_s},
     stages[{num_layers, linear{tokens, seconds}, attn_past_x_pre_s, attn_pre_sq_s,
             attn_dec_ctx_s, fixed_s, embedding_s_per_token, lm_head{tokens, seconds} | null,
-            allreduce_fixed_s, allreduce_s_per_token}]
+            allreduce_fixed_s, allreduce_s_per_token}],
+    stage_turnaround_s[per stage]
 
-Every field is required. Validation raises :class:`ProfileError` naming the file and the dotted
-field path (``"qwen.json: stages[2].linear.seconds: missing field"``).
+Every field is required. Version 1 files (no ``stage_turnaround_s``) still load, with every
+stage's turnaround 0, which is what the simulator assumed before version 2. Validation raises
+:class:`ProfileError` naming the file and the dotted field path (``"qwen.json:
+stages[2].linear.seconds: missing field"``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: before stage_turnaround_s (read as zeros)
 KINDS = ("analytic", "measured")
 # bytes per element of the dtypes model configs and engines name
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
@@ -356,6 +360,10 @@ class Profile:
     activation_bytes_per_token: int  # bytes crossing a stage boundary per token
     link: LinkCost
     stages: tuple[StageCost, ...]  # len == pp
+    # Per stage: time the stage's worker spends on each microbatch outside its recorded compute
+    # and not overlapped with it (receiving and preparing the next input, sampling and sending
+    # the output), during which it takes no new microbatch; () = 0 on every stage.
+    stage_turnaround_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -387,6 +395,12 @@ class Profile:
             if i > 0 and stage.embedding_s_per_token > 0:
                 raise ProfileError("only the first stage has an embedding",
                                    f"stages[{i}].embedding_s_per_token")
+        object.__setattr__(self, "stage_turnaround_s", tuple(self.stage_turnaround_s) or (0.0,) * self.pp)
+        if len(self.stage_turnaround_s) != self.pp:
+            raise ProfileError(f"has {len(self.stage_turnaround_s)} values but pp is {self.pp}",
+                               "stage_turnaround_s")
+        for i, t in enumerate(self.stage_turnaround_s):
+            _check_float(f"stage_turnaround_s[{i}]", t)
         total = sum(s.num_layers for s in self.stages)
         if total != self.model.num_layers:
             raise ProfileError(
@@ -416,6 +430,7 @@ class Profile:
             "link": {"latency_s": self.link.latency_s,
                      "bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s},
             "stages": [s.to_dict() for s in self.stages],
+            "stage_turnaround_s": list(self.stage_turnaround_s),
         }
 
     @classmethod
@@ -468,11 +483,18 @@ def _profile_from_dict(d: Any) -> Profile:
     d = _obj(d, "")
     if "schema_version" not in d:
         raise ProfileError("missing field", "schema_version")
-    if d["schema_version"] != SCHEMA_VERSION:
+    version = d["schema_version"]
+    if version not in READABLE_VERSIONS:
         raise ProfileError(
-            f"unsupported version {d['schema_version']!r}, this fastpp reads {SCHEMA_VERSION}",
+            f"unsupported version {version!r}, this fastpp reads {', '.join(map(str, READABLE_VERSIONS))}",
             "schema_version")
-    kw = _take({k: v for k, v in d.items() if k != "schema_version"}, _names(Profile), "")
+    names = _names(Profile)
+    if version == 1:
+        names = tuple(n for n in names if n != "stage_turnaround_s")
+    kw = _take({k: v for k, v in d.items() if k != "schema_version"}, names, "")
+    if "stage_turnaround_s" in kw and not isinstance(kw["stage_turnaround_s"], list):
+        raise ProfileError(f"expected a list, got {type(kw['stage_turnaround_s']).__name__}",
+                           "stage_turnaround_s")
     kw["model"] = ModelShape.from_dict(kw["model"])
     kw["link"] = _build(LinkCost, _take(_obj(kw["link"], "link"), _names(LinkCost), "link"),
                         "link")

@@ -22,6 +22,11 @@ What comes from what (seconds; every estimate also lands in the profile's proven
   interval starts when it has the activations) shows gaps of ~0 and gets a zero-latency link.
 * Token return (last stage -> scheduler): for each microbatch that sampled, the first instant
   at or after its last stage's end at which requests.jsonl records a token; median delay.
+* Stage turnaround (stages after the first): the gap from a stage's end to its next start where
+  the next microbatch's activations were already there (the previous stage had ended a link
+  latency before): the worker's time outside its recorded compute that does not overlap it
+  (the CPU engine: receiving and preparing the input, sampling and sending the output);
+  median. Stage 0's counterpart is inside the host overhead (below): 0.
 * Host overhead per launch: the cycle gap of a slot, from a microbatch's last-stage end to the
   stage-0 start of the next microbatch of the same slot, where that one carried decodes (it was
   ready the moment the tokens came back) and stage 0 sat idle across the gap. In the simulator
@@ -97,6 +102,7 @@ class RecordsProfile:
     token_return: GapEstimate
     cycle_gap: GapEstimate  # token return + host overhead
     link_gaps: int  # stage hand-off gaps the link was fitted on
+    turnaround: tuple[GapEstimate, ...]  # per stage (stage 0: none measured)
     notes: tuple[str, ...]
 
     def summary_lines(self) -> list[str]:
@@ -114,6 +120,10 @@ class RecordsProfile:
         lines.append(f"host overhead {p.host_overhead_s * 1e3:.3f} ms/launch; token return "
                      f"{p.token_return_s * 1e3:.3f} ms; link {p.link.latency_s * 1e3:.3f} ms + "
                      f"{_bandwidth_text(p.link.bandwidth_bytes_per_s)} ({self.link_gaps} gaps)")
+        if p.pp > 1:
+            lines.append("stage turnaround " + ", ".join(
+                f"{t * 1e3:.3f} ms" + (f" ({est.samples} gaps)" if i else " (in host overhead)")
+                for i, (t, est) in enumerate(zip(p.stage_turnaround_s, self.turnaround, strict=True))))
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -174,6 +184,8 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
     dtype_bytes = DTYPE_BYTES.get(setup.dtype or "", shape.dtype_bytes)
     act_bytes = shape.hidden_size * dtype_bytes
     link, link_gaps, link_note = _fit_link(by_stage, act_bytes)
+    turnaround = (_estimate([]),) + tuple(_turnaround(by_stage[s - 1], by_stage[s], link.latency_s)
+                                          for s in range(1, pp))
     token_return = _token_return(by_stage[pp - 1], run.records)
     cycle = _cycle_gap(by_stage[0], by_stage[pp - 1])
     if pp == 1:
@@ -212,6 +224,10 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         "token_return": ("not used (pp = 1)" if pp == 1 else
                          "first token instant at/after the last stage's end, per sampling microbatch: "
                          + token_return.describe()),
+        "stage_turnaround": ("per stage after the first, its end -> its next start where the next "
+                             "input had arrived (previous stage ended a link latency before): "
+                             + "; ".join(f"stage {i}: {t.describe()}" for i, t in enumerate(turnaround) if i)
+                             if pp > 1 else "not used (pp = 1)"),
         "host_overhead": ("slot cycle gap (last-stage end -> next stage-0 start of the same slot, next "
                           "microbatch carrying decodes, stage 0 idle) minus token return: "
                           + cycle.describe()),
@@ -226,9 +242,10 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         kind="measured", provenance=provenance, gpu=setup.device, interconnect=f"{executor} (from records)",
         model=shape, pp=pp, tp=setup.tp, kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
         page_size=setup.scheduler.page_size, token_step=setup.scheduler.token_step, host_overhead_s=host_s,
-        token_return_s=return_s, activation_bytes_per_token=act_bytes, link=link, stages=stages)
+        token_return_s=return_s, activation_bytes_per_token=act_bytes, link=link, stages=stages,
+        stage_turnaround_s=tuple(t.seconds for t in turnaround))
     return RecordsProfile(profile, tuple(fits), tuple(median_ape), tuple(counts), tuple(outliers),
-                          token_return, cycle, link_gaps, tuple(notes))
+                          token_return, cycle, link_gaps, turnaround, tuple(notes))
 
 
 # ------------------------------------------------------------------------------ stage costs
@@ -331,6 +348,20 @@ def _fit_link(by_stage: list[list[IterationRecord]], act_bytes: int) -> tuple[Li
             f"{latency * 1e3:.4f} ms, {_bandwidth_text(bandwidth)}; gap median {np.median(g) * 1e3:.4f} ms, "
             f"p90 {np.quantile(g, 0.9) * 1e3:.4f} ms")
     return LinkCost(latency, bandwidth), len(g), note
+
+
+def _turnaround(sender: Sequence[IterationRecord], stage: Sequence[IterationRecord],
+                link_s: float) -> GapEstimate:
+    """Median of (next start - end) of ``stage``'s consecutive iterations where the next one's
+    input had arrived by the end: ``sender`` (the stage before) ended it ``link_s`` earlier."""
+    sent = {r.mb_id: r.finished_at for r in sender}
+    recs = sorted(stage, key=lambda r: r.started_at)
+    gaps = []
+    for cur, nxt in zip(recs, recs[1:], strict=False):
+        arrived = sent.get(nxt.mb_id)
+        if arrived is not None and arrived + link_s <= cur.finished_at:
+            gaps.append(max(nxt.started_at - cur.finished_at, 0.0))
+    return _estimate(gaps)
 
 
 def _robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

@@ -6,7 +6,10 @@ stage is a FIFO server that computes microbatches in order, for a time the profi
 gives from the microbatch's token counts and ALP features; activations then cross a link to the
 next stage (alpha-beta cost, one transfer at a time per link, overlapping the sender's next
 compute); after the last stage the sampled tokens travel back to the scheduler
-(``token_return_s``), which folds them in with ``Scheduler.update``.
+(``token_return_s``), which folds them in with ``Scheduler.update``. A stage whose worker does
+per-microbatch work outside its compute (receiving and preparing the input, sampling and sending
+the output: ``stage_turnaround_s``, measured on the CPU engine) takes its next microbatch only
+that long after its previous compute ended.
 
 What it exercises: the very Scheduler, ChunkPolicy and DecodeBalancer objects a real engine
 uses; unequal stages (layer remainders, embedding on the first, LM head and sampling on the
@@ -16,11 +19,11 @@ single stage whose cost includes its all-reduces.
 How time advances (sim/events.py, a SimPy environment): a microbatch's stage costs are fixed
 when it is launched and every stage and link serves in launch order, so its whole passage is
 known at launch: stage i starts at max(its activations' arrival, stage i's end of the previous
-microbatch) and the link after it sends at max(stage end, link free). The launch computes that
-tandem-queue recurrence and schedules one callback, the return, at which the policies observe
-every stage's record and then the scheduler folds the tokens in: as in the CPU engine, where
-stage times come back with the sampled tokens (a real scheduler cannot see a stage end before
-then). No process waits on another, so every event is a callback-style SimPy Timeout (an
+microbatch + its turnaround) and the link after it sends at max(stage end, link free). The
+launch computes that tandem-queue recurrence and schedules one callback, the return, at which
+the policies observe every stage's record and then the scheduler folds the tokens in: as in the
+CPU engine, where stage times come back with the sampled tokens (a real scheduler cannot see a
+stage end before then). No process waits on another, so every event is a callback-style SimPy Timeout (an
 arrival, a launch after the host overhead, a return), never a generator process to resume.
 
 Units: seconds of virtual time.
@@ -136,7 +139,8 @@ class PipelineSimulation:
         loop = HOST_LOOPS[host_loop]
         self.driver = loop.driver(scheduler, num_stages, record_iterations=record_iterations)
         self._stage_costs = [st.cost_fn() for st in profile.stages]  # StageCost.time_s, faster
-        self._stage_free_at = [0.0] * num_stages  # when each stage ends its last microbatch
+        self._stage_free_at = [0.0] * num_stages  # when each stage can take its next microbatch
+        self._turnaround = list(profile.stage_turnaround_s)  # per stage, after each compute
         self._link_free_at = [0.0] * num_stages  # when the link after each stage is free
         # per slot in flight: its plan and each stage's (start, end), known at launch
         self._in_flight: dict[int, tuple[MicroBatchPlan, list[tuple[float, float]]]] = {}
@@ -227,13 +231,14 @@ class PipelineSimulation:
             costs = [c * math.exp(mu + sigma * gauss(0.0, 1.0)) for c in costs]
         link_s = (self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
                   if len(stages) > 1 else 0.0)
-        stage_free, link_free = self._stage_free_at, self._link_free_at
+        stage_free, link_free, turnaround = self._stage_free_at, self._link_free_at, self._turnaround
         ready = self.clock.now  # when the microbatch's input is on the stage
         last = len(stages) - 1
         times = []
         for i, cost in enumerate(costs):
             start = max(ready, stage_free[i])
-            end = stage_free[i] = start + cost
+            end = start + cost
+            stage_free[i] = end + turnaround[i]
             times.append((start, end))
             if i < last:
                 ready = link_free[i] = max(end, link_free[i]) + link_s

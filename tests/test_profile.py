@@ -91,12 +91,32 @@ def _error(d: dict) -> str:
         (lambda d: d["stages"][0].update(lm_head={"tokens": [1], "seconds": [1.0]}),
          "qwen.json: stages[0].lm_head: only the last stage"),
         (lambda d: d["stages"][0].update(num_layers=5), "qwen.json: stages: stage layers sum"),
+        (lambda d: d.pop("stage_turnaround_s"), "qwen.json: stage_turnaround_s: missing field"),
+        (lambda d: d.update(stage_turnaround_s=[0.0, 0.001]),
+         "qwen.json: stage_turnaround_s: has 2 values but pp is 3"),
+        (lambda d: d.update(stage_turnaround_s=[0.0, -0.001, 0.0]),
+         "qwen.json: stage_turnaround_s[1]: must be >="),
+        (lambda d: d.update(stage_turnaround_s=0.001), "qwen.json: stage_turnaround_s: expected a list"),
     ],
 )
 def test_errors_name_their_field(mutate, expected):
     d = copy.deepcopy(make_profile().to_dict())
     mutate(d)
     assert _error(d).startswith(expected), _error(d)
+
+
+def test_version_1_files_load_with_no_turnaround(tmp_path):
+    """Profiles written before schema version 2 (no stage_turnaround_s) read as zeros; a
+    version-1 file that has the field is refused, naming it."""
+    d = make_profile().to_dict()
+    assert d["stage_turnaround_s"] == [0.0, 0.0, 0.0]
+    del d["stage_turnaround_s"]
+    d["schema_version"] = 1
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(d))
+    assert load_profile(path) == make_profile()
+    d["stage_turnaround_s"] = [0.0, 0.0, 0.0]
+    assert _error(d).startswith("qwen.json: stage_turnaround_s: unknown field")
 
 
 def test_load_names_file(tmp_path):

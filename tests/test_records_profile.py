@@ -64,6 +64,7 @@ def test_fit_recovers_the_profile_that_made_the_records(cpu_run):
     # hand-offs: exact up to the clocks' rounding in the files
     assert p.host_overhead_s == pytest.approx(truth.host_overhead_s, rel=0.02, abs=2e-6)
     assert p.token_return_s == pytest.approx(truth.token_return_s, rel=0.02, abs=2e-6)
+    assert p.stage_turnaround_s == pytest.approx(truth.stage_turnaround_s, abs=2e-6)  # zeros
     for tokens in (1, 16, 256):  # the link as the simulator uses it: activations of N tokens
         assert p.link.time_s(tokens * p.activation_bytes_per_token) == pytest.approx(
             truth.link.time_s(tokens * truth.activation_bytes_per_token), rel=0.02)
@@ -91,6 +92,29 @@ def test_fitted_profile_replays_the_run(cpu_run, tmp_path):
                                             slo=SLO(5.0, 0.5), chunk_candidates=CPU_CANDIDATES))
     for key in ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms"):
         assert again.summary[key] == pytest.approx(run.summary[key], rel=0.05), key
+
+
+def test_stage_turnaround_is_fitted_and_simulated(tmp_path):
+    """A last stage that is busy 3 ms after each compute (the CPU engine's sampling and sending):
+    the simulator starts none of its microbatches sooner, and the fit finds the 3 ms in the gaps
+    where the next input was already waiting."""
+    from fastpp.profile import save_profile
+    from fastpp.profile_names import resolve_profile
+
+    base = load_profile(resolve_profile("cpu_smollm2-135m_pp2"))
+    save_profile(replace(base, stage_turnaround_s=(0.0, 0.003)), tmp_path / "turn.json")
+    run, run_dir = simulated_run(tmp_path / "run", profile=str(tmp_path / "turn.json"), n=40, rate=2.0)
+    last = sorted((it for it in run.result.iterations if it.stage == 1), key=lambda it: it.started_at)
+    gaps = [b.started_at - a.finished_at for a, b in zip(last, last[1:], strict=False)]
+    assert min(gaps) >= 0.003 - 1e-9 and sum(g < 0.0031 for g in gaps) > 50  # back to back often
+    got = profile_from_records(run_dir)
+    assert got.profile.stage_turnaround_s == pytest.approx((0.0, 0.003), abs=2e-6)
+    assert got.turnaround[1].samples > 50
+    lines = got.summary_lines()
+    assert any("stage turnaround 0.000 ms (in host overhead), 3.000 ms" in line for line in lines)
+    # and without it, the same load's decode steps come faster
+    plain = simulated_run(tmp_path / "plain", n=40, rate=2.0)[0]
+    assert plain.summary["median_tpot_ms"] < run.summary["median_tpot_ms"]
 
 
 def test_pp4_gpu_profile_with_noise(tmp_path):
