@@ -26,7 +26,8 @@ What comes from what (seconds; every estimate also lands in the profile's proven
   the next microbatch's activations were already there (the previous stage had ended a link
   latency before): the worker's time outside its recorded compute that does not overlap it
   (the CPU engine: receiving and preparing the input, sampling and sending the output);
-  median. Stage 0's counterpart is inside the host overhead (below): 0.
+  median, over at least ``MIN_TURNAROUND_GAPS`` such pairs (else 0, with a note). Stage 0's
+  counterpart is inside the host overhead (below): 0.
 * Host overhead per launch: the cycle gap of a slot, from a microbatch's last-stage end to the
   stage-0 start of the next microbatch of the same slot, where that one carried decodes (it was
   ready the moment the tokens came back) and stage 0 sat idle across the gap. In the simulator
@@ -68,6 +69,9 @@ UNSEEN_BANDWIDTH_BYTES_PER_S = 1e15
 # Token times are rebuilt from gaps rounded to 0.1 us (requests.jsonl), recorder clocks to 1 us:
 # a token up to this much before the last stage's end still belongs to that microbatch.
 CLOCK_SLACK_S = 1e-4
+# A stage's turnaround is taken from at least this many back-to-back iterations (else 0): a
+# pipeline that never had two microbatches in flight (vLLM at low load) shows only a stray few.
+MIN_TURNAROUND_GAPS = 20
 
 
 class RecordsProfileError(ValueError):
@@ -186,6 +190,10 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
     link, link_gaps, link_note = _fit_link(by_stage, act_bytes)
     turnaround = (_estimate([]),) + tuple(_turnaround(by_stage[s - 1], by_stage[s], link.latency_s)
                                           for s in range(1, pp))
+    for s, est in enumerate(turnaround):
+        if s and est.samples < MIN_TURNAROUND_GAPS:
+            notes.append(f"stage {s}: {est.samples} back-to-back iterations with their input waiting "
+                         f"(fewer than {MIN_TURNAROUND_GAPS}): turnaround 0 (not measurable here)")
     token_return = _token_return(by_stage[pp - 1], run.records)
     cycle = _cycle_gap(by_stage[0], by_stage[pp - 1])
     if pp == 1:
@@ -243,7 +251,7 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         model=shape, pp=pp, tp=setup.tp, kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
         page_size=setup.scheduler.page_size, token_step=setup.scheduler.token_step, host_overhead_s=host_s,
         token_return_s=return_s, activation_bytes_per_token=act_bytes, link=link, stages=stages,
-        stage_turnaround_s=tuple(t.seconds for t in turnaround))
+        stage_turnaround_s=tuple(t.seconds if t.samples >= MIN_TURNAROUND_GAPS else 0.0 for t in turnaround))
     return RecordsProfile(profile, tuple(fits), tuple(median_ape), tuple(counts), tuple(outliers),
                           token_return, cycle, link_gaps, turnaround, tuple(notes))
 

@@ -117,6 +117,18 @@ def test_stage_turnaround_is_fitted_and_simulated(tmp_path):
     assert plain.summary["median_tpot_ms"] < run.summary["median_tpot_ms"]
 
 
+def test_turnaround_needs_enough_back_to_back_iterations(tmp_path):
+    """A run whose last stage was never handed a microbatch while busy (a few requests far apart,
+    as vLLM at low load) has no turnaround to measure: 0, and a note says why."""
+    from fastpp.records_profile import MIN_TURNAROUND_GAPS
+
+    _, run_dir = simulated_run(tmp_path, n=3, rate=0.02)
+    got = profile_from_records(run_dir)
+    assert got.turnaround[1].samples < MIN_TURNAROUND_GAPS
+    assert got.profile.stage_turnaround_s == (0.0, 0.0)
+    assert any("stage 1:" in n and "turnaround 0 (not measurable here)" in n for n in got.notes)
+
+
 def test_pp4_gpu_profile_with_noise(tmp_path):
     """Four stages of the analytic A100 profile, stage times jittered by 5%: the fit sees noise."""
     run, run_dir = simulated_run(tmp_path, profile="a100-40gb-pcie_qwen2.5-32b_pp4", policy="static:512",
