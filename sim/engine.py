@@ -23,8 +23,9 @@ microbatch + its turnaround) and the link after it sends at max(stage end, link 
 launch computes that tandem-queue recurrence and schedules one callback, the return, at which
 the policies observe every stage's record and then the scheduler folds the tokens in: as in the
 CPU engine, where stage times come back with the sampled tokens (a real scheduler cannot see a
-stage end before then). No process waits on another, so every event is a callback-style SimPy Timeout (an
-arrival, a launch after the host overhead, a return), never a generator process to resume.
+stage end before then). No process waits on another, so every event is a callback-style SimPy
+Timeout (an arrival, a launch after the host overhead, a return), never a generator process to
+resume.
 
 Units: seconds of virtual time.
 """
