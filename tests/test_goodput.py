@@ -383,6 +383,45 @@ def test_a_pass_that_fails_on_the_longest_look_is_withdrawn(monkeypatch):
     assert "8.25 req/s passed its first looks but failed confirmation" in result.notes
 
 
+@pytest.mark.parametrize("n", [2, 3, 9, 10, 11, 12, 99, 100, 101, 1234, 12_000, 24_000])
+def test_certain_p90_miss_is_the_fewest_misses_that_fail_the_p90_for_sure(n):
+    """With that many misses the P90 exceeds the limit whatever the values; with one fewer it
+    can stay within it (the others far below, the misses just above)."""
+    from fastpp.sim.goodput import _p90, certain_p90_miss
+
+    limit = 2000.0
+    m = certain_p90_miss(n)
+    assert 1 <= m <= n
+    for miss in (limit + 1e-6, math.inf):
+        for ok in (0.0, limit):
+            assert _p90([ok] * (n - m) + [miss] * m) > limit
+    assert _p90([0.0] * (n - m + 1) + [limit + 1e-6] * (m - 1)) <= limit
+
+
+def test_the_longest_look_stops_at_a_sure_p90_failure_with_the_same_verdict(monkeypatch):
+    """The confirmation of the 14B TP cnn-reversed pass (below) at its longest look, with the
+    exact early stop and without it: the same verdict for the pool and for each seed; the early
+    one says it stopped early."""
+    import fastpp.sim.goodput as goodput_module
+
+    monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 6000)
+
+    def confirmation() -> ProbeResult:
+        seen: list[ProbeResult] = []
+        slo_goodput(WorkloadConfig(name="cnn-reversed-synthetic"),
+                    DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4), low=8.25, high=16.0,
+                    precision=4.0, max_probes=1, progress=seen.append)
+        return seen[-1]
+
+    early = confirmation()
+    monkeypatch.setattr(goodput_module, "certain_p90_miss", lambda n: n + 1)  # never sure
+    whole = confirmation()
+    assert not early.ok and not whole.ok and early.seed_ok == whole.seed_ok
+    assert early.metrics["stopped_early"] == 1.0 and "stopped_early" not in whole.metrics
+    assert early.metrics["requests_per_seed"] == whole.metrics["requests_per_seed"] == 6000
+    assert whole.metrics["p90_ttft_ms"] > 2000
+
+
 def test_the_cli_searches_from_the_library_defaults():
     import inspect
 
