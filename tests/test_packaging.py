@@ -41,8 +41,10 @@ def test_shipped_profiles_resolve_by_name_outside_a_checkout(tmp_path, monkeypat
 @pytest.mark.slow
 def test_the_wheel_ships_license_types_profiles_and_lower_bounds(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ next to the sources it builds
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "build", "dist", "runs", "*.egg-info",
-                                                             "__pycache__", ".*_cache", ".hypothesis"))
+    # not the engine venvs scripts/engines/ builds in .engines (13 GB in CI: copied every run)
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".engines", "build", "dist", "runs",
+                                                             "*.egg-info", "__pycache__", ".*_cache",
+                                                             ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("fastpp-*.whl")
