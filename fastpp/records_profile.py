@@ -190,8 +190,11 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
     link, link_gaps, link_note = _fit_link(by_stage, act_bytes)
     turnaround = (_estimate([]),) + tuple(_turnaround(by_stage[s - 1], by_stage[s], link.latency_s)
                                           for s in range(1, pp))
-    for s, est in enumerate(turnaround):
-        if s and est.samples < MIN_TURNAROUND_GAPS:
+    turnaround_s = [0.0] * pp
+    for s, est in enumerate(turnaround[1:], start=1):
+        if est.samples >= MIN_TURNAROUND_GAPS:
+            turnaround_s[s] = est.seconds
+        else:
             notes.append(f"stage {s}: {est.samples} back-to-back iterations with their input waiting "
                          f"(fewer than {MIN_TURNAROUND_GAPS}): turnaround 0 (not measurable here)")
     token_return = _token_return(by_stage[pp - 1], run.records)
@@ -251,7 +254,7 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         model=shape, pp=pp, tp=setup.tp, kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
         page_size=setup.scheduler.page_size, token_step=setup.scheduler.token_step, host_overhead_s=host_s,
         token_return_s=return_s, activation_bytes_per_token=act_bytes, link=link, stages=stages,
-        stage_turnaround_s=tuple(t.seconds if t.samples >= MIN_TURNAROUND_GAPS else 0.0 for t in turnaround))
+        stage_turnaround_s=tuple(turnaround_s))
     return RecordsProfile(profile, tuple(fits), tuple(median_ape), tuple(counts), tuple(outliers),
                           token_return, cycle, link_gaps, turnaround, tuple(notes))
 
@@ -336,14 +339,10 @@ def _fit_link(by_stage: list[list[IterationRecord]], act_bytes: int) -> tuple[Li
         return LinkCost(0.0, UNSEEN_BANDWIDTH_BYTES_PER_S), 0, "not used (pp = 1)"
     sizes, gaps = [], []
     for s in range(pp - 1):
-        ends = {r.mb_id: r.finished_at for r in by_stage[s]}
-        prev_end = -math.inf
-        for r in by_stage[s + 1]:  # in start order
-            sent = ends.get(r.mb_id)
-            if sent is not None and prev_end <= sent:
+        for r, sent, prev_end in _handoffs(by_stage[s], by_stage[s + 1]):
+            if prev_end <= sent:
                 sizes.append(r.num_tokens * act_bytes)
                 gaps.append(max(r.started_at - sent, 0.0))
-            prev_end = max(prev_end, r.finished_at)
     if not gaps:
         return (LinkCost(0.0, UNSEEN_BANDWIDTH_BYTES_PER_S), 0,
                 "no hand-off with an idle receiving stage: assumed free")
@@ -358,18 +357,26 @@ def _fit_link(by_stage: list[list[IterationRecord]], act_bytes: int) -> tuple[Li
     return LinkCost(latency, bandwidth), len(g), note
 
 
+def _handoffs(sender: Sequence[IterationRecord],
+              receiver: Sequence[IterationRecord]) -> list[tuple[IterationRecord, float, float]]:
+    """For each receiver iteration (in start order, as ``_by_stage`` keeps them) whose microbatch
+    the sender ran: (that iteration, the sender's end of it, the receiver's previous end)."""
+    ends = {r.mb_id: r.finished_at for r in sender}
+    out, prev_end = [], -math.inf
+    for r in receiver:
+        sent = ends.get(r.mb_id)
+        if sent is not None:
+            out.append((r, sent, prev_end))
+        prev_end = max(prev_end, r.finished_at)
+    return out
+
+
 def _turnaround(sender: Sequence[IterationRecord], stage: Sequence[IterationRecord],
                 link_s: float) -> GapEstimate:
-    """Median of (next start - end) of ``stage``'s consecutive iterations where the next one's
-    input had arrived by the end: ``sender`` (the stage before) ended it ``link_s`` earlier."""
-    sent = {r.mb_id: r.finished_at for r in sender}
-    recs = sorted(stage, key=lambda r: r.started_at)
-    gaps = []
-    for cur, nxt in zip(recs, recs[1:], strict=False):
-        arrived = sent.get(nxt.mb_id)
-        if arrived is not None and arrived + link_s <= cur.finished_at:
-            gaps.append(max(nxt.started_at - cur.finished_at, 0.0))
-    return _estimate(gaps)
+    """Median of (start - previous end) of ``stage``'s iterations whose input had arrived by that
+    previous end: ``sender`` (the stage before) ended it ``link_s`` earlier."""
+    return _estimate([max(r.started_at - prev_end, 0.0) for r, sent, prev_end in _handoffs(sender, stage)
+                      if sent + link_s <= prev_end])
 
 
 def _robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
