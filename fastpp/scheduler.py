@@ -37,8 +37,13 @@ class Scheduler:
         clock: Callable[[], float],
         chunk_policy: ChunkPolicy | None = None,
         balancer: DecodeBalancer | None = None,
+        *,
+        record_token_times: bool = True,
     ) -> None:
         self.config = config
+        # False: records keep no per-token times (no ITL), only what TTFT and TPOT need
+        # (RequestRecord.tpot_s); a goodput probe's records, judged and dropped, need no more
+        self.record_token_times = record_token_times
         self.clock = clock
         self.policies = GuardedPolicies(chunk_policy or StaticChunkPolicy(config.default_chunk),
                                         balancer or NoBalancer(), config.default_chunk)
@@ -299,9 +304,11 @@ class Scheduler:
         # decode: every decode fed one token (its context grew) and sampled one more; those
         # that end leave their slot after their context grew (DecodeSlots.decoded)
         self._slots.decoded(slot, len(decodes))
+        keep_times = self.record_token_times
         for r in decodes:
             r.ctx_len += 1
-            r.token_times.append(now)
+            if keep_times:
+                r.token_times.append(now)
             rec = r.rec
             n = rec.num_generated = rec.num_generated + 1
             if n >= r.target_len or (stop_ids and r.req_id in stop_ids):
@@ -325,7 +332,8 @@ class Scheduler:
                 continue
             rec = r.rec
             rec.num_generated += 1
-            r.token_times.append(now)
+            if keep_times:
+                r.token_times.append(now)
             num_tokens += 1
             r.ctx_len = r.prompt_len + rec.num_generated
             if rec.first_token_at is None:

@@ -74,7 +74,9 @@ class RequestRecord:
     """What happened to one request; written by the scheduler, read by metrics.
 
     ``token_times`` holds the time each output token became available (first token included),
-    so TTFT, TPOT and ITL are all derived from it. Times are on the run's clock.
+    so TTFT, TPOT and ITL are all derived from it; a scheduler built with
+    ``record_token_times=False`` leaves it empty (no ITL), and TPOT then comes from
+    ``finished_at``, the time of a completed request's last token. Times are on the run's clock.
     """
 
     req_id: int
@@ -101,10 +103,18 @@ class RequestRecord:
 
     @property
     def tpot_s(self) -> float | None:
-        """(last - first) / (n - 1); undefined (None) for fewer than two output tokens."""
-        if self.num_generated < 2 or self.first_token_at is None or not self.token_times:
+        """(last - first) / (n - 1); undefined (None) for fewer than two output tokens. The
+        last token's time is ``token_times[-1]``, or, with no token times kept, a completed
+        request's ``finished_at`` (the same instant); None when neither is known."""
+        if self.num_generated < 2 or self.first_token_at is None:
             return None
-        return (self.token_times[-1] - self.first_token_at) / (self.num_generated - 1)
+        if self.token_times:
+            last = self.token_times[-1]
+        elif self.finished_at is not None and self.finish_reason in _COMPLETED:
+            last = self.finished_at
+        else:
+            return None
+        return (last - self.first_token_at) / (self.num_generated - 1)
 
     @property
     def e2e_s(self) -> float | None:

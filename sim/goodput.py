@@ -78,6 +78,11 @@ Probe rules (``slo_goodput``):
   ``GoodputResult.seed_rates`` holds each seed's own goodput among the probed rates (the
   spread a single-seed search would show).
 
+Cost: a probe's runs keep no per-token times in their records (``record_token_times=False``):
+the verdict reads only TTFT, TPOT and the finish, and a decode-heavy look at the cap holds some
+20 million tokens per seed, whose times cost more to append and to keep (the collector walks
+them) than the rest of the records.
+
 Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
 """
 
@@ -92,7 +97,7 @@ import numpy as np
 
 from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
 from fastpp.sim.engine import PipelineSimulation
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation, run_simulation
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
@@ -416,7 +421,8 @@ def open_probe_runs(workload: WorkloadConfig, deployment: DeploymentConfig, rate
     of the cap past it, so no look sees the queue drain, and every starting length sees the
     same run of a rate and seed."""
     return [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4,
-                                    duration_s=None), deployment, record_iterations=False)
+                                    duration_s=None), deployment, record_iterations=False,
+                            record_token_times=False)
             for seed in seeds]
 
 
@@ -464,9 +470,9 @@ def slo_goodput(
     span_s = probe_span_s(workload, slo)
 
     def run(rate: float, n: int) -> list[list[RequestRecord]]:
-        return [run_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
-                                       duration_s=None),
-                               deployment, record_iterations=False).result.records
+        return [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
+                                        duration_s=None), deployment, record_iterations=False,
+                                record_token_times=False).run().records
                 for seed in seeds]
 
     def verdict(runs: Sequence[Sequence[RequestRecord]], rate: float) -> ProbeResult:

@@ -159,8 +159,10 @@ class SimulationRun:
     summary: dict
 
 
-def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler:
-    """A scheduler sized by the profile, with the deployment's policies (clock set by the sim)."""
+def build_scheduler(profile: Profile, deployment: DeploymentConfig, *,
+                    record_token_times: bool = True) -> Scheduler:
+    """A scheduler sized by the profile, with the deployment's policies (clock set by the sim);
+    ``record_token_times=False``: its records keep no per-token times (fastpp.types)."""
     config = SchedulerConfig(
         num_slots=profile.pp,
         kv_capacity_tokens=profile.kv_capacity_tokens,
@@ -171,7 +173,8 @@ def build_scheduler(profile: Profile, deployment: DeploymentConfig) -> Scheduler
         chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
     )
     chunk_policy, balancer = make_policies(deployment.policy, config, profile)
-    return Scheduler(config, lambda: 0.0, chunk_policy, balancer)
+    return Scheduler(config, lambda: 0.0, chunk_policy, balancer,
+                     record_token_times=record_token_times)
 
 
 def open_simulation(
@@ -182,22 +185,26 @@ def open_simulation(
     record_iterations: bool = True,
     max_time_s: float | None = None,
     noise_cv: float = 0.0,
+    record_token_times: bool = True,
 ) -> PipelineSimulation:
     """The simulation of ``workload`` on ``deployment``, built and not yet run: ``run()`` it
-    whole, or ``run_until_ended(n)`` to look at its first n requests and go on from there."""
-    return _build(workload, deployment, requests, record_iterations, max_time_s, noise_cv)[0]
+    whole, or ``run_until_ended(n)`` to look at its first n requests and go on from there.
+    ``record_token_times=False`` keeps no per-token times in its records (no ITL; TTFT and
+    TPOT unchanged): a goodput probe's runs, which hold tens of millions of tokens."""
+    return _build(workload, deployment, requests, record_iterations, max_time_s, noise_cv,
+                  record_token_times)[0]
 
 
 def _build(workload: WorkloadConfig, deployment: DeploymentConfig, requests: list[Request] | None,
-           record_iterations: bool, max_time_s: float | None,
-           noise_cv: float) -> tuple[PipelineSimulation, DeploymentConfig]:
+           record_iterations: bool, max_time_s: float | None, noise_cv: float,
+           record_token_times: bool = True) -> tuple[PipelineSimulation, DeploymentConfig]:
     """The simulation, and the deployment as its profile splits it (a profile file says its
     own pp and tp)."""
     reqs = workload.requests() if requests is None else requests
     profile = deployment.load_profile()
     if deployment.profile_path is not None:
         deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
-    scheduler = build_scheduler(profile, deployment)
+    scheduler = build_scheduler(profile, deployment, record_token_times=record_token_times)
     sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
                              max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
                              host_loop=deployment.host_loop)

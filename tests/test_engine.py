@@ -174,6 +174,27 @@ def test_records_are_built_only_when_kept_or_observed_and_busy_time_is_the_same(
     assert [r.token_times for r in bare.records] == [r.token_times for r in kept.records]
 
 
+def test_records_without_token_times_have_the_same_ttft_tpot_and_run():
+    """A goodput probe's scheduler keeps no per-token times: the run, every TTFT and TPOT
+    (from the completed request's finished_at, the instant of its last token) are unchanged."""
+    from dataclasses import replace
+
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+
+    workload = WorkloadConfig(name="cnn-reversed-synthetic", rate=6.0, num_requests=200, seed=1)
+    for policy in ("static:512", "predictive+ds"):
+        deployment = DeploymentConfig(pp=4, policy=policy)
+        kept = open_simulation(workload, deployment, record_iterations=False).run()
+        bare = open_simulation(workload, deployment, record_iterations=False,
+                               record_token_times=False).run()
+        assert all(r.token_times == [] for r in bare.records)
+        assert all(len(r.token_times) == r.num_generated for r in kept.records)
+        assert [r.tpot_s for r in bare.records] == [r.tpot_s for r in kept.records]
+        assert sum(r.tpot_s is not None for r in bare.records) > 150
+        assert [replace(r, token_times=[]) for r in kept.records] == bare.records
+        assert (bare.end_at, bare.num_microbatches) == (kept.end_at, kept.num_microbatches)
+
+
 def test_guarded_policies_observe_unless_both_say_they_do_not():
     from fastpp.policies.base import NoBalancer, StaticChunkPolicy
     from fastpp.policies.guard import GuardedPolicies

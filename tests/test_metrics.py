@@ -255,3 +255,18 @@ def test_run_folder_readers_name_the_bad_line(tmp_path):
         read_records_jsonl(tmp_path / "r.jsonl")
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         read_run(tmp_path)
+
+
+def test_tpot_without_token_times_comes_from_a_completed_requests_finish():
+    """Records of a run that kept no per-token times (a goodput probe's) still have a TPOT:
+    a completed request's last token came at its finish. Unfinished or aborted: unknown."""
+    done = RequestRecord(0, 1.0, 10, 5, num_generated=5, first_token_at=2.0, finished_at=3.0,
+                         finish_reason=FinishReason.LENGTH)
+    assert done.tpot_s == pytest.approx(0.25)
+    timed = RequestRecord(0, 1.0, 10, 5, num_generated=5, first_token_at=2.0, finished_at=3.0,
+                          finish_reason=FinishReason.LENGTH, token_times=[2.0, 2.1, 2.2, 2.3, 2.6])
+    assert timed.tpot_s == pytest.approx(0.15)  # the token times win where kept
+    running = RequestRecord(1, 1.0, 10, 5, num_generated=3, first_token_at=2.0)
+    aborted = RequestRecord(2, 1.0, 10, 5, num_generated=3, first_token_at=2.0, finished_at=9.0,
+                            finish_reason=FinishReason.ABORTED)
+    assert running.tpot_s is None and aborted.tpot_s is None
