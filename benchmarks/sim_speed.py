@@ -9,11 +9,13 @@ Prints simulated requests, microbatches and stage-iterations per second, with th
 wall and CPU time (CPU time is the steadier figure on a shared machine). ``--command`` also runs
 the whole `fastpp simulate --replay TRACE -d DEPLOY --policy POLICY` command (trace loading,
 simulation, summary and the run folder it writes) in a child process and prints its wall and
-CPU time. The targets of issue 13 are the full trace in at most 5 s of simulation on one core
-and at most 8 s for the whole command. Pin the simulation to one core with ``taskset -c 0``;
-time the command unpinned too: it writes the run folder's files in forked children
-(cli/forked_writes.py), which only pays off with a second core. The garbage collector's share
-(its passes, timed through ``gc.callbacks``) is printed for the simulation.
+CPU time; a line says whether the compiled build (scripts/build_native.py) ran, and
+``FASTPP_NATIVE=0`` times the pure Python one. The targets of issue 13 are the full trace in at
+most 5 s of simulation on one core and at most 8 s for the whole command. Pin the simulation
+to one core with ``taskset -c 0``; time the command unpinned too: it writes the run folder's
+files in forked children (cli/forked_writes.py), which only pays off with a second core. The
+garbage collector's share (its passes, timed through ``gc.callbacks``) is printed for the
+simulation.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fastpp import _native
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
 
 
@@ -65,6 +68,7 @@ def main() -> None:
     print(f"deployment    : {run.profile.model.name} on {run.profile.gpu}, {dep.label}, {dep.policy}")
     print(f"simulated     : {res.end_at:.0f} s of serving, {res.num_microbatches:,} microbatches, "
           f"{s['completed']} completed, {res.num_retractions} retractions")
+    print(f"build         : {_native.status()}")
     print(f"simulation    : {res.wall_s:.2f} s wall, {res.cpu_s:.2f} s CPU "
           f"({cpu_s:.2f} s CPU with building the scheduler and the summary)")
     print(f"collector     : {gc_time.cpu_s:.2f} s CPU in {gc_time.passes} passes "

@@ -23,6 +23,8 @@ or ask the simulator what-if questions::
 
 from typing import TYPE_CHECKING, Any
 
+# first: a compiled build of the hot modules, when one exists for these sources (fastpp/_native.py)
+import fastpp._native  # noqa: F401, I001
 from fastpp._version import __version__
 from fastpp.iteration_log import IterationLog
 from fastpp.metrics import summarize

@@ -36,7 +36,7 @@ from fastpp.run_parquet import (
     write_records_parquet,
 )
 from fastpp.timeline import write_chrome_trace
-from fastpp.types import FinishReason, IterationRecord, RequestRecord
+from fastpp.types import ITERATION_FIELDS, FinishReason, IterationRecord, RequestRecord
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.jsonl"
@@ -109,7 +109,7 @@ def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path
     """
     path = Path(path)
     log = IterationLog.of(iterations)
-    fields = list(IterationRecord.__slots__)
+    fields = list(ITERATION_FIELDS)
     assert fields[:5] == ["mb_id", "stage", "slot", "started_at", "finished_at"], fields
     assert tuple(fields[5:]) == HEAD_FIELDS[2:], fields  # a head is mb_id, slot, then these
     prev, suffix = None, ""
@@ -190,7 +190,7 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
     with path.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         header = set(reader.fieldnames or ())
-        missing = set(IterationRecord.__slots__) - header - set(_OPTIONAL_FIELDS)
+        missing = set(ITERATION_FIELDS) - header - set(_OPTIONAL_FIELDS)
         if missing:
             raise ValueError(f"{path}: header lacks {', '.join(sorted(missing))}")
         rows = list(reader)
@@ -198,7 +198,7 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
             rows.pop()
         for line, row in enumerate(rows, start=2):
             values: dict[str, Any] = {}
-            for name in IterationRecord.__slots__:
+            for name in ITERATION_FIELDS:
                 if name not in header:
                     values[name] = _OPTIONAL_FIELDS[name]
                     continue

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastpp.iteration_log import HEAD_FIELDS, IterationLog
-from fastpp.types import FinishReason, IterationRecord, RequestRecord
+from fastpp.types import ITERATION_FIELDS, FinishReason, IterationRecord, RequestRecord
 
 REQUESTS_PARQUET = "requests.parquet"
 ITERATIONS_PARQUET = "iterations.parquet"
@@ -92,7 +92,7 @@ def write_iterations_parquet(iterations: Iterable[IterationRecord], path: str | 
     columns["stage"] = pa.array(log.stages, pa.int64())
     columns["started_at"] = pa.array(log.started_at, pa.float64())
     columns["finished_at"] = pa.array(log.finished_at, pa.float64())
-    pq.write_table(pa.table({name: columns[name] for name in IterationRecord.__slots__}), path)
+    pq.write_table(pa.table({name: columns[name] for name in ITERATION_FIELDS}), path)
     return path
 
 
@@ -144,7 +144,7 @@ def read_records_parquet(path: str | Path) -> list[RequestRecord]:
 def read_iterations_parquet(path: str | Path) -> IterationLog:
     """The stage records of an iterations.parquet; ValueError naming the file and column."""
     path = Path(path)
-    cols = _read_columns(path, IterationRecord.__slots__)
+    cols = _read_columns(path, ITERATION_FIELDS)
     log = IterationLog()
     heads = zip(*(cols[name] for name in HEAD_FIELDS), strict=True)
     for head, stage, start, end in zip(heads, cols["stage"], cols["started_at"], cols["finished_at"],

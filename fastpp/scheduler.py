@@ -316,9 +316,10 @@ class Scheduler:
         num_tokens = len(decodes)
         live = self._live
         for c in plan.prefill:
-            r = live.get(c.req_id)
-            if r is None:
+            found = live.get(c.req_id)
+            if found is None:
                 continue
+            r = found
             # chunks return in order: still in flight if a later chunk was scheduled
             r.in_flight = r.num_computed > c.num_computed + c.num_tokens
             if r.aborted:

@@ -7,7 +7,7 @@ clock, ``_s`` for durations). Token counts are plain ints.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 import numpy as np
@@ -180,4 +180,9 @@ class IterationRecord:
         return self.finished_at - self.started_at
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in ITERATION_FIELDS}
+
+
+# IterationRecord's field names in order: file columns, to_dict keys (``__slots__`` would do in
+# Python, but a class compiled by mypyc has none: fastpp/_native.py)
+ITERATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(IterationRecord))

@@ -1,6 +1,15 @@
-"""Small factories shared by the tests (tiny defaults; override what a test is about)."""
+"""Small factories shared by the tests (tiny defaults; override what a test is about).
+
+The suite tests the Python source: a compiled build (fastpp/_native.py) is turned off here,
+before fastpp is imported, so tests that patch a class or count its calls see the code they
+patch; tests/test_native.py checks the compiled build gives the same results.
+"""
 
 from __future__ import annotations
+
+import os
+
+os.environ["FASTPP_NATIVE"] = "0"  # before the fastpp imports below
 
 from pathlib import Path
 

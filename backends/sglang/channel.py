@@ -24,12 +24,12 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from fastpp.types import IterationRecord
+from fastpp.types import ITERATION_FIELDS, IterationRecord
 
 DECISION_TAG = 0x46505001  # "FPP" + 1
 RECORD_TAG = 0x46505002
 # every numeric field of a stage record; the chunk policy's reason is known on rank 0 already
-_RECORD_FIELDS = tuple(f for f in IterationRecord.__slots__ if f != "reason")
+_RECORD_FIELDS = tuple(f for f in ITERATION_FIELDS if f != "reason")
 _TIME_FIELDS = ("started_at", "finished_at")
 
 

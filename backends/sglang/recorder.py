@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fastpp.run_setup import SETUP_KEY
-from fastpp.types import IterationRecord, RequestRecord
+from fastpp.types import ITERATION_FIELDS, IterationRecord, RequestRecord
 
 SETUP_FILE = "setup.json"
 
@@ -68,7 +68,7 @@ class RecordWriter:
             path = self.root / "iterations.csv"
             new = not path.exists() or path.stat().st_size == 0
             f = self._open("iterations.csv")
-            self._iter_writer = csv.DictWriter(f, fieldnames=list(IterationRecord.__slots__))
+            self._iter_writer = csv.DictWriter(f, fieldnames=list(ITERATION_FIELDS))
             if new:
                 self._iter_writer.writeheader()
         self._iter_writer.writerow(rec.to_dict())

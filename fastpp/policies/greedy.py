@@ -11,7 +11,7 @@ Units: times in seconds, chunks in tokens (C counts decode tokens too, see ``Sch
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
@@ -227,7 +227,7 @@ class GreedyChunkPolicy:
             self._seen_gap = view.recent_token_gap[-1]
 
 
-def _new_values(samples: deque[Sample], seen: Sample | None) -> list[float]:
+def _new_values(samples: Sequence[Sample], seen: Sample | None) -> list[float]:
     """Values of the samples newer than ``seen`` (the newest one consumed before).
 
     Walks from the newest end and stops at ``seen`` itself (samples are distinct objects, so
@@ -245,7 +245,7 @@ def _new_values(samples: deque[Sample], seen: Sample | None) -> list[float]:
     return out
 
 
-def _values_since(samples: deque[Sample], horizon: float) -> list[float]:
+def _values_since(samples: Sequence[Sample], horizon: float) -> list[float]:
     """Values of the samples at or after ``horizon``, walking from the newest end."""
     out = []
     for at, value in reversed(samples):

@@ -1,0 +1,60 @@
+"""The compiled build (fastpp/_native.py, scripts/build_native.py) gives exactly the results of
+the Python source: seeded simulations byte for byte (records and every stage record, as JSON)
+and a goodput search's whole report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+# Run in a child process, with the build on or off: prints the build status, then one JSON line
+# per result (golden cases of tests/test_golden.py: PP and TP, static, greedy, predictive+DS).
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import fastpp._native as native
+from test_golden import CASES
+from fastpp.sim.goodput import slo_goodput
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+
+print(native.status())
+for name in ("pp4_azure_conv", "tp4_azure_conv", "pp4_cnnr_all_at_once_greedy",
+             "pp4_14b_cnnr_predictive_ds"):
+    workload, deployment = CASES[name]
+    result = run_simulation(workload, deployment).result
+    print(json.dumps({"case": name, "records": [r.to_dict() for r in result.records],
+                      "stages": [it.to_dict() for it in result.iterations],
+                      "end_at": result.end_at}, sort_keys=True))
+found = slo_goodput(WorkloadConfig(name="azure-conv"), DeploymentConfig(pp=4, policy="predictive"),
+                    precision=1.0)
+print(json.dumps(found.to_dict(), sort_keys=True))
+"""
+
+
+def _run(env: dict[str, str]) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO / "tests")], env=env,
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_the_compiled_build_gives_the_python_sources_results(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "FASTPP_NATIVE"}
+    env["FASTPP_NATIVE_DIR"] = str(tmp_path / "native")
+    built = subprocess.run([sys.executable, "scripts/build_native.py"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    assert "on:" in built.stdout
+    compiled = _run(env)
+    python = _run({**env, "FASTPP_NATIVE": "0"})
+    assert compiled[0].startswith("on: ") and python[0] == "off: FASTPP_NATIVE=0"
+    assert len(compiled) == len(python) == 6
+    for got, want in zip(compiled[1:], python[1:], strict=True):
+        assert got == want, got[:200]
