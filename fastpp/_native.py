@@ -24,15 +24,17 @@ import sys
 from pathlib import Path
 
 # The scheduler and the simulator's event loop: what every simulated microbatch runs through
-# (benchmarks/sim_speed.py). Left as Python: the policies (users subclass them and pass their
-# configs' enums as strings, which compiled classes refuse), the protocols (view.py,
-# policies/base.py: mypyc cannot compile them), frozen dataclasses (plan.py, types.py,
-# scheduler_config.py: a compiled one cannot be unpickled, and plans and SLOs cross processes)
-# and DecodeSlots (the vLLM adapter hands it requests of its own type).
+# (benchmarks/sim_speed.py), and the predictive chunk policy (no config enums, not subclassed).
+# Left as Python: the other policies (users subclass them and pass their configs' enums as
+# strings, which compiled classes refuse), the predictor (mypyc cannot compile its abstract
+# dataclass base), the protocols (view.py, policies/base.py: mypyc cannot compile them), the
+# frozen dataclasses (plan.py, types.py, scheduler_config.py: a compiled one cannot be
+# unpickled, and plans and SLOs cross processes) and DecodeSlots (the vLLM adapter hands it
+# requests of its own type).
 MODULES = (
     "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
     "fastpp.pipeline", "fastpp.scheduler", "fastpp.signals", "fastpp.waiting_queue",
-    "fastpp.sim.engine", "fastpp.sim.events",
+    "fastpp.policies.predictive", "fastpp.policies.rules", "fastpp.sim.engine", "fastpp.sim.events",
 )
 SWITCH = "FASTPP_NATIVE"  # "0" turns the build off
 MANIFEST = "manifest.json"
