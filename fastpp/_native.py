@@ -96,7 +96,10 @@ def _activate() -> None:
     except (OSError, ValueError, ImportError):
         _state["status"] = "off: not built for these sources (python scripts/build_native.py)"
         return
-    files = {name: folder / rel for name, rel in manifest["files"].items()}
+    try:
+        files = {str(name): folder / rel for name, rel in manifest["files"].items()}
+    except (KeyError, TypeError, AttributeError):
+        files = {}
     if set(MODULES) - set(files) or not all(f.is_file() for f in files.values()):
         _state["status"] = f"off: incomplete build in {folder}"
         return

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 # Run in a child process, with the build on or off: prints the build status, then one JSON line
@@ -45,6 +44,27 @@ def _run(env: dict[str, str]) -> list[str]:
     return done.stdout.splitlines()
 
 
+def _status(env: dict[str, str]) -> str:
+    code = "import fastpp, fastpp._native as n; print(n.status())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_without_a_build_for_these_sources_fastpp_is_pure_python(tmp_path):
+    from fastpp import _native
+
+    env = {k: v for k, v in os.environ.items() if k != "FASTPP_NATIVE"}
+    env["FASTPP_NATIVE_DIR"] = str(tmp_path)
+    assert _status(env).startswith("off: not built for these sources")
+    folder = tmp_path / _native.source_key()  # a folder for these sources, but broken
+    folder.mkdir()
+    (folder / _native.MANIFEST).write_text('{"files": {"fastpp.scheduler": "missing.so"}}')
+    assert _status(env) == f"off: incomplete build in {folder}"
+    assert _status({**env, "FASTPP_NATIVE": "0"}) == "off: FASTPP_NATIVE=0"
+
+
+@pytest.mark.slow
 def test_the_compiled_build_gives_the_python_sources_results(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FASTPP_NATIVE"}
     env["FASTPP_NATIVE_DIR"] = str(tmp_path / "native")
