@@ -7,7 +7,8 @@ modules' sources and the Python ABI. Importing fastpp looks for the folder its o
 to. Found: those modules load from it, the rest of fastpp stays Python. Not found (never built,
 or any of the modules edited since): everything is pure Python, as if no build existed, so an
 edit can never run stale compiled code. ``FASTPP_NATIVE=0`` turns the build off. Results are
-identical either way (tests/test_native.py runs the simulator both ways).
+identical either way (tests/test_native.py runs the simulator both ways). The compiled modules
+carry no docstrings: ``help()`` on them needs ``FASTPP_NATIVE=0`` (or the source).
 
 Only the standard library is used here; this module runs first on ``import fastpp``.
 """

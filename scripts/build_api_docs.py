@@ -10,8 +10,11 @@ broken docstring instead of publishing it.
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
 from pathlib import Path
+
+os.environ["FASTPP_NATIVE"] = "0"  # the Python source: compiled modules carry no docstrings
 
 import pdoc
 import pdoc.render
