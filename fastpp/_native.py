@@ -51,13 +51,19 @@ def cache_root() -> Path:
     return Path(cache) / "fastpp" / "native"
 
 
-def source_path(module: str) -> Path:
-    """The .py file of ``module``, found without importing it (its package is imported)."""
-    package, _, name = module.rpartition(".")
+def package_dir(package: str) -> Path:
+    """The folder of ``package``'s modules (the source tree maps fastpp.sim to sim/), found
+    without running the package."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"package {package} not found")
-    return Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def source_path(module: str) -> Path:
+    """The .py file of ``module``, found without importing it (its package is imported)."""
+    package, _, name = module.rpartition(".")
+    return package_dir(package) / f"{name}.py"
 
 
 def source_key() -> str:

@@ -14,7 +14,6 @@ process, which must report it in use.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -34,12 +33,9 @@ def stage(into: Path) -> list[Path]:
     """Copy the packages' .py files into ``into`` laid out by module name (the source tree maps
     fastpp.sim to sim/); returns the staged files of the modules to compile."""
     for package in PACKAGES:
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.submodule_search_locations
-        src = Path(next(iter(spec.submodule_search_locations)))
         dst = into / package.replace(".", "/")
         dst.mkdir(parents=True, exist_ok=True)
-        for file in src.glob("*.py"):
+        for file in _native.package_dir(package).glob("*.py"):
             shutil.copy2(file, dst / file.name)
     return [into / (m.replace(".", "/") + ".py") for m in _native.MODULES]
 
