@@ -53,18 +53,21 @@ Probe rules (``slo_goodput``):
   confirmed: a run starts from an empty system, so a short look errs toward passing.
 - Swamped probes stop early (P90 criterion): a look fails at once, without running its
   requests to the end, when in every seed more than ``SWAMPED_SHARE`` of the requests it
-  judges are already certain to miss the TTFT objective (``TtftMisses``: a late first token,
-  none after waiting longer than the SLO, or rejected). Then the pooled P90 TTFT misses with
-  several times the 10% it may, which no longer look flips; the probe's metrics say
-  ``stopped_early=1`` and the lower bound on the share missed. If only some seeds are swamped,
-  those go on (the same simulation, nothing redone) and the look is judged as usual. The
-  longest look (the cap: a confirmation, or a probe's last doubling) has no longer look to
-  flip its verdict, so there a seed counts as swamped as soon as its certain misses alone put
-  its P90 TTFT over the SLO (``certain_p90_miss``: about 10% of its requests); when every seed
-  is, the pooled P90 fails too, so the verdict is the one the whole look would give and only
-  the metrics differ (``stopped_early=1`` instead of the P90s). The failed confirmations of
-  decode-heavy loads, which used to run all 12,000 requests per seed with P90 TTFTs of 10-35 s,
-  stop there.
+  judges are already certain to miss an objective (``SloMisses``: a late first token, none
+  after waiting longer than the SLO, or rejected; or, having met TTFT, a TPOT over the SLO, or
+  a request still decoding that has already spent longer since its first token than the SLO's
+  pace allows for every token it asked for). Then one pooled P90 misses with several times the
+  10% it may, which no longer look flips; the probe's metrics say ``stopped_early=1`` and the
+  lower bounds on the shares missed. If only some seeds are swamped, those go on (the same
+  simulation, nothing redone) and the look is judged as usual. The longest look (the cap: a
+  confirmation, or a probe's last doubling) has no longer look to flip its verdict, so there a
+  seed counts as swamped as soon as its certain misses alone fail its P90s
+  (``sure_p90_failure``: ``certain_p90_miss``, about 10% of its requests, missing TTFT, or
+  twice that many missing either); when every seed is and the pooled counts fail the pool's
+  P90s the same way, the verdict is the one the whole look would give and only the metrics
+  differ (``stopped_early=1`` instead of the P90s). The failed confirmations of decode-heavy
+  loads, which used to run all 12,000 requests per seed with P90 TTFTs of 10-35 s, stop there,
+  and so do the probes of a tight TPOT objective that every rate misses (SLO x0.2: 40 ms).
 - Steady state: per seed, split the requests by arrival order into quarters and pool each
   quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
   the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
@@ -81,13 +84,15 @@ Probe rules (``slo_goodput``):
 Cost: a probe's runs keep no per-token times in their records (``record_token_times=False``):
 the verdict reads only TTFT, TPOT and the finish, and a decode-heavy look at the cap holds some
 10 million tokens per seed (CNN-Reversed: 12,000 x ~880), whose times cost more to append and
-to keep (the collector walks them) than the rest of the records.
+to keep (the collector walks them) than the rest of the records. The cyclic garbage collector
+is paused while a probe runs (``_collector_paused``).
 
 Units: rates in requests per second, latencies in milliseconds (``_ms``), wall times in seconds.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -96,7 +101,7 @@ from typing import Literal
 import numpy as np
 
 from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
-from fastpp.sim.engine import PipelineSimulation
+from fastpp.sim.engine import GiveUp, PipelineSimulation
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
@@ -480,12 +485,19 @@ def slo_goodput(
         return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
                              require_steady=require_steady)
 
-    def swamped(misses: Sequence[TtftMisses], rate: float, n: int) -> ProbeResult:
-        total, missed = n * len(misses), sum(m.missed for m in misses)
-        reason = (f"P90 TTFT: {missed} of {total} requests already waited over "
-                  f"{slo.ttft_s * 1e3:g} ms for a first token (probe stopped early)")
+    def swamped(misses: Sequence[SloMisses], rate: float, n: int) -> ProbeResult:
+        total = n * len(misses)
+        ttft, tpot = sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses)
+        waited = (f"{ttft} of {total} requests already waited over {slo.ttft_s * 1e3:g} ms "
+                  f"for a first token")
+        if tpot:
+            reason = (f"P90 TTFT/TPOT: {waited}, {tpot} more already decode slower than "
+                      f"{slo.tpot_s * 1e3:g} ms per token (probe stopped early)")
+        else:
+            reason = f"P90 TTFT: {waited} (probe stopped early)"
         return ProbeResult(rate, False, {"num_requests": float(total),
-                                         "ttft_missed_at_least": missed / total,
+                                         "ttft_missed_at_least": ttft / total,
+                                         "tpot_missed_at_least": tpot / total,
                                          "stopped_early": 1.0}, reason,
                            seed_ok=(False,) * len(misses))
 
@@ -503,13 +515,15 @@ def slo_goodput(
     def look(sims: Sequence[PipelineSimulation], n: int, rate: float,
              final: bool) -> tuple[ProbeResult, list[list[RequestRecord]], bool]:
         """Each seed's run looked at over its first n requests: (verdict, records, unsettled).
-        ``final``: no longer look can follow, so any sure P90 TTFT failure ends the look."""
-        misses = [TtftMisses(slo) for _ in sims]
-        enough = certain_p90_miss(n) - 1 if final else SWAMPED_SHARE * n  # give up above this
-        runs = [sim.run_until_ended(n, miss.past(enough) if criterion == "p90" else None)
+        ``final``: no longer look can follow, so any sure P90 failure ends the look."""
+        misses = [SloMisses(slo) for _ in sims]
+        enough = sure_p90_failure(n) if final else swamped_look(n)
+        runs = [sim.run_until_ended(n, miss.give_up_when(enough) if criterion == "p90" else None)
                 for sim, miss in zip(sims, misses, strict=True)]
-        if all(sim.gave_up for sim in sims):
-            # every seed fails its own P90 TTFT beyond doubt, and so does the pool
+        pooled = (sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses))
+        if all(sim.gave_up for sim in sims) and sure_p90_failure(n * len(sims))(*pooled):
+            # every seed fails its own P90s beyond doubt, and so does the pool (which a mix of
+            # seeds sure by TTFT alone and seeds sure by both objectives may not: then go on)
             return swamped(misses, rate, n), runs, False
         runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
                 for r, sim in zip(runs, sims, strict=True)]
@@ -565,9 +579,9 @@ def slo_goodput(
             result = concluded(whole, sims, runs, cap, cap, unsettled)
         return replace(result, metrics={**result.metrics, "confirmed": 1.0})
 
-    result = find_goodput(judge, low=low, high=high, precision=precision,
+    result = find_goodput(_collector_paused(judge), low=low, high=high, precision=precision,
                           max_probes=max_probes, progress=progress,
-                          confirm=confirm if converge else None)
+                          confirm=_collector_paused(confirm) if converge else None)
     result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":
         words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"
@@ -576,6 +590,25 @@ def slo_goodput(
                  f"and TPOT <= {slo.tpot_s * 1e3:g} ms")
     words += f"{', steady queue' if require_steady else ''}; seeds {tuple(seeds)} pooled"
     return replace(result, criterion=words)
+
+
+def _collector_paused(probe: Callable[[float], ProbeResult]) -> Callable[[float], ProbeResult]:
+    """``probe`` with Python's cyclic garbage collector paused while it runs (and restored as
+    it was). A look allocates millions of short-lived tuples and records but leaves few
+    cycles (about two objects per request), while the search keeps the runs of its passed
+    probes for their confirmation: hundreds of thousands of live objects, which every full
+    collection walked again (about a tenth of a search's CPU). The cycles a probe leaves are
+    collected after it, as usual."""
+    def paused(rate: float) -> ProbeResult:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return probe(rate)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return paused
 
 
 def judge_records(
@@ -668,34 +701,88 @@ def certain_p90_miss(n: int) -> int:
     return n - int(0.9 * (n - 1))
 
 
-class TtftMisses:
-    """Counts the requests already certain to miss the TTFT objective as a run goes on: a first
-    token later than the SLO, none yet after waiting longer than it, or ended without one
-    (rejected, aborted). Counted over the leading records (by arrival) whose fate is known, so
-    each check only reads the requests that arrived since the SLO's span before the last one."""
+def swamped_look(n: int) -> Callable[[int, int], bool]:
+    """Give up on a look of ``n`` requests (per seed) once more than ``SWAMPED_SHARE`` of them
+    are certain to miss TTFT or TPOT: one objective then misses on over a quarter of them,
+    several times the 10% a P90 allows, which no longer look flips."""
+    return lambda ttft, tpot: ttft + tpot > SWAMPED_SHARE * n
+
+
+def sure_p90_failure(n: int) -> Callable[[int, int], bool]:
+    """Does a look of ``n`` requests fail its P90s whatever comes next, given ``ttft`` certain
+    TTFT misses and ``tpot`` certain misses of TPOT alone (``SloMisses``)? Yes with c =
+    ``certain_p90_miss(n)`` TTFT misses; otherwise at most c - 1 - ttft of the ``tpot`` requests
+    end without completing (TTFT misses), the rest complete and miss TPOT: at least
+    ttft + tpot - c + 1 of the m <= n completed requests with a TPOT, which fails their P90 once
+    it reaches c >= certain_p90_miss(m) (monotone in m), so also with ttft + tpot >= 2c - 1."""
+    sure = certain_p90_miss(n)
+    return lambda ttft, tpot: ttft >= sure or ttft + tpot >= 2 * sure - 1
+
+
+class SloMisses:
+    """Counts, as a run goes on, the requests already certain to miss an objective.
+
+    TTFT: a first token later than the SLO, none yet after waiting longer than it, or ended
+    without one (rejected, aborted). Counted over the leading records (by arrival) whose TTFT
+    fate is known, so each check only reads the requests that arrived since the SLO's span
+    before the last one.
+    TPOT, among those that met TTFT: a completed request whose TPOT is over the SLO, or one
+    still decoding whose time since its first token already exceeds the SLO's pace for every
+    token it asked for, ``(now - first) / (output_len - 1) > SLO TPOT``: its last token comes
+    later than now and it produces at most ``output_len`` tokens, so its TPOT can only be
+    larger (the same float operations as ``RequestRecord.tpot_s``, which are monotone). Such a
+    request either completes and misses TPOT or ends without completing, a TTFT miss
+    (``_ttft_ms``): either way it fails one objective. The open ones (met TTFT, still
+    decoding within the pace) are kept aside and read again at each check."""
 
     def __init__(self, slo: SLO) -> None:
-        self.limit_s = slo.ttft_s + SLO_SLACK_MS / 1e3
-        self.upto = 0  # records[:upto] are counted for good
-        self.missed = 0  # misses among them
+        self.ttft_limit_s = slo.ttft_s + SLO_SLACK_MS / 1e3
+        self.tpot_limit_ms = slo.tpot_s * 1e3 + SLO_SLACK_MS
+        self.upto = 0  # records[:upto] have a known TTFT fate
+        self.ttft_missed = 0  # TTFT misses among them
+        self.tpot_missed = 0  # of the others: certain TPOT misses (or ended without completing)
+        self._open: list[RequestRecord] = []  # met TTFT, TPOT fate still open
 
-    def count(self, records: Sequence[RequestRecord], now: float) -> int:
-        limit, upto, missed = self.limit_s, self.upto, self.missed
+    def count(self, records: Sequence[RequestRecord], now: float) -> tuple[int, int]:
+        """(certain TTFT misses, certain misses of TPOT alone) among ``records`` at ``now``."""
+        limit, upto, missed = self.ttft_limit_s, self.upto, self.ttft_missed
+        opened = self._open
         while upto < len(records):
             r = records[upto]
             if r.first_token_at is not None:
-                missed += r.first_token_at - r.arrived_at > limit
+                late = r.first_token_at - r.arrived_at > limit
+                missed += late
+                if not late:
+                    opened.append(r)
             elif r.finish_reason is not None or now - r.arrived_at > limit:
                 missed += 1
             else:
                 break  # still waiting within the SLO: its fate, and the later ones', is open
             upto += 1
-        self.upto, self.missed = upto, missed
+        self.upto, self.ttft_missed = upto, missed
+        self.tpot_missed += self._settle_open(now)
+        return self.ttft_missed, self.tpot_missed
+
+    def _settle_open(self, now: float) -> int:
+        """Certain misses among the open requests; the settled ones leave the list."""
+        tpot_limit = self.tpot_limit_ms
+        still, missed = [], 0
+        for r in self._open:
+            if r.finish_reason is not None:  # ended: its TPOT is known, or it never completed
+                t = r.tpot_s
+                missed += r.finish_reason not in _COMPLETED or (t is not None
+                                                                and t * 1e3 > tpot_limit)
+            elif (r.output_len >= 2 and r.first_token_at is not None
+                  and (now - r.first_token_at) / (r.output_len - 1) * 1e3 > tpot_limit):
+                missed += 1
+            else:
+                still.append(r)
+        self._open = still
         return missed
 
-    def past(self, threshold: float) -> Callable[[Sequence[RequestRecord], float], bool]:
-        """A ``run_until_ended`` give-up predicate: more than ``threshold`` misses known."""
-        return lambda records, now: self.count(records, now) > threshold
+    def give_up_when(self, enough: Callable[[int, int], bool]) -> GiveUp:
+        """A ``run_until_ended`` give-up predicate: ``enough(ttft_missed, tpot_missed)``."""
+        return lambda records, now: enough(*self.count(records, now))
 
 
 def _ttft_ms(r: RequestRecord) -> float:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastpp.metrics import SLO_SLACK_MS
 from fastpp.sim.goodput import (
     ProbeResult,
     check_steady_state,
@@ -303,18 +304,101 @@ def test_a_longer_look_judges_the_first_requests_of_one_run_that_goes_on(monkeyp
         assert again.metrics == {k: v for k, v in probe.metrics.items() if k in again.metrics}
 
 
-def test_ttft_misses_count_only_what_is_certain():
-    from fastpp.sim.goodput import TtftMisses
+def test_slo_misses_count_only_what_is_certain():
+    from fastpp.sim.goodput import SloMisses
 
     late, prompt = record(0, 0.0, 2.5), record(1, 1.0, 0.5)  # missed, met
     rejected = RequestRecord(2, 2.0, 100, 5, finished_at=2.0, finish_reason=FinishReason.REJECTED)
     waiting = RequestRecord(3, 3.0, 100, 5)  # no first token yet
     after = RequestRecord(4, 3.5, 100, 5, finished_at=3.5, finish_reason=FinishReason.REJECTED)
     records = [late, prompt, rejected, waiting, after]
-    misses = TtftMisses(SLO_DEFAULT)
-    assert misses.count(records, now=4.0) == 2  # request 3 waited 1 s: open, and so is 4 after it
-    assert misses.count(records, now=5.5) == 4  # request 3 has now waited past 2 s
-    assert not misses.past(4)(records, 6.0) and misses.past(3)(records, 6.0)
+    misses = SloMisses(SLO_DEFAULT)
+    assert misses.count(records, now=4.0) == (2, 0)  # 3 waited 1 s: open, and so is 4 after it
+    assert misses.count(records, now=5.5) == (4, 0)  # request 3 has now waited past 2 s
+    stop_at = misses.give_up_when(lambda ttft, tpot: ttft > 3)
+    assert stop_at(records, 6.0)
+
+
+def test_slo_misses_count_a_tpot_once_it_cannot_meet_the_slo():
+    """Met TTFT: a finished request with a slow TPOT misses; one still decoding misses once the
+    time since its first token exceeds 200 ms x (tokens asked for - 1); a fast one never."""
+    from fastpp.sim.goodput import SloMisses
+
+    slow_done = record(0, 0.0, 0.5, tpot_s=0.3)  # finished at 1.7 s, TPOT 300 ms
+    decoding = RequestRecord(1, 1.0, 100, 5, num_generated=2, scheduled_at=1.0,
+                             first_token_at=1.2)  # 5 tokens asked: at most 4 x 200 ms after 1.2
+    fast = RequestRecord(2, 1.0, 100, 5, num_generated=2, scheduled_at=1.0, first_token_at=1.5)
+    records = [slow_done, decoding, fast]
+    misses = SloMisses(SLO_DEFAULT)
+    assert misses.count(records, now=1.9) == (0, 1)  # decoding: 0.7 s / 4 = 175 ms, still open
+    assert misses.count(records, now=2.1) == (0, 2)  # 0.9 s / 4 = 225 ms: it cannot make 200 ms
+    assert misses.count(records, now=2.2) == (0, 2)  # counted once
+    fast.finished_at, fast.finish_reason, fast.num_generated = 2.0, FinishReason.LENGTH, 5
+    assert misses.count(records, now=9.0) == (0, 2)  # it finished at 125 ms per token
+
+
+@pytest.mark.parametrize("n", [2, 10, 11, 101, 1234])
+def test_sure_p90_failure_needs_certain_p90_miss_ttft_misses(n):
+    """One TTFT miss fewer than ``certain_p90_miss`` (just over the limit, the rest fast) and
+    the look can still pass: no sure failure; with that many it fails, and is sure to."""
+    from fastpp.sim.goodput import certain_p90_miss, sure_p90_failure
+
+    limit = 2.0 + SLO_SLACK_MS / 1e3
+    for misses in (certain_p90_miss(n) - 1, certain_p90_miss(n)):
+        records = [record(i, float(i), limit * (1 + 1e-6) if i < misses else 0.1)
+                   for i in range(n)]
+        verdict = judge_records([records], SLO_DEFAULT, rate=1.0, require_steady=False)
+        assert sure_p90_failure(n)(misses, 0) == (not verdict.ok)
+
+
+def _near(limit: float) -> st.SearchStrategy[float]:
+    """Latencies on either side of an objective's limit (where a miss count is decided)."""
+    return st.sampled_from([0.0, 0.5 * limit, limit * (1 - 1e-6), limit * (1 + 1e-6), 2 * limit])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 2.0), _near(2.0 + SLO_SLACK_MS / 1e3),
+                          _near(0.2 + SLO_SLACK_MS / 1e3), st.sampled_from([1, 2, 3, 9]),
+                          st.booleans()), min_size=2, max_size=40),
+       st.lists(st.floats(0.0, 30.0), min_size=1, max_size=6), st.integers(1, 2))
+def test_a_sure_p90_failure_is_the_whole_looks_verdict(requests, looks, num_seeds):
+    """Whenever the certain misses counted part-way through a run say the P90s fail for sure
+    (``sure_p90_failure``), the finished run fails its P90s (pooled over the seeds too).
+    Latencies sit just either side of the limits, where a count is tight."""
+    from fastpp.sim.goodput import SloMisses, sure_p90_failure
+
+    def arrival(i: int, gap: float) -> float:
+        return i * 0.5 + gap
+
+    def advance(rec: RequestRecord, ttft: float, tpot: float, aborts: bool, now: float) -> None:
+        """The record as the scheduler leaves it at ``now`` (updated in place, as in a run)."""
+        first = rec.arrived_at + ttft
+        end = first + tpot * (rec.output_len - 1) * (0.5 if aborts else 1.0)
+        if first <= now:
+            rec.first_token_at, rec.num_generated = first, 1
+        if end <= now:
+            rec.finished_at = end
+            rec.finish_reason = FinishReason.ABORTED if aborts else FinishReason.LENGTH
+            rec.num_generated = 1 if aborts else rec.output_len
+
+    order = sorted(range(len(requests)), key=lambda i: arrival(i, requests[i][0]))
+    seeds = [[RequestRecord(i, arrival(i, requests[i][0]), 100, requests[i][3]) for i in order]
+             for _ in range(num_seeds)]
+    counters = [SloMisses(SLO_DEFAULT) for _ in seeds]
+    sure = sure_p90_failure(len(requests) * num_seeds)
+    said_sure = False
+    for now in [*sorted(looks), math.inf]:
+        for records in seeds:
+            for rec in records:
+                _, ttft, tpot, _, aborts = requests[rec.req_id]
+                advance(rec, ttft, tpot, aborts, now)
+        if now < math.inf:
+            counts = [counter.count([r for r in records if r.arrived_at <= now], now)
+                      for counter, records in zip(counters, seeds, strict=True)]
+            said_sure |= sure(sum(c[0] for c in counts), sum(c[1] for c in counts))
+    verdict = judge_records(seeds, SLO_DEFAULT, rate=1.0, require_steady=False)
+    if said_sure:
+        assert not verdict.ok
 
 
 def test_a_swamped_probe_stops_early_and_fails_as_its_whole_run_would(monkeypatch):
@@ -470,3 +554,29 @@ def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path, monkeypatch):
     assert cli["margin"] == row["margin"] == lib.margin
     assert cli["seed_goodputs"] == row["seed_goodputs"] == list(lib.seed_rates)
     assert len(cli["probes"]) == row["num_probes"] == len(lib.probes)
+
+
+def test_a_probe_runs_with_the_collector_paused_and_restored():
+    import gc
+
+    from fastpp.sim.goodput import _collector_paused
+
+    seen: list[bool] = []
+
+    def probe(rate: float) -> ProbeResult:
+        seen.append(gc.isenabled())
+        if rate < 0:
+            raise ValueError("bad rate")
+        return ProbeResult(rate, True)
+
+    assert gc.isenabled()
+    assert _collector_paused(probe)(1.0).ok and seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError, match="bad rate"):
+        _collector_paused(probe)(-1.0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        _collector_paused(probe)(2.0)
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
