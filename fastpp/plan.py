@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastpp.types import FinishReason, RequestRecord
+from fastpp.types import FinishReason, RequestRecord, frozen_reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,18 @@ class PrefillChunk:
     num_computed: int
     num_tokens: int
     completes: bool
+
+    # Written out, not generated: compiled (fastpp/_native.py) this __init__ is native code,
+    # several times faster than the one dataclasses writes; tests/test_plan_types.py checks it
+    # takes the fields, in order, with their defaults.
+    def __init__(self, req_id: int, num_computed: int, num_tokens: int, completes: bool) -> None:
+        object.__setattr__(self, "req_id", req_id)
+        object.__setattr__(self, "num_computed", num_computed)
+        object.__setattr__(self, "num_tokens", num_tokens)
+        object.__setattr__(self, "completes", completes)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +86,36 @@ class MicroBatchPlan:
     retracted_ids: tuple[int, ...] = ()  # retracted since the previous plan (also in kv_frees):
     #                                      queued again, recomputed from prompt + generated tokens
 
+    # Written out, as PrefillChunk's: one plan per microbatch.
+    def __init__(self, mb_id: int, slot: int, scheduled_at: float, chunk_budget: int,
+                 decode_req_ids: tuple[int, ...], decode_ctx: tuple[int, ...],
+                 prefill: tuple[PrefillChunk, ...], num_tokens: int, num_prefill_tokens: int,
+                 num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int,
+                 reason: str = "", kv_frees: tuple[int, ...] = (),
+                 kv_allocs: tuple[tuple[int, int], ...] = (),
+                 retracted_ids: tuple[int, ...] = ()) -> None:
+        set_field = object.__setattr__
+        set_field(self, "mb_id", mb_id)
+        set_field(self, "slot", slot)
+        set_field(self, "scheduled_at", scheduled_at)
+        set_field(self, "chunk_budget", chunk_budget)
+        set_field(self, "decode_req_ids", decode_req_ids)
+        set_field(self, "decode_ctx", decode_ctx)
+        set_field(self, "prefill", prefill)
+        set_field(self, "num_tokens", num_tokens)
+        set_field(self, "num_prefill_tokens", num_prefill_tokens)
+        set_field(self, "num_sampled", num_sampled)
+        set_field(self, "sum_past_x_pre", sum_past_x_pre)
+        set_field(self, "sum_pre_sq", sum_pre_sq)
+        set_field(self, "sum_dec_ctx", sum_dec_ctx)
+        set_field(self, "reason", reason)
+        set_field(self, "kv_frees", kv_frees)
+        set_field(self, "kv_allocs", kv_allocs)
+        set_field(self, "retracted_ids", retracted_ids)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
+
     @property
     def sample_req_ids(self) -> tuple[int, ...]:
         """Requests that get a token from this microbatch, in sampling order: the decodes, then
@@ -100,6 +142,9 @@ class RequestEnd:
     detail: str  # why, for aborted / rejected / capped requests; "" for a plain finish
     record: RequestRecord
 
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
+
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
@@ -113,6 +158,9 @@ class StepOutput:
 
     finished: tuple[RequestEnd, ...] = ()
     discarded_ids: frozenset[int] = frozenset()
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
 
 
 NO_OUTPUT = StepOutput()  # the common case: nothing ended, nothing discarded
@@ -134,6 +182,9 @@ class SchedulerStats:
     num_retractions: int
     num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
+
 
 @dataclass(frozen=True, slots=True)
 class BalancePlan:
@@ -146,6 +197,9 @@ class BalancePlan:
     park_ids: tuple[int, ...] = ()
     restore_ids: tuple[int, ...] = ()
     reason: str = ""
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
 
     @property
     def is_noop(self) -> bool:

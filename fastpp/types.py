@@ -13,6 +13,14 @@ from enum import StrEnum
 import numpy as np
 
 
+def frozen_reduce(obj: object) -> tuple[type, tuple[object, ...]]:
+    """Pickle a frozen dataclass as its constructor call (``__reduce__``). Pickle's default
+    sets the fields one by one after creating the object, which a frozen dataclass compiled by
+    mypyc refuses (fastpp/_native.py); the sweep's worker processes and the engines ship these
+    objects."""
+    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
+
+
 class FinishReason(StrEnum):
     """How a request left the system. Every request ends with exactly one of these."""
 
@@ -38,6 +46,9 @@ class Request:
     prompt_len: int
     output_len: int
 
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
+
     def __post_init__(self) -> None:
         if not (isinstance(self.arrived_at, int | float) and math.isfinite(self.arrived_at)):
             raise ValueError(f"request {self.req_id}: arrived_at must be finite, got {self.arrived_at!r}")
@@ -55,6 +66,9 @@ class SLO:
 
     ttft_s: float = 2.0
     tpot_s: float = 0.2
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return frozen_reduce(self)
 
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s"):
@@ -174,6 +188,29 @@ class IterationRecord:
     # tokens sampled (decodes + prefill chunks that complete their prompt): the LM head's rows;
     # -1 = not known (files written before this field existed)
     num_sampled: int = -1
+
+    # Written out, not generated: compiled (fastpp/_native.py) this __init__ is native code,
+    # several times faster than the one dataclasses writes (one record per stage and microbatch
+    # a policy observes); tests/test_plan_types.py checks it takes the fields, in order, with
+    # their defaults.
+    def __init__(self, mb_id: int, stage: int, slot: int, started_at: float, finished_at: float,
+                 num_tokens: int, num_prefill_tokens: int, num_decode_reqs: int,
+                 sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int, chunk_budget: int,
+                 reason: str = "", num_sampled: int = -1) -> None:
+        self.mb_id = mb_id
+        self.stage = stage
+        self.slot = slot
+        self.started_at = started_at
+        self.finished_at = finished_at
+        self.num_tokens = num_tokens
+        self.num_prefill_tokens = num_prefill_tokens
+        self.num_decode_reqs = num_decode_reqs
+        self.sum_past_x_pre = sum_past_x_pre
+        self.sum_pre_sq = sum_pre_sq
+        self.sum_dec_ctx = sum_dec_ctx
+        self.chunk_budget = chunk_budget
+        self.reason = reason
+        self.num_sampled = num_sampled
 
     @property
     def duration_s(self) -> float:

@@ -28,7 +28,7 @@ from fastpp.run_files import (
     write_records_jsonl,
     write_run,
 )
-from fastpp.types import SLO, FinishReason, IterationRecord, RequestRecord
+from fastpp.types import ITERATION_FIELDS, SLO, FinishReason, IterationRecord, RequestRecord
 
 SGLANG_KEYS = [
     "backend", "request_rate", "duration", "completed", "total_input_tokens",
@@ -225,7 +225,7 @@ def test_the_fast_writers_write_what_the_record_dicts_say(tmp_path):
              it(1, 2.5, 3.0, mb_id=2), it(0, 3.0, 3.5, mb_id=3)]
     iters[2].reason, iters[3].reason, iters[4].reason = "", 'shrunk, "quoted"\nline', "plain"
     with (tmp_path / "ref.csv").open("w", newline="") as f:
-        ref = csv.DictWriter(f, fieldnames=list(iters[0].__slots__))
+        ref = csv.DictWriter(f, fieldnames=list(ITERATION_FIELDS))
         ref.writeheader()
         ref.writerows(i.to_dict() for i in iters)
     got = write_iterations_csv(iters, tmp_path / "i.csv").read_text()

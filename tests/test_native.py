@@ -1,6 +1,7 @@
 """The compiled build (fastpp/_native.py, scripts/build_native.py) gives exactly the results of
 the Python source: seeded simulations byte for byte (records and every stage record, as JSON)
-and a goodput search's whole report."""
+and a goodput search's whole report; and its value types (plans, requests, records) survive
+pickle, as the sweep's worker processes need."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ for name in ("pp4_azure_conv", "tp4_azure_conv", "pp4_cnnr_all_at_once_greedy",
 found = slo_goodput(WorkloadConfig(name="azure-conv"), DeploymentConfig(pp=4, policy="predictive"),
                     precision=1.0)
 print(json.dumps(found.to_dict(), sort_keys=True))
+# the value types cross processes (sweep workers, engine plugins): each survives pickle
+import pickle
+from fastpp.plan import (BalancePlan, MicroBatchPlan, PrefillChunk, RequestEnd, SchedulerStats,
+                         StepOutput)
+from fastpp.types import SLO, FinishReason, Request, RequestRecord
+record = RequestRecord(3, 0.5, 10, 4, num_generated=2, first_token_at=0.75, token_times=[0.75])
+values = [SLO(0.5, 0.05), Request(3, 0.5, 10, 4), record, PrefillChunk(3, 0, 8, True),
+          MicroBatchPlan(7, 1, 0.5, 64, (1, 2), (9, 10), (PrefillChunk(3, 0, 8, True),), 10, 8,
+                         3, 0, 64, 19, "why", (4,), ((3, 16),), (4,)),
+          RequestEnd(3, FinishReason.LENGTH, "", record), StepOutput((), frozenset({5})),
+          SchedulerStats(1, 2, 0, 1, 64, 1024, 3, 1, 7, 0, 0), BalancePlan((1,), (2,), "even")]
+print(json.dumps([repr(pickle.loads(pickle.dumps(v))) == repr(v) for v in values]))
 """
 
 
@@ -75,6 +88,7 @@ def test_the_compiled_build_gives_the_python_sources_results(tmp_path):
     compiled = _run(env)
     python = _run({**env, "FASTPP_NATIVE": "0"})
     assert compiled[0].startswith("on: ") and python[0] == "off: FASTPP_NATIVE=0"
-    assert len(compiled) == len(python) == 6
+    assert len(compiled) == len(python) == 7
     for got, want in zip(compiled[1:], python[1:], strict=True):
         assert got == want, got[:200]
+    assert "false" not in compiled[-1]  # every value type pickles in the compiled build

@@ -16,7 +16,7 @@ from fastpp.records_profile import profile_from_records  # noqa: E402
 from fastpp.run_files import read_run, write_run  # noqa: E402
 from fastpp.run_parquet import ITERATIONS_PARQUET, REQUESTS_PARQUET  # noqa: E402
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation  # noqa: E402
-from fastpp.types import FinishReason, IterationRecord  # noqa: E402
+from fastpp.types import ITERATION_FIELDS, FinishReason  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_the_columns_are_the_text_files_keys_typed(run, tmp_path):
     assert requests.schema.field("itl_ms").type == pa.list_(pa.float64())
     assert requests.schema.field("first_token_at").type == pa.float64()
     iterations = pq.read_table(paths["iterations"])
-    assert iterations.column_names == list(IterationRecord.__slots__)
+    assert iterations.column_names == list(ITERATION_FIELDS)
     assert iterations.num_rows == len(res.iterations)
     assert iterations.schema.field("reason").type == pa.string()
 

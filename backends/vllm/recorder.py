@@ -33,7 +33,7 @@ from pathlib import Path
 from fastpp.metrics import summarize
 from fastpp.run_files import ITERATIONS, REQUESTS, write_run
 from fastpp.run_setup import SETUP_KEY, RunSetup
-from fastpp.types import SLO, IterationRecord, RequestRecord
+from fastpp.types import ITERATION_FIELDS, SLO, IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.vllm")
 
@@ -60,7 +60,7 @@ class RunRecorder:
         self._requests = (self.out_dir / REQUESTS).open("w", buffering=1, encoding="utf-8")
         self._iterations_file = (self.out_dir / ITERATIONS).open("w", buffering=1, encoding="utf-8",
                                                                  newline="")
-        self._iterations = csv.DictWriter(self._iterations_file, fieldnames=list(IterationRecord.__slots__))
+        self._iterations = csv.DictWriter(self._iterations_file, fieldnames=list(ITERATION_FIELDS))
         self._iterations.writeheader()
         self._closed = False
 
