@@ -25,19 +25,20 @@ import sys
 from pathlib import Path
 
 # The scheduler and the simulator's event loop: what every simulated microbatch runs through
-# (benchmarks/sim_speed.py), the value types it passes (plan.py, types.py: their frozen
-# dataclasses pickle as constructor calls, ``types.frozen_reduce``, since pickle's default
-# field-by-field restore fails on a compiled frozen class), and the predictive chunk policy (no
-# config enums, not subclassed). Left as Python: the other policies (users subclass them and
-# pass their configs' enums as strings, which compiled classes refuse), the predictor (mypyc
-# cannot compile its abstract dataclass base), the protocols (view.py, policies/base.py: mypyc
-# cannot compile them), scheduler_config.py (read once per run: nothing to gain) and DecodeSlots (the
-# vLLM adapter hands it requests of its own type). A compiled dataclass keeps the __init__
-# that dataclasses writes in Python (about a tenth of a compiled search constructs them).
+# (benchmarks/sim_speed.py), with its stage cost function and the value types it passes
+# (plan.py, types.py: their frozen dataclasses pickle as constructor calls,
+# ``types.frozen_reduce``, since pickle's default field-by-field restore fails on a compiled
+# frozen class), and the predictive chunk policy (no config enums, not subclassed). Left as
+# Python: the other policies (users subclass them and pass their configs' enums as strings,
+# which compiled classes refuse), the predictor (mypyc cannot compile its abstract dataclass
+# base), the protocols (view.py, policies/base.py: mypyc cannot compile them),
+# scheduler_config.py (read once per run: nothing to gain) and DecodeSlots (the vLLM adapter
+# hands it requests of its own type). mypyc keeps the __init__ that dataclasses generates as
+# Python, so the hottest value types write theirs out (tests/test_plan_types.py).
 MODULES = (
     "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
-    "fastpp.pipeline", "fastpp.plan", "fastpp.scheduler", "fastpp.signals", "fastpp.types",
-    "fastpp.waiting_queue",
+    "fastpp.pipeline", "fastpp.plan", "fastpp.scheduler", "fastpp.signals",
+    "fastpp.stage_cost_fn", "fastpp.types", "fastpp.waiting_queue",
     "fastpp.policies.predictive", "fastpp.policies.rules", "fastpp.sim.engine", "fastpp.sim.events",
 )
 SWITCH = "FASTPP_NATIVE"  # "0" turns the build off

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from fastpp.stage_cost_fn import StageCostFn
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: before stage_turnaround_s (read as zeros)
@@ -277,36 +278,17 @@ class StageCost:
             t += self.lm_head.at(num_sampled)
         return t
 
-    def cost_fn(self) -> Callable[[int, int, int, int, int], float]:
+    def cost_fn(self) -> StageCostFn:
         """:meth:`time_s` for a hot loop (the simulator calls it per stage and microbatch): the
-        same arithmetic in the same order, so the same floats, with the table lookup inlined and
-        the terms this stage does not have (zero coefficients) left out: adding 0.0 to a
-        positive time changes nothing."""
-        dense, top, slope = self.linear._dense, self.linear._top, self.linear._slope
-        fixed, a_px, a_sq, a_dec = (self.fixed_s, self.attn_past_x_pre_s, self.attn_pre_sq_s,
-                                    self.attn_dec_ctx_s)
-        emb, ar_fixed, ar_token = (self.embedding_s_per_token, self.allreduce_fixed_s,
-                                   self.allreduce_s_per_token)
+        same arithmetic in the same order, so the same floats, with the table lookups inlined
+        and the terms this stage does not have (zero coefficients) left out: adding 0.0 to a
+        positive time changes nothing (fastpp/stage_cost_fn.py, compiled with the simulator)."""
         head = self.lm_head
-
-        def cost(num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int,
-                 sum_dec_ctx: int) -> float:
-            if num_tokens <= 0:
-                return 0.0
-            t = ((dense[num_tokens] if num_tokens <= top
-                  else dense[top] + slope * (num_tokens - top))
-                 + fixed + a_px * sum_past_x_pre + a_sq * sum_pre_sq + a_dec * sum_dec_ctx)
-            if emb:
-                t += emb * num_tokens
-            if ar_fixed:
-                t += ar_fixed
-            if ar_token:
-                t += ar_token * num_tokens
-            if head is not None and num_sampled > 0:
-                t += head.at(num_sampled)
-            return t
-
-        return cost
+        return StageCostFn(
+            self.linear._dense, self.linear._top, self.linear._slope, self.fixed_s,
+            self.attn_past_x_pre_s, self.attn_pre_sq_s, self.attn_dec_ctx_s,
+            self.embedding_s_per_token, self.allreduce_fixed_s, self.allreduce_s_per_token,
+            None if head is None else (head._dense, head._top, head._slope))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}

@@ -225,7 +225,7 @@ class PipelineSimulation:
         stages = self.profile.stages
         n, sampled, px, sq, dec = (plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre,
                                    plan.sum_pre_sq, plan.sum_dec_ctx)
-        costs = [cost(n, sampled, px, sq, dec) for cost in self._stage_costs]
+        costs = [cost.time_s(n, sampled, px, sq, dec) for cost in self._stage_costs]
         sigma = self._noise_sigma
         if sigma > 0:
             gauss, mu = self._noise.gauss, -0.5 * sigma * sigma
