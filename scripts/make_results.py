@@ -505,7 +505,7 @@ def main() -> None:
         wall_text = f"{int(wall_s) / 60:.1f} min for the last `--fresh` run"
         if rest:  # the machine is shared: CPU time is the steadier figure
             wall_text += f" ({int(rest[0]) / 60:.1f} min of CPU time, all processes)"
-        wall_text += (", the scheduler and event loop compiled (scripts/build_native.py)"
+        wall_text += (", the simulator's hot path compiled (scripts/build_native.py)"
                       if rest[1:] == ["compiled"] else ", pure Python (no compiled build)")
     else:
         wall_text = "not measured yet (run with `--fresh`)"
