@@ -27,7 +27,7 @@ from pathlib import Path
 # The scheduler and the simulator's event loop: what every simulated microbatch runs through
 # (benchmarks/sim_speed.py), with its stage cost function and the value types it passes
 # (plan.py, types.py: their frozen dataclasses pickle as constructor calls,
-# ``types.frozen_reduce``, since pickle's default field-by-field restore fails on a compiled
+# ``types.pickle_by_constructor``, since pickle's default field-by-field restore fails on a compiled
 # frozen class), and the predictive chunk policy (no config enums, not subclassed). Left as
 # Python: the other policies (users subclass them and pass their configs' enums as strings,
 # which compiled classes refuse), the predictor (mypyc cannot compile its abstract dataclass

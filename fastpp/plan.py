@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastpp.types import FinishReason, RequestRecord, frozen_reduce
+from fastpp.types import FinishReason, RequestRecord, pickle_by_constructor
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,6 @@ class PrefillChunk:
         object.__setattr__(self, "num_computed", num_computed)
         object.__setattr__(self, "num_tokens", num_tokens)
         object.__setattr__(self, "completes", completes)
-
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +110,6 @@ class MicroBatchPlan:
         set_field(self, "kv_allocs", kv_allocs)
         set_field(self, "retracted_ids", retracted_ids)
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
-
     @property
     def sample_req_ids(self) -> tuple[int, ...]:
         """Requests that get a token from this microbatch, in sampling order: the decodes, then
@@ -142,9 +136,6 @@ class RequestEnd:
     detail: str  # why, for aborted / rejected / capped requests; "" for a plain finish
     record: RequestRecord
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
-
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
@@ -158,9 +149,6 @@ class StepOutput:
 
     finished: tuple[RequestEnd, ...] = ()
     discarded_ids: frozenset[int] = frozenset()
-
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
 
 
 NO_OUTPUT = StepOutput()  # the common case: nothing ended, nothing discarded
@@ -182,9 +170,6 @@ class SchedulerStats:
     num_retractions: int
     num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
-
 
 @dataclass(frozen=True, slots=True)
 class BalancePlan:
@@ -198,12 +183,13 @@ class BalancePlan:
     restore_ids: tuple[int, ...] = ()
     reason: str = ""
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
-
     @property
     def is_noop(self) -> bool:
         return not self.park_ids and not self.restore_ids
 
 
 NO_BALANCE = BalancePlan()
+
+
+pickle_by_constructor(PrefillChunk, MicroBatchPlan, RequestEnd, StepOutput, SchedulerStats,
+                      BalancePlan)

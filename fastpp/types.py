@@ -6,6 +6,7 @@ clock, ``_s`` for durations). Token counts are plain ints.
 
 from __future__ import annotations
 
+import copyreg
 import math
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
@@ -14,11 +15,17 @@ import numpy as np
 
 
 def frozen_reduce(obj: object) -> tuple[type, tuple[object, ...]]:
-    """Pickle a frozen dataclass as its constructor call (``__reduce__``). Pickle's default
+    """A frozen dataclass as its constructor call, for pickle and copy."""
+    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
+
+
+def pickle_by_constructor(*classes: type) -> None:
+    """Pickle (and copy) these frozen dataclasses as their constructor call. Pickle's default
     sets the fields one by one after creating the object, which a frozen dataclass compiled by
     mypyc refuses (fastpp/_native.py); the sweep's worker processes and the engines ship these
     objects."""
-    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
+    for cls in classes:
+        copyreg.pickle(cls, frozen_reduce)
 
 
 class FinishReason(StrEnum):
@@ -46,9 +53,6 @@ class Request:
     prompt_len: int
     output_len: int
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
-
     def __post_init__(self) -> None:
         if not (isinstance(self.arrived_at, int | float) and math.isfinite(self.arrived_at)):
             raise ValueError(f"request {self.req_id}: arrived_at must be finite, got {self.arrived_at!r}")
@@ -66,9 +70,6 @@ class SLO:
 
     ttft_s: float = 2.0
     tpot_s: float = 0.2
-
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return frozen_reduce(self)
 
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s"):
@@ -219,6 +220,8 @@ class IterationRecord:
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in ITERATION_FIELDS}
 
+
+pickle_by_constructor(Request, SLO)
 
 # IterationRecord's field names in order: file columns, to_dict keys (``__slots__`` would do in
 # Python, but a class compiled by mypyc has none: fastpp/_native.py)

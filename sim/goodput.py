@@ -485,9 +485,8 @@ def slo_goodput(
         return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
                              require_steady=require_steady)
 
-    def swamped(misses: Sequence[SloMisses], rate: float, n: int) -> ProbeResult:
-        total = n * len(misses)
-        ttft, tpot = sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses)
+    def swamped(ttft: int, tpot: int, rate: float, total: int) -> ProbeResult:
+        """A look stopped on ``ttft`` + ``tpot`` certain misses among its ``total`` requests."""
         waited = (f"{ttft} of {total} requests already waited over {slo.ttft_s * 1e3:g} ms "
                   f"for a first token")
         if tpot:
@@ -499,7 +498,7 @@ def slo_goodput(
                                          "ttft_missed_at_least": ttft / total,
                                          "tpot_missed_at_least": tpot / total,
                                          "stopped_early": 1.0}, reason,
-                           seed_ok=(False,) * len(misses))
+                           seed_ok=(False,) * len(seeds))
 
     def seed_verdict(sim: PipelineSimulation, records: Sequence[RequestRecord], rate: float,
                      n: int, cap: int) -> bool:
@@ -520,11 +519,12 @@ def slo_goodput(
         enough = sure_p90_failure(n) if final else swamped_look(n)
         runs = [sim.run_until_ended(n, miss.give_up_when(enough) if criterion == "p90" else None)
                 for sim, miss in zip(sims, misses, strict=True)]
-        pooled = (sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses))
-        if all(sim.gave_up for sim in sims) and sure_p90_failure(n * len(sims))(*pooled):
+        ttft, tpot = sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses)
+        total = n * len(sims)
+        if all(sim.gave_up for sim in sims) and sure_p90_failure(total)(ttft, tpot):
             # every seed fails its own P90s beyond doubt, and so does the pool (which a mix of
             # seeds sure by TTFT alone and seeds sure by both objectives may not: then go on)
-            return swamped(misses, rate, n), runs, False
+            return swamped(ttft, tpot, rate, total), runs, False
         runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
                 for r, sim in zip(runs, sims, strict=True)]
         whole = verdict(runs, rate)
