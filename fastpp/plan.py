@@ -83,7 +83,9 @@ class MicroBatchPlan:
     retracted_ids: tuple[int, ...] = ()  # retracted since the previous plan (also in kv_frees):
     #                                      queued again, recomputed from prompt + generated tokens
 
-    # Written out, as PrefillChunk's: one plan per microbatch.
+    # Written out, as PrefillChunk's: one plan per microbatch. Each store spelled
+    # ``object.__setattr__(self, ...)``: mypyc compiles that form to a direct field store, an
+    # alias of it (``set = object.__setattr__``) to a generic attribute call.
     def __init__(self, mb_id: int, slot: int, scheduled_at: float, chunk_budget: int,
                  decode_req_ids: tuple[int, ...], decode_ctx: tuple[int, ...],
                  prefill: tuple[PrefillChunk, ...], num_tokens: int, num_prefill_tokens: int,
@@ -91,24 +93,23 @@ class MicroBatchPlan:
                  reason: str = "", kv_frees: tuple[int, ...] = (),
                  kv_allocs: tuple[tuple[int, int], ...] = (),
                  retracted_ids: tuple[int, ...] = ()) -> None:
-        set_field = object.__setattr__
-        set_field(self, "mb_id", mb_id)
-        set_field(self, "slot", slot)
-        set_field(self, "scheduled_at", scheduled_at)
-        set_field(self, "chunk_budget", chunk_budget)
-        set_field(self, "decode_req_ids", decode_req_ids)
-        set_field(self, "decode_ctx", decode_ctx)
-        set_field(self, "prefill", prefill)
-        set_field(self, "num_tokens", num_tokens)
-        set_field(self, "num_prefill_tokens", num_prefill_tokens)
-        set_field(self, "num_sampled", num_sampled)
-        set_field(self, "sum_past_x_pre", sum_past_x_pre)
-        set_field(self, "sum_pre_sq", sum_pre_sq)
-        set_field(self, "sum_dec_ctx", sum_dec_ctx)
-        set_field(self, "reason", reason)
-        set_field(self, "kv_frees", kv_frees)
-        set_field(self, "kv_allocs", kv_allocs)
-        set_field(self, "retracted_ids", retracted_ids)
+        object.__setattr__(self, "mb_id", mb_id)
+        object.__setattr__(self, "slot", slot)
+        object.__setattr__(self, "scheduled_at", scheduled_at)
+        object.__setattr__(self, "chunk_budget", chunk_budget)
+        object.__setattr__(self, "decode_req_ids", decode_req_ids)
+        object.__setattr__(self, "decode_ctx", decode_ctx)
+        object.__setattr__(self, "prefill", prefill)
+        object.__setattr__(self, "num_tokens", num_tokens)
+        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
+        object.__setattr__(self, "num_sampled", num_sampled)
+        object.__setattr__(self, "sum_past_x_pre", sum_past_x_pre)
+        object.__setattr__(self, "sum_pre_sq", sum_pre_sq)
+        object.__setattr__(self, "sum_dec_ctx", sum_dec_ctx)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "kv_frees", kv_frees)
+        object.__setattr__(self, "kv_allocs", kv_allocs)
+        object.__setattr__(self, "retracted_ids", retracted_ids)
 
     @property
     def sample_req_ids(self) -> tuple[int, ...]:

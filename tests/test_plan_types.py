@@ -37,3 +37,12 @@ def test_written_out_inits_set_every_field_and_frozen_ones_stay_frozen():
         chunk.num_tokens = 1  # type: ignore[misc]
     it = IterationRecord(7, 2, 1, 0.5, 0.75, 9, 8, 1, 128, 64, 9, 64)
     assert (it.reason, it.num_sampled, it.duration_s) == ("", -1, 0.25)
+
+
+@pytest.mark.parametrize("cls", (PrefillChunk, MicroBatchPlan), ids=lambda c: c.__name__)
+def test_frozen_written_out_inits_store_each_field_in_the_form_mypyc_compiles_directly(cls):
+    # mypyc turns ``object.__setattr__(self, "f", f)`` into a field store; an alias of
+    # object.__setattr__ stays a generic attribute call (a tenth of a search's CPU, session 25)
+    source = inspect.getsource(cls.__init__)
+    for f in dataclasses.fields(cls):
+        assert f'object.__setattr__(self, "{f.name}", {f.name})' in source, f.name
