@@ -26,9 +26,9 @@ from pathlib import Path
 
 # The scheduler and the simulator's event loop: what every simulated microbatch runs through
 # (benchmarks/sim_speed.py), with its stage cost function and the value types it passes
-# (plan.py, types.py: their frozen dataclasses pickle as constructor calls,
-# ``types.pickle_by_constructor``, since pickle's default field-by-field restore fails on a compiled
-# frozen class), and the predictive chunk policy (no config enums, not subclassed). Left as
+# (plan.py, types.py: their dataclasses pickle as constructor calls,
+# ``types.pickle_by_constructor``, since pickle's default fails on a compiled frozen class and
+# on a compiled class whose ``__init__`` is written out), and the predictive chunk policy (no config enums, not subclassed). Left as
 # Python: the other policies (users subclass them and pass their configs' enums as strings,
 # which compiled classes refuse), the predictor (mypyc cannot compile its abstract dataclass
 # base), the protocols (view.py, policies/base.py: mypyc cannot compile them),

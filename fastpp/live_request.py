@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastpp.types import RequestRecord
+from fastpp.types import RequestRecord, pickle_by_constructor
 
 
 @dataclass(slots=True, eq=False)
@@ -38,11 +38,26 @@ class LiveRequest:
     in_flight: bool = False  # a prefill chunk of it has not returned yet
     aborted: bool = False
 
-    def __post_init__(self) -> None:
-        self.req_id = self.rec.req_id
-        self.prompt_len = self.rec.prompt_len
-        self.arrived_at = self.rec.arrived_at
-        self.token_times = self.rec.token_times
+    # Written out (as fastpp/plan.py's value types): one per admitted request.
+    def __init__(self, rec: RequestRecord, target_len: int, fill_len: int, ctx_len: int = 0,
+                 num_computed: int = 0, kv_tokens: int = 0, slot: int = -1, admit_seq: int = -1,
+                 parked_at: float | None = None, in_flight: bool = False,
+                 aborted: bool = False) -> None:
+        self.rec = rec
+        self.target_len = target_len
+        self.fill_len = fill_len
+        self.req_id = rec.req_id
+        self.prompt_len = rec.prompt_len
+        self.arrived_at = rec.arrived_at
+        self.token_times = rec.token_times
+        self.ctx_len = ctx_len
+        self.num_computed = num_computed
+        self.kv_tokens = kv_tokens
+        self.slot = slot
+        self.admit_seq = admit_seq
+        self.parked_at = parked_at
+        self.in_flight = in_flight
+        self.aborted = aborted
 
     @property
     def num_generated(self) -> int:
@@ -55,3 +70,6 @@ class LiveRequest:
     @property
     def remaining_output(self) -> int:
         return self.target_len - self.rec.num_generated
+
+
+pickle_by_constructor(LiveRequest)

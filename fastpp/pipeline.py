@@ -67,6 +67,16 @@ class PipelineDriver:
                     return plan
         return None
 
+    def may_launch(self) -> bool:
+        """Whether ``next_plan`` could launch anything (or change any state) now: False only
+        when it would surely return None with no effect, so an executor may skip that call
+        until something arrives or returns. Here: some slot is free."""
+        sched = self.scheduler
+        for slot in range(self._num_slots):
+            if sched.is_slot_free(slot):
+                return True
+        return False
+
     def stage_finished(self, plan: MicroBatchPlan, stage: int, started_at: float,
                        finished_at: float) -> IterationRecord:
         """Stage ``stage`` computed ``plan`` between the two instants: record it, let the
@@ -154,6 +164,11 @@ class BatchQueueDriver(PipelineDriver):
             if plan is not None or self._blocked:
                 return plan
         return None
+
+    def may_launch(self) -> bool:
+        """``next_plan`` has no effect while blocked on an output, or without requests and no
+        ended ones to report (any other call takes a slot's turn, launching or not)."""
+        return not self._blocked and (self.scheduler.has_work or self._flush_finished)
 
     def returned(self, plan: MicroBatchPlan, stop_ids: Collection[int] = ()) -> StepOutput:
         self._pop_empty_head()

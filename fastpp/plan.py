@@ -137,6 +137,14 @@ class RequestEnd:
     detail: str  # why, for aborted / rejected / capped requests; "" for a plain finish
     record: RequestRecord
 
+    # Written out, as MicroBatchPlan's: one per request.
+    def __init__(self, req_id: int, reason: FinishReason, detail: str,
+                 record: RequestRecord) -> None:
+        object.__setattr__(self, "req_id", req_id)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "detail", detail)
+        object.__setattr__(self, "record", record)
+
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:

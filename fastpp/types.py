@@ -14,18 +14,19 @@ from enum import StrEnum
 import numpy as np
 
 
-def frozen_reduce(obj: object) -> tuple[type, tuple[object, ...]]:
-    """A frozen dataclass as its constructor call, for pickle and copy."""
-    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
+def constructor_reduce(obj: object) -> tuple[type, tuple[object, ...]]:
+    """A dataclass as its constructor call (the fields ``__init__`` takes), for pickle and copy."""
+    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj) if f.init)  # type: ignore[arg-type]
 
 
 def pickle_by_constructor(*classes: type) -> None:
-    """Pickle (and copy) these frozen dataclasses as their constructor call. Pickle's default
-    sets the fields one by one after creating the object, which a frozen dataclass compiled by
-    mypyc refuses (fastpp/_native.py); the sweep's worker processes and the engines ship these
-    objects."""
+    """Pickle (and copy) these dataclasses as their constructor call. Compiled by mypyc
+    (fastpp/_native.py), pickle's default fails on two kinds: a frozen one refuses its
+    field-by-field restore, and one whose ``__init__`` is written out (compiled to native code)
+    is created by calling that ``__init__`` without arguments. The sweep's worker processes and
+    the engines ship these objects."""
     for cls in classes:
-        copyreg.pickle(cls, frozen_reduce)
+        copyreg.pickle(cls, constructor_reduce)
 
 
 class FinishReason(StrEnum):
@@ -52,6 +53,14 @@ class Request:
     arrived_at: float
     prompt_len: int
     output_len: int
+
+    # Written out (as MicroBatchPlan's, fastpp/plan.py): one per request of every probe.
+    def __init__(self, req_id: int, arrived_at: float, prompt_len: int, output_len: int) -> None:
+        object.__setattr__(self, "req_id", req_id)
+        object.__setattr__(self, "arrived_at", arrived_at)
+        object.__setattr__(self, "prompt_len", prompt_len)
+        object.__setattr__(self, "output_len", output_len)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrived_at, int | float) and math.isfinite(self.arrived_at)):
@@ -107,6 +116,28 @@ class RequestRecord:
     num_retractions: int = 0  # times its KV was freed under memory pressure and recomputed
     num_parked: int = 0  # times the decode balancer deferred it
     token_times: list[float] = field(default_factory=list)
+
+    # Written out (as IterationRecord's): one per request. ``token_times=None`` stands for the
+    # field's default, a new empty list.
+    def __init__(self, req_id: int, arrived_at: float, prompt_len: int, output_len: int,
+                 num_generated: int = 0, scheduled_at: float | None = None,
+                 first_token_at: float | None = None, finished_at: float | None = None,
+                 finish_reason: FinishReason | None = None, detail: str = "",
+                 num_retractions: int = 0, num_parked: int = 0,
+                 token_times: list[float] | None = None) -> None:
+        self.req_id = req_id
+        self.arrived_at = arrived_at
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.num_generated = num_generated
+        self.scheduled_at = scheduled_at
+        self.first_token_at = first_token_at
+        self.finished_at = finished_at
+        self.finish_reason = finish_reason
+        self.detail = detail
+        self.num_retractions = num_retractions
+        self.num_parked = num_parked
+        self.token_times = [] if token_times is None else token_times
 
     @property
     def is_finished(self) -> bool:
@@ -221,7 +252,7 @@ class IterationRecord:
         return {name: getattr(self, name) for name in ITERATION_FIELDS}
 
 
-pickle_by_constructor(Request, SLO)
+pickle_by_constructor(Request, SLO, RequestRecord, IterationRecord)
 
 # IterationRecord's field names in order: file columns, to_dict keys (``__slots__`` would do in
 # Python, but a class compiled by mypyc has none: fastpp/_native.py)

@@ -24,8 +24,11 @@ launch computes that tandem-queue recurrence and schedules one callback, the ret
 the policies observe every stage's record and then the scheduler folds the tokens in: as in the
 CPU engine, where stage times come back with the sampled tokens (a real scheduler cannot see a
 stage end before then). No process waits on another, so every event is a callback-style SimPy
-Timeout (an arrival, a launch after the host overhead, a return), never a generator process to
-resume.
+Timeout (an arrival, a return, the host looking for work), never a generator process to resume.
+A launch needs no event of its own: while the host pays its overhead nothing else launches, so
+the microbatch's passage is computed when the host takes it, starting when the overhead ends,
+and the host looks for work again then only if a slot is free or something arrived or returned
+meanwhile (otherwise that look would find nothing: about one event fewer per microbatch).
 
 Units: seconds of virtual time.
 """
@@ -147,10 +150,11 @@ class PipelineSimulation:
         self._in_flight: dict[int, tuple[MicroBatchPlan, list[tuple[float, float]]]] = {}
         self._records: list[RequestRecord] = []
         self._next_arrival = 0  # index into self.requests
-        self._host_busy = False  # paying the launch overhead, or (blocking launch) computing stage 0
+        self._host_busy = False  # blocking launch: computing stage 0
+        self._host_free_at = 0.0  # paying a launch's overhead until then
         self._blocking_launch = loop.computes_stage0
         self._held_returns: list[int] = []  # blocking launch: slots returned while the host was busy
-        self._host_woken = False  # a host step is already scheduled at the current instant
+        self._host_woken = False  # a host step is already scheduled (now, or when the host is free)
         self._num_returned = 0
         self._token_return_s = profile.token_return_s if profile.pp > 1 else 0.0
         self._progress: ProgressFn | None = None
@@ -179,35 +183,45 @@ class PipelineSimulation:
     # ------------------------------------------------------------------ the host
     def _wake_host(self) -> None:
         """Something changed (an arrival, a return): the host looks for work at this instant,
-        after what is already due now, unless it is busy launching (it looks again then).
-        With nothing else due now it looks at once (the same order, one event fewer)."""
+        after what is already due now, or, while it pays a launch's overhead, when that ends;
+        a blocking launch's host looks when stage 0 is done (``_stage0_done``). With nothing
+        else due now it looks at once (the same order, one event fewer)."""
         if not self._host_busy and not self._host_woken:
             clock = self.clock
-            if clock.next_at() > clock.now:
+            now = clock.now
+            if now < self._host_free_at:
+                self._host_woken = True
+                clock.at(self._host_free_at, self._host_step)
+            elif clock.next_at() > now:
                 self._host_step()
             else:
                 self._host_woken = True
-                clock.at(clock.now, self._host_step)
+                clock.at(now, self._host_step)
 
     def _host_step(self, _: object = None) -> None:
         """The scheduler loop on stage 0's host: launch into free slots (the driver's order),
-        paying ``host_overhead_s`` per launch; idle when no slot has anything to run."""
+        paying ``host_overhead_s`` per launch; idle when no slot has anything to run.
+
+        A launch with overhead: the plan is formed now and enters stage 0 when the overhead
+        ends. Nothing else launches meanwhile, so its passage is computed now (as at the end of
+        the overhead: the stages and links it meets are those of the launches before it), and
+        the host looks again when the overhead ends only if the driver may launch then
+        (``may_launch``: a free slot) or an arrival or a return wakes it meanwhile; otherwise
+        that look would find nothing to run."""
         self._host_woken = False
         overhead = self.profile.host_overhead_s
         while (plan := self.driver.next_plan()) is not None:
             if overhead > 0:
-                self._host_busy = True
-                self.clock.at(self.clock.now + overhead, self._launch, plan)
+                launch_at = self.clock.now + overhead
+                self._submit(plan, launch_at)
+                if not self._host_busy:  # (a blocking launch's host looks when stage 0 is done)
+                    self._host_free_at = launch_at
+                    if self.driver.may_launch():
+                        self._wake_host()
                 return
-            self._submit(plan)
+            self._submit(plan, self.clock.now)
             if self._host_busy:  # blocking launch: computing stage 0
                 return
-
-    def _launch(self, plan: MicroBatchPlan) -> None:
-        self._host_busy = False
-        self._submit(plan)
-        if not self._host_busy:
-            self._host_step()
 
     def _stage0_done(self, _: object = None) -> None:
         """Blocking launch: the host is back from stage 0's compute; it folds in the tokens that
@@ -219,9 +233,10 @@ class PipelineSimulation:
         self._wake_host()
 
     # ------------------------------------------------------------------ the stages
-    def _submit(self, plan: MicroBatchPlan) -> None:
-        """Send ``plan`` down the pipeline now: its cost on every stage, then the tandem-queue
-        recurrence (module docstring) gives each stage's start and end."""
+    def _submit(self, plan: MicroBatchPlan, ready: float) -> None:
+        """Send ``plan`` down the pipeline, its input on stage 0 at ``ready`` (now, or when the
+        launch overhead ends): its cost on every stage, then the tandem-queue recurrence
+        (module docstring) gives each stage's start and end."""
         stages = self.profile.stages
         n, sampled, px, sq, dec = (plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre,
                                    plan.sum_pre_sq, plan.sum_dec_ctx)
@@ -233,7 +248,7 @@ class PipelineSimulation:
         link_s = (self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
                   if len(stages) > 1 else 0.0)
         stage_free, link_free, turnaround = self._stage_free_at, self._link_free_at, self._turnaround
-        ready = self.clock.now  # when the microbatch's input is on the stage
+        # ``ready``: when the microbatch's input is on the stage
         last = len(stages) - 1
         times = []
         for i, cost in enumerate(costs):

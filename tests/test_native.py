@@ -39,9 +39,13 @@ print(json.dumps(found.to_dict(), sort_keys=True))
 import pickle
 from fastpp.plan import (BalancePlan, MicroBatchPlan, PrefillChunk, RequestEnd, SchedulerStats,
                          StepOutput)
-from fastpp.types import SLO, FinishReason, Request, RequestRecord
+from fastpp.types import SLO, FinishReason, IterationRecord, Request, RequestRecord
+from fastpp.live_request import LiveRequest
+from fastpp.policies.predictive import Decision
 record = RequestRecord(3, 0.5, 10, 4, num_generated=2, first_token_at=0.75, token_times=[0.75])
 values = [SLO(0.5, 0.05), Request(3, 0.5, 10, 4), record, PrefillChunk(3, 0, 8, True),
+          IterationRecord(7, 2, 1, 0.5, 0.75, 9, 8, 1, 128, 64, 9, 64, "why", 3),
+          LiveRequest(record, 4, 10, ctx_len=11, slot=2), Decision(64, "r", 1.0, 2.0, 0.5),
           MicroBatchPlan(7, 1, 0.5, 64, (1, 2), (9, 10), (PrefillChunk(3, 0, 8, True),), 10, 8,
                          3, 0, 64, 19, "why", (4,), ((3, 16),), (4,)),
           RequestEnd(3, FinishReason.LENGTH, "", record), StepOutput((), frozenset({5})),

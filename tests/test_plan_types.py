@@ -9,10 +9,21 @@ import inspect
 
 import pytest
 
-from fastpp.plan import MicroBatchPlan, PrefillChunk
-from fastpp.types import IterationRecord
+from fastpp.live_request import LiveRequest
+from fastpp.plan import MicroBatchPlan, PrefillChunk, RequestEnd
+from fastpp.policies.predictive import Decision
+from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 
-WRITTEN_OUT = (PrefillChunk, MicroBatchPlan, IterationRecord)
+WRITTEN_OUT = (PrefillChunk, MicroBatchPlan, IterationRecord, Request, RequestRecord, RequestEnd,
+               LiveRequest, Decision)
+FROZEN = tuple(c for c in WRITTEN_OUT if c.__dataclass_params__.frozen)
+
+
+def _default(f: dataclasses.Field):
+    """A written-out init's default for field ``f``: a default factory's stand-in is None."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return None if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty
 
 
 @pytest.mark.parametrize("cls", WRITTEN_OUT, ids=lambda c: c.__name__)
@@ -20,8 +31,7 @@ def test_a_written_out_init_takes_the_fields_in_order_with_their_defaults(cls):
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
     fields = [f for f in dataclasses.fields(cls) if f.init]
     assert [p.name for p in params] == [f.name for f in fields]
-    assert [p.default for p in params] == [
-        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields]
+    assert [p.default for p in params] == [_default(f) for f in fields]
 
 
 def test_written_out_inits_set_every_field_and_frozen_ones_stay_frozen():
@@ -39,10 +49,29 @@ def test_written_out_inits_set_every_field_and_frozen_ones_stay_frozen():
     assert (it.reason, it.num_sampled, it.duration_s) == ("", -1, 0.25)
 
 
-@pytest.mark.parametrize("cls", (PrefillChunk, MicroBatchPlan), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", FROZEN, ids=lambda c: c.__name__)
 def test_frozen_written_out_inits_store_each_field_in_the_form_mypyc_compiles_directly(cls):
     # mypyc turns ``object.__setattr__(self, "f", f)`` into a field store; an alias of
     # object.__setattr__ stays a generic attribute call (a tenth of a search's CPU, session 25)
     source = inspect.getsource(cls.__init__)
     for f in dataclasses.fields(cls):
         assert f'object.__setattr__(self, "{f.name}", {f.name})' in source, f.name
+
+
+def test_written_out_inits_of_requests_set_every_field():
+    with pytest.raises(ValueError, match="prompt_len"):
+        Request(1, 0.0, 0, 5)  # the validation still runs
+    req = Request(1, 0.5, 10, 5)
+    assert dataclasses.astuple(req) == (1, 0.5, 10, 5)
+    rec, other = RequestRecord(1, 0.5, 10, 5), RequestRecord(2, 0.5, 10, 5)
+    assert (rec.num_generated, rec.finish_reason, rec.detail, rec.token_times) == (0, None, "", [])
+    assert rec.token_times is not other.token_times  # each its own list, as default_factory
+    assert rec == RequestRecord(**{f.name: getattr(rec, f.name)
+                                   for f in dataclasses.fields(RequestRecord)})
+    end = RequestEnd(1, FinishReason.LENGTH, "", rec)
+    assert (end.req_id, end.reason, end.detail, end.record) == (1, FinishReason.LENGTH, "", rec)
+    live = LiveRequest(rec, target_len=5, fill_len=10)
+    assert (live.req_id, live.prompt_len, live.arrived_at, live.token_times is rec.token_times,
+            live.ctx_len, live.slot, live.admit_seq, live.parked_at, live.aborted) == (
+        1, 10, 0.5, True, 0, -1, -1, None, False)
+    assert dataclasses.astuple(Decision(64, "r")) == (64, "r", 0.0, 0.0, 0.0)

@@ -34,7 +34,7 @@ from itertools import islice
 from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
 from fastpp.predictor import ALPPredictor, LatencyPredictor
 from fastpp.profile import Profile
-from fastpp.types import IterationRecord
+from fastpp.types import IterationRecord, pickle_by_constructor
 from fastpp.view import PolicyView
 
 _INF = float("inf")
@@ -72,6 +72,15 @@ class Decision:
     required_tok_s: float = 0.0
     capacity_tok_s: float = 0.0
     beat_s: float = 0.0
+
+    # Written out (as fastpp/plan.py's value types): one per chunk decision.
+    def __init__(self, chunk: int = 0, reason: str = "", required_tok_s: float = 0.0,
+                 capacity_tok_s: float = 0.0, beat_s: float = 0.0) -> None:
+        self.chunk = chunk
+        self.reason = reason
+        self.required_tok_s = required_tok_s
+        self.capacity_tok_s = capacity_tok_s
+        self.beat_s = beat_s
 
 
 @dataclass(slots=True)
@@ -299,3 +308,5 @@ class PredictiveChunkPolicy:
             self.predictor.learn_one(r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx,
                                      entry[0])
 
+
+pickle_by_constructor(Decision)
