@@ -28,13 +28,14 @@ from pathlib import Path
 # (benchmarks/sim_speed.py), with its stage cost function and the value types it passes
 # (plan.py, types.py: their dataclasses pickle as constructor calls,
 # ``types.pickle_by_constructor``, since pickle's default fails on a compiled frozen class and
-# on a compiled class whose ``__init__`` is written out), and the predictive chunk policy (no config enums, not subclassed). Left as
-# Python: the other policies (users subclass them and pass their configs' enums as strings,
-# which compiled classes refuse), the predictor (mypyc cannot compile its abstract dataclass
-# base), the protocols (view.py, policies/base.py: mypyc cannot compile them),
-# scheduler_config.py (read once per run: nothing to gain) and DecodeSlots (the vLLM adapter
-# hands it requests of its own type). mypyc keeps the __init__ that dataclasses generates as
-# Python, so the hottest value types write theirs out (tests/test_plan_types.py).
+# on a compiled class whose ``__init__`` is written out), and the predictive chunk policy (no
+# config enums, not subclassed). Left as Python: the other policies (users subclass them and
+# pass their configs' enums as strings, which compiled classes refuse), the predictor (mypyc
+# cannot compile its abstract dataclass base), the protocols (view.py, policies/base.py: mypyc
+# cannot compile them), scheduler_config.py (read once per run: nothing to gain) and
+# DecodeSlots (the vLLM adapter hands it requests of its own type). mypyc keeps the __init__
+# that dataclasses generates as Python, so the hottest value types write theirs out
+# (tests/test_plan_types.py).
 MODULES = (
     "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
     "fastpp.pipeline", "fastpp.plan", "fastpp.scheduler", "fastpp.signals",

@@ -71,11 +71,7 @@ class PipelineDriver:
         """Whether ``next_plan`` could launch anything (or change any state) now: False only
         when it would surely return None with no effect, so an executor may skip that call
         until something arrives or returns. Here: some slot is free."""
-        sched = self.scheduler
-        for slot in range(self._num_slots):
-            if sched.is_slot_free(slot):
-                return True
-        return False
+        return any(self.scheduler.is_slot_free(slot) for slot in range(self._num_slots))
 
     def stage_finished(self, plan: MicroBatchPlan, stage: int, started_at: float,
                        finished_at: float) -> IterationRecord:
