@@ -37,7 +37,7 @@ from pathlib import Path
 # that dataclasses generates as Python, so the hottest value types write theirs out
 # (tests/test_plan_types.py).
 MODULES = (
-    "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
+    "fastpp.alp_rls", "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
     "fastpp.pipeline", "fastpp.plan", "fastpp.scheduler", "fastpp.signals",
     "fastpp.stage_cost_fn", "fastpp.types", "fastpp.waiting_queue",
     "fastpp.policies.predictive", "fastpp.policies.rules", "fastpp.sim.engine", "fastpp.sim.events",

@@ -12,8 +12,9 @@
   ``measured - table(N)`` after each beat, from a prior (zeros, or a profile's attention costs).
 
 Units: seconds (``_s``); feature sums are raw integers. ``coef_`` is in seconds per UNSCALED
-feature unit. ``predict_one`` / ``learn_one`` are the hot path: pure Python, no numpy (a numpy
-4x4 RLS step measured 10-20 us against ~2.5 us unrolled; see benchmarks/predictor_speed.py).
+feature unit. ``predict_one`` / ``learn_one`` are the hot path: no numpy (a numpy 4x4 RLS step
+measured 10-20 us against ~2.5 us unrolled; see benchmarks/predictor_speed.py), and
+``ALPPredictor``'s arithmetic lives in fastpp/alp_rls.py, which the compiled build compiles.
 
 Changes from the reference (reference notes sections 2 and 7): the table holds no attention, so
 ``b`` does not count it twice; "skip" really skips and "clip" clips; coefficients survive
@@ -31,6 +32,7 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
+from fastpp.alp_rls import MIN_PREDICTION_S, AlpBeatModel
 from fastpp.predictor_fit import (
     DEPLOYMENT_KEYS,
     PREDICTOR_SCHEMA_VERSION,
@@ -53,7 +55,7 @@ from fastpp.profile import LinearTable, Profile
 __all__ = ["ALPPredictor", "LatencyPredictor", "SklearnPredictor", "TokensOnlyPredictor", "mape",
            "DEFAULT_FEATURE_SCALES", "MIN_PREDICTION_S", "PREDICTOR_SCHEMA_VERSION"]
 
-MIN_PREDICTION_S = 1e-6  # predictions are floored here: the controller divides by them
+# MIN_PREDICTION_S (fastpp.alp_rls): predictions are floored there, the controller divides by them
 # phi scales: 2^21 = 1024*2048 (a 1k chunk on a 2k prefix), 2^20 = 1024^2, 1e5 = ~100 decodes
 # at 1k context; the last entry is the value of the constant bias feature.
 DEFAULT_FEATURE_SCALES = (2.0 ** -21, 2.0 ** -20, 1e-5, 1.0)
@@ -321,10 +323,19 @@ class _OnlinePredictor(ABC):
 class ALPPredictor(_OnlinePredictor):
     """Table plus attention-aware residual: ``T = table(N) + b . phi`` (module docstring).
 
-    ``predict_one`` costs ~0.5-1 us and ``learn_one`` ~2.5 us (pure Python, unrolled 4x4 RLS).
+    The per-beat arithmetic is an ``AlpBeatModel`` (fastpp/alp_rls.py: unrolled 4x4 RLS,
+    compiled with the simulator) on this predictor's own coefficient and covariance lists,
+    rebuilt whenever those are replaced.
     """
 
     feature_scales: tuple[float, float, float, float] = DEFAULT_FEATURE_SCALES
+    _model: AlpBeatModel = field(default=None, init=False, repr=False)  # type: ignore[assignment]
+
+    def _sync(self) -> None:
+        _OnlinePredictor._sync(self)  # (a slotted dataclass has no zero-argument super())
+        table = self.table
+        self._model = AlpBeatModel(table._dense, table._top, table._slope, self._scales(),
+                                   self._theta, self._P)
 
     def _scales(self) -> tuple[float, ...]:
         if len(self.feature_scales) != 4:
@@ -342,10 +353,8 @@ class ALPPredictor(_OnlinePredictor):
     def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
                     sum_dec_ctx: int = 0) -> float:
         """Predicted beat seconds for one microbatch (non-negative ints), floored at
-        ``MIN_PREDICTION_S``. Pure Python: the controller calls it per candidate chunk."""
-        w0, w1, w2, w3 = self._w
-        t = self._table_at(num_tokens) + w0 * sum_past_x_pre + w1 * sum_pre_sq + w2 * sum_dec_ctx + w3
-        return t if t > MIN_PREDICTION_S else MIN_PREDICTION_S
+        ``MIN_PREDICTION_S``. The controller calls it per candidate chunk and slot."""
+        return self._model.predict(num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx)
 
     def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
                   sum_dec_ctx: float, duration_s: float) -> float:
@@ -362,46 +371,18 @@ class ALPPredictor(_OnlinePredictor):
         """
         if not 0.0 < duration_s < _INF:
             raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
-        s0, s1, s2, x3 = self.feature_scales
-        x0 = sum_past_x_pre * s0
-        x1 = sum_pre_sq * s1
-        x2 = sum_dec_ctx * s2
-        t0, t1, t2, t3 = self._theta
-        pred = self._table_at(num_tokens) + t0 * x0 + t1 * x1 + t2 * x2 + t3 * x3
+        model = self._model
+        pred = model.fitted(num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx)
         error = duration_s - pred
         e = self._screened(error, pred)
         if e is None:  # skipped outlier
             return error
-        p00, p01, p02, p03, p11, p12, p13, p22, p23, p33 = self._P
-        q0 = p00 * x0 + p01 * x1 + p02 * x2 + p03 * x3
-        q1 = p01 * x0 + p11 * x1 + p12 * x2 + p13 * x3
-        q2 = p02 * x0 + p12 * x1 + p22 * x2 + p23 * x3
-        q3 = p03 * x0 + p13 * x1 + p23 * x2 + p33 * x3
-        lam = self.forgetting_factor
-        k = 1.0 / (lam + x0 * q0 + x1 * q1 + x2 * q2 + x3 * q3)
-        g0, g1, g2, g3 = q0 * k, q1 * k, q2 * k, q3 * k
-        t0 += g0 * e
-        t1 += g1 * e
-        t2 += g2 * e
-        t3 += g3 * e
-        self._theta = [t0, t1, t2, t3]
-        self._w = (t0 * s0, t1 * s1, t2 * s2, t3 * x3)
+        # a clipped sample (e != error) moves the coefficients but is no information: P stays
+        model.step(sum_past_x_pre, sum_pre_sq, sum_dec_ctx, e, self.forgetting_factor,
+                   self.initial_covariance, e == error)
+        self._w = (model.w0, model.w1, model.w2, model.w3)
         self.n_updates_ += 1
-        if e != error:  # clipped: the sample moves b but is no information, P stays
-            return error
-        il = 1.0 / lam
-        P = [(p00 - g0 * q0) * il, (p01 - g0 * q1) * il, (p02 - g0 * q2) * il, (p03 - g0 * q3) * il,
-             (p11 - g1 * q1) * il, (p12 - g1 * q2) * il, (p13 - g1 * q3) * il,
-             (p22 - g2 * q2) * il, (p23 - g2 * q3) * il, (p33 - g3 * q3) * il]
-        cap = self.initial_covariance
-        if P[0] > cap or P[4] > cap or P[7] > cap or P[9] > cap:  # anti-windup (rare branch)
-            d = [math.sqrt(cap / P[i]) if P[i] > cap else 1.0 for i in (0, 4, 7, 9)]
-            P = [P[idx] * d[i] * d[j] for idx, (i, j) in enumerate(_PAIRS4)]
-        self._P = P
         return error
-
-
-_PAIRS4 = tuple((i, j) for i in range(4) for j in range(i, 4))
 
 
 @dataclass(slots=True, eq=False)

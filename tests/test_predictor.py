@@ -330,3 +330,58 @@ def test_sklearn_partial_fit_refits_every_k():
     assert pred.estimator_ is not first and pred.n_updates_ == 60 and len(pred._buf_x) == 40
     with pytest.raises(ValueError, match="kind"):
         pred.set_params(kind="forest")
+
+
+# --------------------------------------------------------------------------- the beat model
+
+
+def _textbook_step(theta, P, phi, e, lam):
+    """Exponentially weighted RLS in matrix form: the reference for the unrolled step."""
+    q = P @ phi
+    g = q / (lam + phi @ q)
+    return theta + g * e, (P - np.outer(g, q)) / lam
+
+
+@pytest.mark.parametrize("cap", [1e6, 1.0])  # 1.0: the anti-windup scales P back on most steps
+def test_the_unrolled_rls_step_is_the_textbook_update(cap):
+    X, y = synth(300, seed=5)
+    pred = ALPPredictor(TABLE, initial_covariance=cap, outlier="none")
+    scales = np.array(pred.feature_scales)
+    for row, t in zip(X, y, strict=True):
+        theta, P = np.array(pred._theta), pred.covariance_
+        phi = np.array([row[1], row[2], row[3], 1.0]) * scales
+        e = t - (TABLE.at(int(row[0])) + phi @ theta)
+        error = pred.learn_one(int(row[0]), row[1], row[2], row[3], t)
+        assert error == pytest.approx(e, rel=1e-12, abs=1e-15)
+        want_theta, want_P = _textbook_step(theta, P, phi, e, pred.forgetting_factor)
+        d = np.sqrt(np.minimum(1.0, cap / np.diag(want_P)))  # anti-windup: P <- D P D
+        np.testing.assert_allclose(pred._theta, want_theta, rtol=1e-9, atol=1e-18)
+        np.testing.assert_allclose(pred.covariance_, want_P * np.outer(d, d), rtol=1e-9,
+                                   atol=1e-18)
+        assert pred.coef_.tolist() == [a * b for a, b in zip(pred._theta, scales, strict=True)]
+
+
+def test_the_beat_model_works_on_the_predictors_own_lists():
+    X, y = synth(50, seed=6)
+    pred = ALPPredictor(TABLE)
+    for change in (lambda: pred.fit(X, y), lambda: pred.reset(),
+                   lambda: pred.set_params(feature_scales=(1e-6, 1e-6, 1e-5, 1.0)),
+                   lambda: pred.partial_fit(X, y)):
+        change()
+        assert pred._model.theta is pred._theta and pred._model.cov is pred._P
+        x = X[7]
+        assert pred.predict_one(int(x[0]), int(x[1]), int(x[2]), int(x[3])) == pytest.approx(
+            float(pred.predict(X[7:8])[0]), rel=1e-12)
+
+
+def test_a_pickled_predictor_learns_on_as_the_original():
+    import pickle
+
+    X, y = synth(400, seed=7)
+    pred = ALPPredictor(TABLE).partial_fit(X[:200], y[:200])
+    copy = pickle.loads(pickle.dumps(pred))
+    assert copy._model.theta is copy._theta and copy._model.cov is copy._P
+    for p in (pred, copy):
+        p.partial_fit(X[200:], y[200:])
+    assert copy._theta == pred._theta and copy._P == pred._P
+    assert copy.predict_one(512, 10**6, 10**5, 4000) == pred.predict_one(512, 10**6, 10**5, 4000)
