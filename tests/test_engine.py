@@ -246,3 +246,26 @@ def test_giving_up_stops_the_look_and_going_on_loses_nothing():
     assert not stepped.gave_up and all(r.is_finished for r in done)
     direct = open_simulation(workload, deployment, record_iterations=False).run_until_ended(250)
     assert done == direct
+
+
+def test_a_launch_has_no_event_of_its_own_and_the_host_looks_again_only_when_it_may_launch():
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+
+    # a loaded PP=4 deployment paying 3 ms of host overhead per launch: every launch used to be
+    # an event (then the host's look for work); now a run has about one event per microbatch
+    # (its return), plus the arrivals and the looks after an overhead with a slot still free
+    result = run_simulation(WorkloadConfig(name="azure-conv", rate=6.0, num_requests=600, seed=3),
+                            DeploymentConfig(model="Qwen2.5-14B", pp=4, policy="static:512"),
+                            record_iterations=False).result
+    assert result.events < 1.2 * result.num_microbatches + len(result.records)
+    sched = make_scheduler(None, num_slots=2, kv_capacity_tokens=8192, default_chunk=64)
+    sim = PipelineSimulation(make_profile(pp=2), sched, make_requests(4, prompt_len=40,
+                                                                      output_len=6, gap_s=0.0))
+    driver = sim.driver
+    assert driver.may_launch()  # both slots free
+    sched.add_request(Request(0, 0.0, 40, 6))
+    sched.add_request(Request(1, 0.0, 40, 6))
+    plans = [driver.next_plan(), driver.next_plan()]
+    assert all(plans) and not driver.may_launch() and driver.next_plan() is None
+    driver.returned(plans[0])
+    assert driver.may_launch()
