@@ -23,6 +23,7 @@ Changes from the reference (reference notes sections 2 and 7): the table holds n
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -336,6 +337,11 @@ class ALPPredictor(_OnlinePredictor):
         table = self.table
         self._model = AlpBeatModel(table._dense, table._top, table._slope, self._scales(),
                                    self._theta, self._P)
+
+    def __copy__(self) -> Self:
+        """An independent copy: the beat model updates the coefficient and covariance lists
+        in place, so a shallow copy sharing them would learn into the original."""
+        return copy.deepcopy(self)
 
     def _scales(self) -> tuple[float, ...]:
         if len(self.feature_scales) != 4:

@@ -385,3 +385,13 @@ def test_a_pickled_predictor_learns_on_as_the_original():
         p.partial_fit(X[200:], y[200:])
     assert copy._theta == pred._theta and copy._P == pred._P
     assert copy.predict_one(512, 10**6, 10**5, 4000) == pred.predict_one(512, 10**6, 10**5, 4000)
+
+
+def test_a_copied_predictor_learns_apart_from_the_original():
+    import copy
+
+    X, y = synth(100, seed=8)
+    pred = ALPPredictor(TABLE).partial_fit(X[:50], y[:50])
+    theta, cov = list(pred._theta), list(pred._P)
+    other = copy.copy(pred).partial_fit(X[50:], y[50:])
+    assert (pred._theta, pred._P) == (theta, cov) and other._theta != theta
