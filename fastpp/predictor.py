@@ -102,7 +102,6 @@ class _OnlinePredictor(ABC):
     n_outliers_: int = field(default=0, init=False)  # samples flagged (never with outlier="none")
     _theta: list[float] = field(default_factory=list, init=False, repr=False)  # scaled coefs
     _P: list[float] = field(default_factory=list, init=False, repr=False)  # upper triangle of P
-    _w: tuple[float, ...] = field(default=(), init=False, repr=False)  # coef_ cached for the hot path
     _table_at: Callable[[int], float] = field(default=None, init=False, repr=False)  # type: ignore[assignment]
     _dense: np.ndarray | None = field(default=None, init=False, repr=False)  # table for predict()
     _outlier_run: int = field(default=0, init=False, repr=False)
@@ -156,7 +155,6 @@ class _OnlinePredictor(ABC):
 
     def _sync(self) -> None:
         """Recompute what the hot path caches from the parameters and ``_theta``."""
-        self._w = tuple(t * s for t, s in zip(self._theta, self._scales(), strict=True))
         self._table_at = self.table.at
         self._dense = None
 
@@ -177,7 +175,7 @@ class _OnlinePredictor(ABC):
         """Change constructor parameters; unknown names and invalid values raise ValueError and
         leave the predictor unchanged. Learned coefficients are kept (in unscaled units when
         the feature scales change, which also resets the covariance)."""
-        coef, scales = self._w, self._scales()
+        coef, scales = self._coef(), self._scales()
         apply_params(self, params)
         if self._scales() != scales:
             self._theta = [c / s for c, s in zip(coef, self._scales(), strict=True)]
@@ -188,7 +186,11 @@ class _OnlinePredictor(ABC):
     @property
     def coef_(self) -> np.ndarray:
         """Coefficients in seconds per unscaled feature unit (the last one: bias seconds)."""
-        return np.array(self._w)
+        return np.array(self._coef())
+
+    def _coef(self) -> tuple[float, ...]:
+        """Unscaled coefficients: each scaled one times its feature's scale."""
+        return tuple(t * s for t, s in zip(self._theta, self._scales(), strict=True))
 
     @property
     def covariance_(self) -> np.ndarray:
@@ -292,7 +294,7 @@ class _OnlinePredictor(ABC):
         write_predictor_file(path, {
             "kind": type(self).__name__, "deployment": dep,
             "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
-            "table": table.to_dict(), "coef": list(self._w), "theta_scaled": self._theta,
+            "table": table.to_dict(), "coef": list(self._coef()), "theta_scaled": self._theta,
             "covariance": self.covariance_.tolist(), "n_updates": self.n_updates_,
             "n_outliers": self.n_outliers_})
 
@@ -386,7 +388,6 @@ class ALPPredictor(_OnlinePredictor):
         # a clipped sample (e != error) moves the coefficients but is no information: P stays
         model.step(sum_past_x_pre, sum_pre_sq, sum_dec_ctx, e, self.forgetting_factor,
                    self.initial_covariance, e == error)
-        self._w = (model.w0, model.w1, model.w2, model.w3)
         self.n_updates_ += 1
         return error
 
@@ -426,7 +427,6 @@ class TokensOnlyPredictor(_OnlinePredictor):
         p = self._P[0]
         g = p / (lam + p)
         self._theta = [self._theta[0] + g * e]
-        self._w = (self._theta[0],)
         self.n_updates_ += 1
         if e == error:  # a clipped sample leaves P alone (see ALPPredictor.learn_one)
             self._P = [min((p - g * p) / lam, self.initial_covariance)]
