@@ -18,6 +18,8 @@ from __future__ import annotations
 import copyreg
 import math
 
+from fastpp.stage_cost_fn import dense_at
+
 MIN_PREDICTION_S = 1e-6  # fastpp.predictor's floor (the controller divides by predictions)
 
 
@@ -45,11 +47,9 @@ class AlpBeatModel:
 
     def table_at(self, num_tokens: int) -> float:
         """``LinearTable.at``: the same floats."""
-        if 0 <= num_tokens <= self.top:
-            return self.dense[num_tokens]
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        return self.dense[self.top] + self.slope * (num_tokens - self.top)
+        return dense_at(self.dense, self.top, self.slope, num_tokens)
 
     def predict(self, num_tokens: int, sum_past_x_pre: int, sum_pre_sq: int,
                 sum_dec_ctx: int) -> float:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fastpp.stage_cost_fn import StageCostFn
+from fastpp.stage_cost_fn import StageCostFn, dense_at
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: before stage_turnaround_s (read as zeros)
@@ -221,11 +221,9 @@ class LinearTable:
 
     def at(self, num_tokens: int) -> float:
         """Seconds for ``num_tokens`` tokens (>= 0). O(1)."""
-        if 0 <= num_tokens <= self._top:
-            return self._dense[num_tokens]
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        return self._dense[self._top] + self._slope * (num_tokens - self._top)
+        return dense_at(self._dense, self._top, self._slope, num_tokens)
 
     def to_dict(self) -> dict[str, list]:
         return {"tokens": list(self.tokens), "seconds": list(self.seconds)}
@@ -280,9 +278,10 @@ class StageCost:
 
     def cost_fn(self) -> StageCostFn:
         """:meth:`time_s` for a hot loop (the simulator calls it per stage and microbatch): the
-        same arithmetic in the same order, so the same floats, with the table lookups inlined
-        and the terms this stage does not have (zero coefficients) left out: adding 0.0 to a
-        positive time changes nothing (fastpp/stage_cost_fn.py, compiled with the simulator)."""
+        same arithmetic in the same order, so the same floats, on the tables' dense form
+        (``dense_at``) and with the terms this stage does not have (zero coefficients) left
+        out: adding 0.0 to a positive time changes nothing (fastpp/stage_cost_fn.py, compiled
+        with the simulator)."""
         head = self.lm_head
         return StageCostFn(
             self.linear._dense, self.linear._top, self.linear._slope, self.fixed_s,

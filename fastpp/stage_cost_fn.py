@@ -1,6 +1,7 @@
 """A pipeline stage's cost model in the form the simulator calls it, once per stage and
-microbatch: ``StageCost.time_s`` with both table lookups inlined and the terms the stage does
-not have left out (``StageCost.cost_fn`` builds one). It is its own small module so that the
+microbatch: ``StageCost.time_s`` on the tables' dense form (``dense_at``, which is also
+``LinearTable.at`` and the ALP predictor's lookup) and the terms the stage does not have left
+out (``StageCost.cost_fn`` builds one). It is its own small module so that the
 compiled build (fastpp/_native.py) compiles it: called from the compiled simulator engine, its
 ``time_s`` takes its five counts as machine integers, with no boxing and no interpreted frame.
 
@@ -12,6 +13,14 @@ Units: seconds; token counts are plain ints.
 """
 
 from __future__ import annotations
+
+
+def dense_at(dense: list[float], top: int, slope: float, num_tokens: int) -> float:
+    """A ``LinearTable`` at ``num_tokens`` >= 0 from its dense form: ``dense[n]`` up to its last
+    point ``top``, extrapolated by ``slope`` past it."""
+    if num_tokens <= top:
+        return dense[num_tokens]
+    return dense[top] + slope * (num_tokens - top)
 
 
 class StageCostFn:
@@ -47,9 +56,7 @@ class StageCostFn:
         """``StageCost.time_s`` of the same counts, the very same float."""
         if num_tokens <= 0:
             return 0.0
-        top = self.top
-        t = ((self.dense[num_tokens] if num_tokens <= top
-              else self.dense[top] + self.slope * (num_tokens - top))
+        t = (dense_at(self.dense, self.top, self.slope, num_tokens)
              + self.fixed + self.a_past_x_pre * sum_past_x_pre + self.a_pre_sq * sum_pre_sq
              + self.a_dec_ctx * sum_dec_ctx)
         if self.embedding:
@@ -59,9 +66,7 @@ class StageCostFn:
         if self.allreduce_token:
             t += self.allreduce_token * num_tokens
         if self.has_head and num_sampled > 0:
-            head_top = self.head_top
-            t += (self.head_dense[num_sampled] if num_sampled <= head_top
-                  else self.head_dense[head_top] + self.head_slope * (num_sampled - head_top))
+            t += dense_at(self.head_dense, self.head_top, self.head_slope, num_sampled)
         return t
 
     def __call__(self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int,
