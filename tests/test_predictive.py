@@ -165,3 +165,21 @@ def test_runs_in_the_simulator_and_every_request_completes():
     assert all(r.finish_reason is FinishReason.LENGTH for r in result.records)
     assert len({it.chunk_budget for it in result.iterations}) > 1
     assert policy.predictor.n_updates_ > 0
+
+
+def test_inflow_counts_a_replay_that_starts_at_time_zero():
+    """A trace replay's first arrival is at t = 0.0: the inflow estimate must still divide the
+    window's prompt tokens by the time since then (0.0 is a start, not a missing one)."""
+    policy = policy_for()
+    clock = FakeClock()
+    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=100_000,
+                           chunk_candidates=CANDS, slo=SLO(2.0, 0.2))
+    for i in range(5):  # 100 prompt tokens every 0.5 s from t = 0
+        clock.t = 0.5 * i
+        sched.add_request(Request(i, clock.t, 100, 10))
+    clock.t = sched.view.now = 2.5
+    inflow = policy._inflow(sched.view, 2.5)
+    assert inflow == 500 / 2.5  # five prompts of 100 tokens over the 2.5 s since t = 0
+    # once the run is older than the window, the window divides
+    clock.t = sched.view.now = 10.2
+    assert policy._inflow(sched.view, 10.2) == 400 / policy.config.window_s  # t=0 left it

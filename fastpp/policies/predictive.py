@@ -31,6 +31,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from fastpp._mypyc import mypyc_attr
 from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
 from fastpp.predictor import ALPPredictor, LatencyPredictor
 from fastpp.profile import Profile
@@ -40,6 +41,7 @@ from fastpp.view import PolicyView
 _INF = float("inf")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class PredictiveConfig:
     """Knobs of the predictive controller; defaults match the reference implementation."""
@@ -132,6 +134,7 @@ class _Stream:
         return spp, sps
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 class PredictiveChunkPolicy:
     """ALP-based smallest-feasible-chunk controller (module docstring)."""
 
@@ -261,7 +264,11 @@ class PredictiveChunkPolicy:
         window = self._window
         while window and window[0][0] < cutoff:
             self._window_tokens -= window.popleft()[1]
-        span = min(self.config.window_s, now - (self._first_arrival_at or now))
+        # an arrival at t = 0.0 is a real start, not a missing one: test for None explicitly
+        start = self._first_arrival_at
+        if start is None:
+            return 0.0
+        span = min(self.config.window_s, now - start)
         return self._window_tokens / span if span > 0 else 0.0
 
     @staticmethod
