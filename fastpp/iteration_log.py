@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import overload
 
+from fastpp._mypyc import mypyc_attr
 from fastpp.types import IterationRecord
 
 # The fields of IterationRecord other than stage, started_at and finished_at, in its order.
@@ -34,6 +35,7 @@ def make_record(head: Head, stage: int, started_at: float, finished_at: float) -
     return IterationRecord(head[0], stage, head[1], started_at, finished_at, *head[2:])
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 class IterationLog(Sequence[IterationRecord]):
     """Stage-iteration records in the order they were added (module docstring)."""
 

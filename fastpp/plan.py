@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastpp._mypyc import mypyc_attr
 from fastpp.types import FinishReason, RequestRecord, pickle_by_constructor
 
 
@@ -46,6 +47,7 @@ class PrefillChunk:
         object.__setattr__(self, "completes", completes)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class MicroBatchPlan:
     """One microbatch: everything every stage must do for it. Frozen: executors only read it.
@@ -128,6 +130,7 @@ class MicroBatchPlan:
         return out
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class RequestEnd:
     """One request's end, reported once. ``record`` is the scheduler's final record of it."""
@@ -146,6 +149,7 @@ class RequestEnd:
         object.__setattr__(self, "record", record)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     """What one returned microbatch did (``Scheduler.update``).
@@ -163,6 +167,7 @@ class StepOutput:
 NO_OUTPUT = StepOutput()  # the common case: nothing ended, nothing discarded
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
     """Counts an executor may publish (e.g. on /metrics): a copy, safe to hand to other threads."""
@@ -180,6 +185,7 @@ class SchedulerStats:
     num_decode_sitouts: int  # decode steps skipped because C was below a slot's decode count
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class BalancePlan:
     """The decode balancer's answer for the slot about to launch.

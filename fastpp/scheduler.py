@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from fastpp._mypyc import mypyc_attr
 from fastpp.decode_slots import DecodeSlots
 from fastpp.kv_ledger import KVLedger
 from fastpp.live_request import LiveRequest
@@ -28,6 +29,7 @@ from fastpp.view import SchedulerView
 from fastpp.waiting_queue import WaitingQueue
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 class Scheduler:
     """Owns every request from arrival to its single end (finished, rejected or aborted)."""
 

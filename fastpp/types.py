@@ -13,6 +13,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from fastpp._mypyc import mypyc_attr
+
 
 def constructor_reduce(obj: object) -> tuple[type, tuple[object, ...]]:
     """A dataclass as its constructor call (the fields ``__init__`` takes), for pickle and copy."""
@@ -41,6 +43,7 @@ class FinishReason(StrEnum):
 _COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class Request:
     """One inference request as the workload produced it.
@@ -73,6 +76,7 @@ class Request:
             raise ValueError(f"request {self.req_id}: output_len must be >= 1, got {self.output_len}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(frozen=True, slots=True)
 class SLO:
     """Latency objectives: P90 TTFT and P90 TPOT (PAPER.md section 1). Seconds."""
@@ -93,6 +97,7 @@ class SLO:
         return SLO(self.ttft_s * factor, self.tpot_s * factor)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(slots=True)
 class RequestRecord:
     """What happened to one request; written by the scheduler, read by metrics.
@@ -195,6 +200,7 @@ class RequestRecord:
         }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassable when compiled (fastpp/_mypyc.py)
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is slow on this hot path
 class IterationRecord:
     """One microbatch on one stage: the unit the predictor learns from and timelines show.
