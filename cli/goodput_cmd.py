@@ -21,11 +21,12 @@ def goodput(
     policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]")] = None,
     seeds: Annotated[int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")] = 2,
     first_seed: Annotated[int, typer.Option(help="First workload seed of each probe.")] = 0,
-    precision: Annotated[float, typer.Option(help="Stop when the bracket is narrower than this, req/s.")] = 0.1,
+    precision: Annotated[float | None, typer.Option(help="Stop when the bracket is narrower than this, req/s. [default: 0.1; --protocol fixed: the grid step]")] = None,
     low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 2.0,
     high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
     num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed a probe starts with; probes whose verdict is unsettled are lengthened (doubled, up to 16x). [default: enough arrivals for a steady queue]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="steady: the sustained-rate search; fixed: fixed runs of -n prompts (default 1000) per rate 1..11, judged on the P90s (the paper's benchmark); azure / cnn-reversed: the paper's presets (400 / 1,000 prompts). See docs/GOODPUT.md.")] = "steady",
     steady: Annotated[bool, typer.Option("--steady/--no-steady", help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).")] = True,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
@@ -59,18 +60,31 @@ def goodput(
         err_console.print("[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "
                           "before its queue (or KV cache) fills may pass at a rate that a longer "
                           "run would not sustain[/]")
+    try:
+        from fastpp.sim.goodput_fixed import parse_protocol
+
+        fixed = parse_protocol(protocol, num_requests)
+    except ValueError as exc:
+        fail(f"--protocol: {exc}")
     results = []
     for dep in deployments:
         if not as_json:
             err_console.print(f"[bold]{dep.label} {dep.policy}[/]: searching ...")
         try:
-            res = slo_goodput(
-                wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
-                num_requests=num_requests, precision=precision,
-                low=low, high=high, criterion="p90" if attainment is None else "attainment",
-                attainment=attainment or 0.9, require_steady=steady,
-                progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
-            )
+            if fixed is not None:
+                from fastpp.sim.goodput_fixed import fixed_goodput
+
+                res = fixed_goodput(wl, dep, fixed, seeds=tuple(range(first_seed, first_seed + seeds)),
+                                    precision=precision,
+                                    progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"))
+            else:
+                res = slo_goodput(
+                    wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
+                    num_requests=num_requests, precision=precision or 0.1,
+                    low=low, high=high, criterion="p90" if attainment is None else "attainment",
+                    attainment=attainment or 0.9, require_steady=steady,
+                    progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
+                )
         except ValueError as exc:
             fail(f"{dep.label}: {exc}")
         results.append({"deployment": dep.label, "policy": dep.policy, **res.to_dict()})
