@@ -1,9 +1,15 @@
 """Per-request sampling parameters and the last stage's token sampler.
 
-Greedy (``temperature == 0``) takes the argmax, lowest id on ties, exactly as the reference
-forward does, so greedy outputs can be compared token for token. Otherwise softmax at the
-temperature, optionally restricted to the top-p nucleus. A request with a seed draws from a
-generator keyed by (seed, step): its output does not depend on what else shares the microbatch.
+Greedy (``temperature`` below ``GREEDY_BELOW``, 0 included) takes the argmax, lowest id on ties,
+exactly as the reference forward does, so greedy outputs can be compared token for token.
+Otherwise softmax at the temperature, optionally restricted to the top-p nucleus, which always
+keeps the most likely token. Every accepted value is numerically safe: the row's maximum is
+taken off before dividing by the temperature, so nothing overflows and softmax never gives NaN.
+A row that still cannot be sampled (logits with no finite value) fails alone
+(:func:`sample_rows`): its request ends with an error, the others in the batch go on.
+
+A request with a seed draws from a generator keyed by (seed, step): its output does not depend
+on what else shares the microbatch.
 Any Python int is a valid seed: the generator's 64-bit seed is derived modulo 2**64.
 """
 
@@ -55,25 +61,68 @@ class SamplingParams:
 
 SampleRow = tuple[float, float, "int | None", int]  # temperature, top_p, seed, step
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
+FAILED_TOKEN = -1  # sample_rows' token for a row that could not be sampled
 
-def sample_tokens(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> list[int]:
-    """One token per logits row. ``generator`` serves the rows without a seed."""
-    # logits: [S, V] float32
+
+class SamplingError(ValueError):
+    """One row could not be sampled (its logits hold no finite value); says why, no traceback."""
+
+
+def sample_rows(logits: torch.Tensor, rows: list[SampleRow],
+                generator: torch.Generator) -> tuple[list[int], dict[int, str]]:
+    """One token per logits row, and the rows that failed: their token is ``FAILED_TOKEN`` and
+    ``errors[row]`` says why. A failure is the row's alone; the other rows are sampled as usual.
+    ``generator`` serves the rows without a seed."""
+    # logits: [S, V], any float dtype; the arithmetic is float32 with the row's maximum taken off
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
+    if not rows:
+        return [], {}
+    clean = _finite_top(logits)
+    top = clean.amax(dim=-1)
+    greedy = clean.argmax(dim=-1).tolist()  # the lowest id on ties
     out: list[int] = []
-    greedy = None
+    errors: dict[int, str] = {}
     for i, (temperature, top_p, seed, step) in enumerate(rows):
-        if temperature == 0.0:
-            if greedy is None:
-                greedy = logits.argmax(dim=-1).tolist()
-            out.append(int(greedy[i]))
-            continue
-        probs = torch.softmax(logits[i] / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            keep = sorted_p.cumsum(0) - sorted_p < top_p  # always keeps the most likely token
-            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-        gen = generator if seed is None else torch.Generator().manual_seed(generator_seed(seed, step))
-        out.append(int(torch.multinomial(probs, 1, generator=gen)))
-    return out
+        try:
+            if not bool(torch.isfinite(top[i])):
+                raise SamplingError("the model's logits hold no finite value")
+            if temperature < GREEDY_BELOW:
+                out.append(int(greedy[i]))
+                continue
+            gen = generator if seed is None else torch.Generator().manual_seed(generator_seed(seed, step))
+            out.append(_draw(clean[i] - top[i], temperature, top_p, gen))
+        except Exception as exc:  # this row's alone: its request fails, the batch goes on
+            out.append(FAILED_TOKEN)
+            errors[i] = f"sampling failed: {exc}"
+    return out, errors
+
+
+def sample_tokens(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> list[int]:
+    """One token per logits row; ``SamplingError`` if any row cannot be sampled."""
+    tokens, errors = sample_rows(logits, rows, generator)
+    if errors:
+        row, message = next(iter(errors.items()))
+        raise SamplingError(f"row {row}: {message}")
+    return tokens
+
+
+def _finite_top(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits with NaN as -inf and +inf as the largest float (so a row's maximum is
+    finite unless every value is NaN or -inf)."""
+    big = torch.finfo(torch.float32).max
+    return torch.nan_to_num(logits.float(), nan=-math.inf, posinf=big, neginf=-math.inf)
+
+
+def _draw(shifted: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
+    """Sample from softmax(shifted / temperature) within the top-p nucleus. ``shifted``'s
+    maximum is 0, so nothing overflows: the most likely token has weight 1 (exp(0)) and the
+    others in [0, 1]; the sum is at least 1, never NaN."""
+    probs = torch.softmax(shifted / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True, stable=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p
+        keep[0] = True  # the most likely token stays, however small top_p is (or rounds to in float32)
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
