@@ -15,5 +15,5 @@ ReplayOpt = Annotated[str | None, typer.Option(help="Replay a trace instead: azu
 ReplayStartOpt = Annotated[float | None, typer.Option(help="Replay from this second of the trace.")]
 ReplayWindowOpt = Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")]
 ReplaySpeedOpt = Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")]
-DataDirOpt = Annotated[str | None, typer.Option(help="Folder with the real traces. [default: ../shared/data or $FASTPP_DATA_DIR]")]
+DataDirOpt = Annotated[str | None, typer.Option(help="Folder with the real traces. [default: $FASTPP_DATA_DIR, else ../shared/data beside the source checkout]")]
 ChunkCandidatesOpt = Annotated[str | None, typer.Option(help="Chunk sizes dynamic policies choose from: START:STOP:STEP or a comma list. [default: 128:2048:128; serve: 32:1024:32]")]

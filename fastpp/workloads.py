@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpp.data_dir import resolve_data_dir as _resolve_data_dir
 from fastpp.length_files import LengthTable, Trace, WorkloadError, read_azure_trace, read_length_csv
 from fastpp.length_tables import (
     EmpiricalLengths,
@@ -40,8 +40,6 @@ __all__ = [
     "resolve_data_dir", "workload_stats",
 ]
 
-DATA_DIR_ENV = "FASTPP_DATA_DIR"
-DEFAULT_DATA_DIR = Path("../shared/data")  # relative to the working directory
 DEFAULT_WORKLOAD = "azure-conv"
 ARRIVALS = ("poisson", "gamma")
 
@@ -168,17 +166,9 @@ def replay(
 
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
-    """The data directory: ``data_dir`` if given, else $FASTPP_DATA_DIR, else ../shared/data
-    relative to the working directory. Raises WorkloadError if it does not exist."""
-    if data_dir is None:
-        data_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-    path = Path(data_dir)
-    if not path.is_dir():
-        raise WorkloadError(
-            f"data directory not found: {path.resolve()} (pass data_dir or set {DATA_DIR_ENV})",
-            path=path,
-        )
-    return path
+    """The data directory (``fastpp.data_dir``: ``data_dir``, else $FASTPP_DATA_DIR, else
+    ../shared/data beside the source checkout). Raises WorkloadError if it does not exist."""
+    return _resolve_data_dir(data_dir)
 
 
 def _data_file(data_dir: str | Path | None, relative: str) -> Path:
