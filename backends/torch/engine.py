@@ -35,9 +35,16 @@ from fastpp.backends.ports import free_port
 from fastpp.backends.torch.engine_config import EngineConfig, EngineDeadError
 from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent, EngineSnapshot
 from fastpp.backends.torch.layout import BatchLayout
-from fastpp.backends.torch.sampling import SamplingParams, sample_tokens
+from fastpp.backends.torch.sampling import SamplingParams
 from fastpp.backends.torch.stage_procs import StageProcesses
-from fastpp.backends.torch.stage_runtime import StageRunner, StageSpec, make_meta
+from fastpp.backends.torch.stage_runtime import (
+    StageRunner,
+    StageSpec,
+    brief_error,
+    last_stage_result,
+    make_meta,
+    run_or_fail,
+)
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource
 from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_STOP, Channel
@@ -47,7 +54,7 @@ from fastpp.policies import make_policies
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import SchedulerConfig
-from fastpp.types import IterationRecord, Request, RequestRecord
+from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +119,9 @@ class PipelineEngine:
         # KV the scheduler released: stage 0 frees it at once, the other stages with the next
         # microbatch (its plan's kv_frees hold only what schedule() itself released)
         self._frees_for_next: list[int] = []
+        # requests ended through an abort that are to be reported otherwise: req id -> (the
+        # event's finish reason, the record's, detail); a stop string, or a failure of its own
+        self._end_as: dict[int, tuple[str, FinishReason, str]] = {}
         self._submitted = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
@@ -214,6 +224,18 @@ class PipelineEngine:
         """End ``req_id`` early and free its KV (no-op if it already ended)."""
         self._inbox.put(("abort", req_id))
 
+    def stop(self, req_id: int) -> None:
+        """End ``req_id`` as finished by a stop string the caller found in its text: as ``abort``,
+        but counted and recorded as ``stop`` (no-op if it already ended)."""
+        self._inbox.put(("stop_string", req_id))
+
+    def output_room(self, prompt_len: int) -> int:
+        """The most output tokens a prompt of ``prompt_len`` tokens can get: prompt + output must
+        fit the context, and the KV of all but the last token the pool (the scheduler caps a
+        longer ``max_tokens`` to this; callers refuse it first)."""
+        cfg = self.scheduler_config
+        return min(cfg.max_context - prompt_len, cfg.kv_capacity_tokens - prompt_len + 1)
+
     @property
     def num_unfinished(self) -> int:
         """Requests submitted and not yet ended."""
@@ -266,8 +288,9 @@ class PipelineEngine:
         try:
             self.spec.pin(0)  # this thread computes stage 0
             self._loop()
-        except Exception:
-            self._fail(f"engine thread failed:\n{traceback.format_exc()}")
+        except Exception as exc:  # the traceback goes to the log, never to a client
+            log.error("engine thread failed:\n%s", traceback.format_exc())
+            self._fail(f"engine thread failed: {brief_error(exc)}")
         finally:
             self.snapshot = self._snapshot()
             self._stopped.set()
@@ -328,6 +351,10 @@ class PipelineEngine:
         elif kind == "abort":
             if item[1] in self._active:
                 self._abort(item[1], "aborted by client")
+        elif kind == "stop_string":
+            if item[1] in self._active:
+                self._end_as[item[1]] = ("stop", FinishReason.STOP, "stop string")
+                self._abort(item[1], "stop string")
         elif kind == "result":
             self._complete(item[1])
         else:
@@ -363,19 +390,23 @@ class PipelineEngine:
         allocs = plan.kv_reservations(self.config.block_size)
         frees, self._frees_for_next = self._frees_for_next + list(plan.kv_frees), []
         meta = make_meta(plan.mb_id, layout, frees, allocs, rows, [])
-        out = self._stage0.run(meta, torch.tensor(ids, dtype=torch.int64))
+        inputs = torch.tensor(ids, dtype=torch.int64)
+        out = run_or_fail(self._stage0, meta, inputs)
         self._inflight[plan.mb_id] = (plan, layout.sample_req_ids)
         if self._to_next is None:  # a single stage: it is also the last
-            tokens = sample_tokens(out, rows, self._generator)
-            self._inbox.put(("result", {"mb": plan.mb_id, "tokens": tokens, "times": meta["times"]}))
+            self._inbox.put(("result", last_stage_result(meta, out, self._generator)))
         else:
+            if meta.get("failed") is not None:  # the next stage expects hidden states of this shape
+                out = torch.zeros(len(ids), self.model_config.hidden_size, dtype=self.spec.torch_dtype)
             self._to_next.send(KIND_BATCH, meta, out)
 
     def _complete(self, result: dict) -> None:
         plan, sample_ids = self._inflight.pop(result["mb"])
         tokens = result["tokens"]
+        failed = self._fail_requests(plan, sample_ids, result)
         active = self._active
-        stopped = [rid for rid, tok in zip(sample_ids, tokens, strict=True) if tok in active[rid].stop_ids]
+        stopped = [rid for rid, tok in zip(sample_ids, tokens, strict=True)
+                   if rid not in failed and tok in active[rid].stop_ids]
         for rank, t0, t1 in result["times"]:  # every stage's record before the return
             self._driver.stage_finished(plan, rank, t0 - self._epoch, t1 - self._epoch)
         out = self._driver.returned(plan, stopped)
@@ -399,11 +430,31 @@ class PipelineEngine:
                 a.on_event(EngineEvent(rid, tuple(a.unsent)))
                 a.unsent.clear()
 
+    def _fail_requests(self, plan: MicroBatchPlan, sample_ids: tuple[int, ...], result: dict) -> set[int]:
+        """End with an error the requests a stage could not compute (the whole microbatch,
+        ``result["failed"]``) or sample (``result["errors"]``, by row); the rest go on. Their
+        tokens are discarded when the microbatch is folded in. Returns their ids."""
+        if result.get("failed") is not None:
+            why = {rid: result["failed"] for rid in (*plan.decode_req_ids, *(c.req_id for c in plan.prefill))}
+        else:
+            why = {sample_ids[row]: message for row, message in (result.get("errors") or {}).items()}
+        for rid, message in why.items():
+            if rid in self._active:
+                log.error("request %d failed: %s", rid, message)
+                self._end_as[rid] = ("error", FinishReason.ABORTED, message)
+                self._abort(rid, message)
+        return set(why)
+
     def _ended(self, end: RequestEnd) -> None:
         """Send a request's last event (its unsent tokens and why it ended), exactly once."""
         a = self._active.pop(end.req_id)
-        self.counters.count_end(str(end.reason), end.record)
-        a.on_event(EngineEvent(end.req_id, tuple(a.unsent), str(end.reason), end.detail))
+        reason, detail = str(end.reason), end.detail
+        override = self._end_as.pop(end.req_id, None)
+        if override is not None:  # a stop string or its own failure, ended through an abort
+            reason, end.record.finish_reason, detail = override
+            end.record.detail = f"error: {detail}" if reason == "error" else detail
+        self.counters.count_end(reason, end.record)
+        a.on_event(EngineEvent(end.req_id, tuple(a.unsent), reason, detail))
         self.scheduler.forget(end.req_id)  # the scheduler keeps no record of ended requests
         if self.config.record:
             self.recorded_requests.append(end.record)
@@ -421,12 +472,29 @@ class PipelineEngine:
     def _fail(self, message: str) -> None:
         self.error = message
         log.error("engine stopped: %s", message)
+        records = self._end_all_records(message)
         for rid, a in list(self._active.items()):
             a.on_event(EngineEvent(rid, (), "error", message))
             self.counters.count_end("error", None)
+            rec = records.get(rid)
+            if self.config.record and rec is not None:  # in the recording with why it ended
+                self.recorded_requests.append(rec)
         self._active.clear()
+        self._end_as.clear()
         for cb in self._failure_callbacks:
             try:
                 cb(message)
             except Exception:
                 log.exception("failure callback raised")
+
+    def _end_all_records(self, message: str) -> dict[int, RequestRecord]:
+        """End every unfinished request in the scheduler (the engine failed under them) and
+        return their records, ended ``aborted`` with ``error: <message>`` as the detail; none
+        if the scheduler itself is what failed."""
+        try:
+            first_line = (message.strip().splitlines() or [""])[0]
+            ends = self.scheduler.abort_all(f"error: {first_line}")
+        except Exception:
+            log.exception("could not end the scheduler's requests")
+            return {}
+        return {end.req_id: end.record for end in ends}

@@ -135,9 +135,11 @@ class PagedKVCache:
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys and values of local layer ``layer`` at ``slot_mapping``."""
-        # slot_mapping: [T]; k, v: [T, KV, hd]
-        self.k[layer].view(-1, *k.shape[1:])[slot_mapping] = k
-        self.v[layer].view(-1, *v.shape[1:])[slot_mapping] = v
+        # slot_mapping: [T]; k, v: [T, KV, hd]. A non-finite value (a request whose hidden states
+        # went NaN; it fails alone) is stored as 0: masked slots must be finite, and its blocks
+        # are reused by other requests once it is freed
+        self.k[layer].view(-1, *k.shape[1:])[slot_mapping] = torch.nan_to_num(k, 0.0, 0.0, 0.0)
+        self.v[layer].view(-1, *v.shape[1:])[slot_mapping] = torch.nan_to_num(v, 0.0, 0.0, 0.0)
 
     def _gather_blocks(self, layer: int, flat_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # flat_ids: [N] -> k, v: [N, block_size, KV, hd], views of the scratch buffer

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.model import StageModel, split_layers
-from fastpp.backends.torch.sampling import sample_tokens
+from fastpp.backends.torch.sampling import FAILED_TOKEN, sample_rows
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource
 from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_RESULT, KIND_STOP, Channel
@@ -149,9 +149,53 @@ def serve_stage(runner: StageRunner, spec: StageSpec) -> None:
             outbox.flush()
             return
         assert hidden is not None
-        out = runner.run(meta, hidden)
+        out = run_or_fail(runner, meta, hidden)
         if runner.is_last:
-            tokens = sample_tokens(out, meta["rows"], generator)
-            outbox.send(KIND_RESULT, {"mb": meta["mb"], "tokens": tokens, "times": meta["times"]})
+            outbox.send(KIND_RESULT, last_stage_result(meta, out, generator))
         else:
             outbox.send(KIND_BATCH, meta, out)
+
+
+def run_or_fail(runner: StageRunner, meta: dict[str, Any], inputs: torch.Tensor) -> torch.Tensor:
+    """Compute a microbatch; if that raises, or an earlier stage failed on it (``meta["failed"]``),
+    the microbatch fails alone: its requests end with an error (and are freed everywhere), the
+    stage goes on. It passes ``inputs`` on (the shape the next stage expects); after an earlier
+    stage's failure the KV changes are applied all the same, as there."""
+    if meta.get("failed") is None:
+        try:
+            return runner.run(meta, inputs)
+        except Exception as exc:
+            log.error("stage %d failed on microbatch %s (its requests fail, the stage goes on):\n%s",
+                      runner.rank, meta["mb"], traceback.format_exc())
+            meta["failed"] = f"stage {runner.rank} failed on this request's batch: {brief_error(exc)}"
+            return inputs
+    try:
+        runner.apply_kv(meta["frees"], meta["allocs"])
+    except Exception as exc:  # as where it failed first: the requests end, their frees follow
+        log.error("stage %d: KV changes of failed microbatch %s: %s", runner.rank, meta["mb"],
+                  brief_error(exc))
+    return inputs
+
+
+def last_stage_result(meta: dict[str, Any], logits: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, Any]:
+    """What the last stage returns to stage 0: a token per sampling row, and which rows (or, with
+    ``failed``, the whole microbatch) failed and why."""
+    result: dict[str, Any] = {"mb": meta["mb"], "times": meta["times"]}
+    if meta.get("failed") is not None:
+        result.update(tokens=[FAILED_TOKEN] * len(meta["rows"]), failed=meta["failed"])
+        return result
+    tokens, errors = sample_rows(logits, meta["rows"], generator)
+    result["tokens"] = tokens
+    if errors:
+        log.error("sampling failed for %d row(s) of microbatch %s (their requests fail): %s",
+                  len(errors), meta["mb"], next(iter(errors.values())))
+        result["errors"] = errors
+    return result
+
+
+def brief_error(exc: BaseException) -> str:
+    """An exception as one short line for a client: its type and first line, no traceback."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text[:300]
