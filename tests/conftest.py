@@ -1,15 +1,16 @@
 """Small factories shared by the tests (tiny defaults; override what a test is about).
 
-The suite tests the Python source: a compiled build (fastpp/_native.py) is turned off here,
-before fastpp is imported, so tests that patch a class or count its calls see the code they
-patch; tests/test_native.py checks the compiled build gives the same results.
+The suite tests the Python source: the compiled build (fastpp/_native.py, off unless
+FASTPP_NATIVE=1) is kept off here even when the shell asks for it, before fastpp is imported,
+so tests that patch a class or count its calls see the code they patch; tests/test_native.py
+checks the compiled build gives the same results and keeps the public classes subclassable.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["FASTPP_NATIVE"] = "0"  # before the fastpp imports below
+os.environ["FASTPP_NATIVE"] = "0"  # before the fastpp imports below (a shell's 1 is overridden)
 
 from pathlib import Path
 
