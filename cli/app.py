@@ -15,6 +15,7 @@ import typer
 
 from fastpp.cli import (
     bench_cmd,
+    cache_cmd,
     catalog_cmd,
     goodput_cmd,
     plot_cmd,
@@ -43,6 +44,7 @@ app.command("profile")(profile_cmd.profile)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     serve_cmd.serve)
 app.command("bench", help=bench_cmd.HELP, context_settings={"allow_extra_args": True})(bench_cmd.bench)
+app.command("cache")(cache_cmd.cache)
 
 
 def _print_version(value: bool) -> None:

