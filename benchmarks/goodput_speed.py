@@ -2,12 +2,13 @@
 
     python benchmarks/goodput_speed.py                                   # 32B cnn-reversed, predictive
     python benchmarks/goodput_speed.py -w sharegpt-synthetic -m Qwen2.5-14B --precision 0.5
-    FASTPP_NATIVE=0 python benchmarks/goodput_speed.py                   # the pure Python build
+    FASTPP_NATIVE=1 python benchmarks/goodput_speed.py                   # the compiled build
 
 The search is ``fastpp goodput``'s (fastpp.sim.goodput.slo_goodput, seeds 0 and 1). One line per
 probe as the search runs it (rate, verdict, requests per seed looked at, whether it was a
 confirmation at the longest look or stopped early, CPU seconds it took), then the answer, the
-whole search's CPU time, the process's peak memory and which build ran (scripts/build_native.py).
+whole search's CPU time, the process's peak memory and which build ran (pure Python unless
+``FASTPP_NATIVE=1`` asks for the one ``python -m fastpp.native_build`` made).
 Compare builds or versions by running this one after the other on a quiet machine: CPU time is
 the steadier figure.
 """

@@ -4,18 +4,19 @@
     python benchmarks/sim_speed.py --speed 0.9 --window 900
     python benchmarks/sim_speed.py --command          # also time the whole CLI command
     python benchmarks/sim_speed.py --breakdown        # records kept, then each writer's CPU time
+    FASTPP_NATIVE=1 python benchmarks/sim_speed.py    # the compiled build (python -m fastpp.native_build)
 
 Prints simulated requests, microbatches and stage-iterations per second, with the simulation's
 wall and CPU time (CPU time is the steadier figure on a shared machine). ``--command`` also runs
 the whole `fastpp simulate --replay TRACE -d DEPLOY --policy POLICY` command (trace loading,
 simulation, summary and the run folder it writes) in a child process and prints its wall and
-CPU time; a line says whether the compiled build (scripts/build_native.py) ran, and
-``FASTPP_NATIVE=0`` times the pure Python one. The targets of issue 13 are the full trace in at
-most 5 s of simulation on one core and at most 8 s for the whole command. Pin the simulation
-to one core with ``taskset -c 0``; time the command unpinned too: it writes the run folder's
-files in forked children (cli/forked_writes.py), which only pays off with a second core. The
-garbage collector's share (its passes, timed through ``gc.callbacks``) is printed for the
-simulation.
+CPU time; a line says which build ran: pure Python unless ``FASTPP_NATIVE=1`` asks for the
+compiled one (``python -m fastpp.native_build``; the child command inherits the switch). The
+targets of issue 13 are the full trace in at most 5 s of simulation on one core and at most
+8 s for the whole command. Pin the simulation to one core with ``taskset -c 0``; time the
+command unpinned too: it writes the run folder's files in forked children
+(cli/forked_writes.py), which only pays off with a second core. The garbage collector's share
+(its passes, timed through ``gc.callbacks``) is printed for the simulation.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ reproduced in simulation.
     python scripts/make_results.py                # everything; sweeps cached in runs/results/
     python scripts/make_results.py --fresh        # ignore the cache (what the wall time in
                                                   # RESULTS.md was measured with)
+    FASTPP_NATIVE=1 python scripts/make_results.py --fresh   # with the compiled simulator
+                                                  # (built by python -m fastpp.native_build)
 
 Goodput grids run through `fastpp sweep`'s machinery (resumable: an interrupted run picks up
 where it stopped), all of them handed to one pool of worker processes at the start, so the pool
@@ -453,8 +455,8 @@ HEADER = """# Results: the paper's experiments in simulation
 
 Regenerate everything on this page (tables and figures) with one command:
 
-    python scripts/build_native.py     # optional: the compiled simulator, about twice as fast
-    python scripts/make_results.py --fresh
+    python -m fastpp.native_build      # optional: the compiled simulator, about twice as fast
+    FASTPP_NATIVE=1 python scripts/make_results.py --fresh    # (without the build: no FASTPP_NATIVE)
 
 Wall time of that command on the 2-core development machine: {wall}. Hardware model: the
 analytic profiles of `fastpp.sim.analytic` (docs/CALIBRATION.md: GEMM efficiency fitted on
@@ -505,7 +507,7 @@ def main() -> None:
         wall_text = f"{int(wall_s) / 60:.1f} min for the last `--fresh` run"
         if rest:  # the machine is shared: CPU time is the steadier figure
             wall_text += f" ({int(rest[0]) / 60:.1f} min of CPU time, all processes)"
-        wall_text += (", the simulator's hot path compiled (scripts/build_native.py)"
+        wall_text += (", the simulator's hot path compiled (FASTPP_NATIVE=1)"
                       if rest[1:] == ["compiled"] else ", pure Python (no compiled build)")
     else:
         wall_text = "not measured yet (run with `--fresh`)"
