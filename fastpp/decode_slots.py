@@ -1,6 +1,9 @@
-"""The D_p running decode sets of a pipeline, their ALP aggregates, and the parked set."""
+"""The D_p running decode sets of a pipeline, their ALP aggregates, and the parked set: the
+``SlotState`` (fastpp/policy_host.py) of our Scheduler and of the vLLM backend."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from fastpp.live_request import LiveRequest
 from fastpp.plan import BalancePlan
@@ -18,13 +21,28 @@ class DecodeSlots:
     (longest parked first).
     """
 
-    __slots__ = ("running", "ctx_sum", "parked", "_cursor")
+    __slots__ = ("running", "ctx_sum", "parked", "_cursor", "any_in_flight")
 
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, any_in_flight: Callable[[], bool] = lambda: False) -> None:
         self.running: list[list[LiveRequest]] = [[] for _ in range(num_slots)]
         self.ctx_sum: list[int] = [0] * num_slots
         self.parked: dict[int, LiveRequest] = {}
         self._cursor = [0] * num_slots  # where the next partial pick of a slot starts
+        # the executor's answer to "is any microbatch that computes something in flight?"
+        self.any_in_flight = any_in_flight
+
+    # -- SlotState (fastpp.policy_host): what the host reads
+    def running_ids(self, slot: int) -> list[int]:
+        return [r.req_id for r in self.running[slot]]
+
+    def num_running(self, slot: int) -> int:
+        return len(self.running[slot])
+
+    def parked_ids(self) -> list[int]:
+        return list(self.parked)
+
+    def is_parked(self, req_id: int) -> bool:
+        return req_id in self.parked
 
     def join(self, r: LiveRequest, slot: int) -> None:
         r.slot = slot
@@ -60,29 +78,15 @@ class DecodeSlots:
         Those that end with it leave afterwards (``leave`` takes the grown context off)."""
         self.ctx_sum[slot] += num_decodes
 
-    def check(self, plan: BalancePlan, slot: int) -> None:
-        """Raise ValueError unless ``plan`` parks only decodes of ``slot`` and restores only
-        parked requests, each request at most once."""
-        ids = {r.req_id for r in self.running[slot]}
-        for rid in plan.park_ids:
-            if rid not in ids:
-                raise ValueError(f"balancer parks request {rid}, not a decode of slot {slot}")
-        for rid in plan.restore_ids:
-            if rid not in self.parked:
-                raise ValueError(f"balancer restores request {rid}, which is not parked")
-        park = set(plan.park_ids)
-        if len(park) != len(plan.park_ids) or park & set(plan.restore_ids):
-            raise ValueError("balancer plan repeats a request")
-
     def apply(self, plan: BalancePlan, slot: int, now: float) -> None:
-        """Park and restore as a checked ``plan`` says; restored requests join ``slot``."""
+        """Park and restore as a checked ``plan`` says (fastpp.policy_host.check_balance);
+        restored requests join ``slot``. (The host counts the parks in the records.)"""
         park = set(plan.park_ids)
         if park:
             keep = []
             for r in self.running[slot]:
                 if r.req_id in park:
                     r.parked_at = now
-                    r.rec.num_parked += 1
                     r.slot = -1
                     self.ctx_sum[slot] -= r.ctx_len
                     self.parked[r.req_id] = r
@@ -91,11 +95,6 @@ class DecodeSlots:
             self.running[slot] = keep
         for rid in plan.restore_ids:
             self._unpark(self.parked[rid], slot)
-
-    def restore_longest_parked(self, slot: int, limit: int) -> None:
-        """Bring back up to ``limit`` parked requests into ``slot``, longest parked first."""
-        for r in list(self.parked.values())[:limit]:
-            self._unpark(r, slot)
 
     def _unpark(self, r: LiveRequest, slot: int) -> None:
         del self.parked[r.req_id]

@@ -30,6 +30,14 @@ Head = tuple  # the values of HEAD_FIELDS, in that order
 record_head: attrgetter = attrgetter(*HEAD_FIELDS)  # an IterationRecord's head
 
 
+def make_head(mb_id: int, slot: int, num_tokens: int, num_prefill_tokens: int, num_decode_reqs: int,
+              sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int, chunk_budget: int, reason: str,
+              num_sampled: int) -> Head:
+    """The head of one microbatch (HEAD_FIELDS, in that order): the one place it is built."""
+    return (mb_id, slot, num_tokens, num_prefill_tokens, num_decode_reqs, sum_past_x_pre, sum_pre_sq,
+            sum_dec_ctx, chunk_budget, reason, num_sampled)
+
+
 def make_record(head: Head, stage: int, started_at: float, finished_at: float) -> IterationRecord:
     """The IterationRecord of the microbatch ``head`` on ``stage`` between the two instants."""
     return IterationRecord(head[0], stage, head[1], started_at, finished_at, *head[2:])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from fastpp.iteration_log import Head, IterationLog, make_record
+from fastpp.iteration_log import Head, IterationLog, make_head, make_record
 from fastpp.plan import MicroBatchPlan, StepOutput
 from fastpp.scheduler import Scheduler
 from fastpp.types import IterationRecord
@@ -25,9 +25,9 @@ from fastpp.types import IterationRecord
 
 def microbatch_head(plan: MicroBatchPlan) -> Head:
     """The fields every stage record of ``plan`` shares (``fastpp.iteration_log``)."""
-    return (plan.mb_id, plan.slot, plan.num_tokens, plan.num_prefill_tokens,
-            len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx,
-            plan.chunk_budget, plan.reason, plan.num_sampled)
+    return make_head(plan.mb_id, plan.slot, plan.num_tokens, plan.num_prefill_tokens,
+                     len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx,
+                     plan.chunk_budget, plan.reason, plan.num_sampled)
 
 
 def iteration_record(plan: MicroBatchPlan, stage: int, started_at: float,

@@ -21,9 +21,9 @@ from fastpp.kv_ledger import KVLedger
 from fastpp.live_request import LiveRequest
 from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, SchedulerStats, StepOutput
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
-from fastpp.policies.guard import GuardedPolicies
+from fastpp.policy_host import BatchFeatures, PolicyHost
+from fastpp.policy_host_records import RequestLog
 from fastpp.scheduler_config import SchedulerConfig
-from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 from fastpp.view import SchedulerView
 from fastpp.waiting_queue import WaitingQueue
@@ -47,37 +47,39 @@ class Scheduler:
         # (RequestRecord.tpot_s); a goodput probe's records, judged and dropped, need no more
         self.record_token_times = record_token_times
         self.clock = clock
-        self.policies = GuardedPolicies(chunk_policy or StaticChunkPolicy(config.default_chunk),
-                                        balancer or NoBalancer(), config.default_chunk)
-        self._signals = Signals()
         n = config.num_slots
         self._kv = KVLedger(config.kv_capacity_tokens, config.page_size)
         self._queue = WaitingQueue()
-        self._slots = DecodeSlots(n)
         self._in_flight: list[MicroBatchPlan | None] = [None] * n
+        self._slots = DecodeSlots(n, self._any_in_flight)
+        # the policies, their failure counts, the signals, the records and the decision step:
+        # the same PolicyHost every executor uses (fastpp/policy_host.py)
+        self.host = PolicyHost(config, chunk_policy or StaticChunkPolicy(config.default_chunk),
+                               balancer or NoBalancer(), self._slots, keep_token_times=record_token_times)
+        self.policies = self.host.policies
+        self._signals = self.host.signals
+        self._log = self.host.records
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.view = SchedulerView(config, self._queue, self._slots, self._kv.pool, self._signals,
-                                  self._in_flight)
+        self.view = self.host.view = SchedulerView(config, self._queue, self._slots, self._kv.pool,
+                                                   self._signals, self._in_flight)
         self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
-        self._records: dict[int, RequestRecord] = {}  # until forget(): every request ever added
+        self._records = self._log.by_id  # until forget(): every request ever added
         self._retracted: list[int] = []  # since the last plan
         self._aborting: set[int] = set()  # aborted while in flight: they end when it returns
         self._next_mb_id = 0
         self._next_admit_seq = 0
         self._num_ended = 0
         self._num_retractions = 0
-        self._num_decode_sitouts = 0
+
+    def _any_in_flight(self) -> bool:
+        return any(self._in_flight)
 
     # ------------------------------------------------------------------ arrivals / aborts
     def add_request(self, req: Request) -> RequestRecord:
         """Queue a request (FCFS) and return its record, which the scheduler keeps up to date.
         A request that can never run comes back ended at once (``rejected``, with the reason)."""
         now = self.clock()
-        if req.req_id in self._records:
-            raise ValueError(f"duplicate request id {req.req_id}")
-        rec = RequestRecord(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
-        self._records[req.req_id] = rec
-        self._signals.on_arrival(req.arrived_at, req.prompt_len)
+        rec = self.host.arrive(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
         cfg, kv = self.config, self._kv.pool
         if req.prompt_len >= cfg.max_context:
             return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the context "
@@ -132,37 +134,20 @@ class Scheduler:
         decodes go first, one token each; what is left of C goes to the continuing chunked
         request, then to new requests in FCFS order while their prompt fits in free KV.
         Each request's counters (num_computed, kv_tokens) advance here, at schedule time.
+        The decision itself (balance, liveness, C, the decodes that ride) is the host's
+        ``begin_step``, as in every executor.
         """
         assert self._in_flight[slot] is None, f"slot {slot} already has a microbatch in flight"
         view = self.view
         now = view.now = self.clock()
         view.slot = slot
-        self._apply_balance(slot, now)
-        budget, reason = self.policies.choose(view)
-        decodes = self._pick_decodes(slot, budget)
-        decodes = self._reserve_decode_kv(slot, decodes)
+        decision = self.host.begin_step(slot, now)
+        budget = decision.budget
+        decodes = self._reserve_decode_kv(slot, list(decision.decodes))
         prefill = self._pick_prefill(budget - len(decodes))
         if not decodes and not prefill:
-            if self._slots.parked and not any(self._in_flight):
-                # liveness: parking must never leave the pipeline idle with requests held back
-                self._slots.restore_longest_parked(slot, budget)
-                decodes = self._reserve_decode_kv(slot, self._pick_decodes(slot, budget))
-            if not decodes:
-                return None
-        return self._launch(slot, now, budget, reason, decodes, prefill)
-
-    def _apply_balance(self, slot: int, now: float) -> None:
-        slots = self._slots
-        if not slots.running[slot] and not slots.parked:
-            return
-        plan = self.policies.balance(self.view, slot, slots.check)
-        if not plan.is_noop:
-            slots.apply(plan, slot, now)
-
-    def _pick_decodes(self, slot: int, budget: int) -> list[LiveRequest]:
-        picked = self._slots.pick(slot, budget)
-        self._num_decode_sitouts += len(self._slots.running[slot]) - len(picked)
-        return picked
+            return None
+        return self._launch(slot, now, budget, decision.reason, decodes, prefill)
 
     def _reserve_decode_kv(self, slot: int, decodes: list[LiveRequest]) -> list[LiveRequest]:
         """Allocate the KV each decode step writes; retract the newest requests if it can't.
@@ -172,7 +157,7 @@ class Scheduler:
         ledger = self._kv
         need = ledger.decode_need(decodes)
         while need > ledger.pool.free and decodes:
-            victim = max(self._slots.running[slot], key=_admit_order)
+            victim = max(self._slots.running[slot], key=self._victim_order)
             if victim in decodes:
                 decodes = [r for r in decodes if r is not victim]
                 need -= ledger.decode_need([victim])
@@ -187,10 +172,19 @@ class Scheduler:
         self._kv.release(r)
         r.fill_len = r.prompt_len + r.num_generated
         r.num_computed = 0
-        r.rec.num_retractions += 1
+        RequestLog.retracted(r.rec)
         self._num_retractions += 1
         self._retracted.append(r.req_id)
-        self._queue.push_front(r)
+        if self.config.retraction == "newest_front":
+            self._queue.push_front(r)
+        else:  # "fewest_output_back", as the reference
+            self._queue.push(r)
+
+    def _victim_order(self, r: LiveRequest) -> tuple[int, ...]:
+        """Retraction order (SchedulerConfig.retraction): the largest key is retracted first."""
+        if self.config.retraction == "newest_front":
+            return (r.admit_seq,)
+        return (-r.rec.num_generated, r.prompt_len, r.admit_seq)
 
     def _pick_prefill(self, budget: int) -> list[tuple[LiveRequest, int, int]]:
         """Up to ``budget`` prompt tokens as (request, L_past, L_pre); admits from the queue."""
@@ -205,12 +199,18 @@ class Scheduler:
             chunks.append((r, r.num_computed, n))
             queue.advance(r, n)
             budget -= n
-        cap = self.config.max_running_requests
+        cfg = self.config
+        cap = cfg.max_running_requests
+        every = cfg.admission_reserve == "all"  # every admitted request's remaining output
+        if not every:  # "slot": the launching slot's running decodes only, as the reference
+            reserve = int(cfg.new_token_ratio * sum(d.remaining_output
+                                                    for d in self._slots.running[self.view.slot]))
         while budget > 0 and queue.chunked is None and (r := queue.head) is not None:
             if cap is not None and len(self._live) - len(queue) >= cap:
                 break
             need = kv.round_up(r.fill_len)
-            reserve = ledger.admission_reserve(self.config.new_token_ratio)
+            if every:
+                reserve = ledger.admission_reserve(cfg.new_token_ratio)
             if need > kv.free - reserve and (need > kv.free or self._has_admitted()):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             queue.pop_head()
@@ -236,19 +236,17 @@ class Scheduler:
         prefill: list[tuple[LiveRequest, int, int]],
     ) -> MicroBatchPlan:
         chunks = []
-        sum_past_x_pre = sum_pre_sq = num_prefill = num_done = 0
+        spans = []
+        scheduled = RequestLog.scheduled
         for r, past, n in prefill:
             r.in_flight = True
-            if r.rec.scheduled_at is None:
-                r.rec.scheduled_at = now
+            scheduled(r.rec, now)
             done = r.num_computed == r.fill_len
-            num_done += done
             chunks.append(PrefillChunk(r.req_id, past, n, done))
-            sum_past_x_pre += past * n
-            sum_pre_sq += n * n
-            num_prefill += n
+            spans.append((past, n, done))
         self._kv.grow(decodes)
         dec_ctx = tuple([r.ctx_len for r in decodes])
+        f = BatchFeatures.of(dec_ctx, spans)
         self._inflight_decodes[slot] = decodes
         plan = MicroBatchPlan(
             mb_id=self._next_mb_id,
@@ -258,12 +256,12 @@ class Scheduler:
             decode_req_ids=tuple([r.req_id for r in decodes]),
             decode_ctx=dec_ctx,
             prefill=tuple(chunks),
-            num_tokens=len(decodes) + num_prefill,
-            num_prefill_tokens=num_prefill,
-            num_sampled=len(decodes) + num_done,
-            sum_past_x_pre=sum_past_x_pre,
-            sum_pre_sq=sum_pre_sq,
-            sum_dec_ctx=sum(dec_ctx),
+            num_tokens=f.num_tokens,
+            num_prefill_tokens=f.num_prefill_tokens,
+            num_sampled=f.num_sampled,
+            sum_past_x_pre=f.sum_past_x_pre,
+            sum_pre_sq=f.sum_pre_sq,
+            sum_dec_ctx=f.sum_dec_ctx,
             reason=reason,
             kv_frees=self._kv.take_frees(),
             kv_allocs=self._kv.take_allocs(),
@@ -296,7 +294,7 @@ class Scheduler:
         assert self._in_flight[slot] is plan, "update() for a plan that is not in flight"
         self._in_flight[slot] = None
         now = self.view.now = self.clock()
-        self._signals.on_return(slot, now, bool(plan.decode_req_ids))
+        self.host.returned(slot, now, bool(plan.decode_req_ids))
         ended: list[RequestEnd] = []
         discarded: list[int] = []
         decodes = self._inflight_decodes[slot]
@@ -304,7 +302,9 @@ class Scheduler:
         if self._aborting:  # rare: requests aborted while this microbatch was in flight
             decodes = self._end_aborted_decodes(decodes, now, ended, discarded)
         # decode: every decode fed one token (its context grew) and sampled one more; those
-        # that end leave their slot after their context grew (DecodeSlots.decoded)
+        # that end leave their slot after their context grew (DecodeSlots.decoded). A decode's
+        # token is RequestLog.took's rule for one token past the first, written out: this loop
+        # runs once per generated token.
         self._slots.decoded(slot, len(decodes))
         keep_times = self.record_token_times
         for r in decodes:
@@ -334,14 +334,9 @@ class Scheduler:
             if not c.completes:
                 continue
             rec = r.rec
-            rec.num_generated += 1
-            if keep_times:
-                r.token_times.append(now)
+            self._log.took(rec, rec.num_generated + 1, now)
             num_tokens += 1
             r.ctx_len = r.prompt_len + rec.num_generated
-            if rec.first_token_at is None:
-                rec.first_token_at = now
-                self._signals.on_first_token(now, now - rec.arrived_at)
             if rec.num_generated >= r.target_len or c.req_id in stop_ids:
                 ended.append(self._finish(r, now, stop_ids))
             else:
@@ -367,13 +362,13 @@ class Scheduler:
 
     def observe(self, rec: IterationRecord) -> None:
         """Forward an executor's stage-iteration record to the policies (errors contained)."""
-        self.policies.observe(rec)
+        self.host.observe(rec)
 
     @property
     def observes_iterations(self) -> bool:
         """Whether the policies use stage-iteration records (``observe``); an executor that
         keeps no records of its own may skip building them when they do not."""
-        return self.policies.observes
+        return self.host.observes
 
     @property
     def chunk_policy(self) -> ChunkPolicy:
@@ -409,18 +404,14 @@ class Scheduler:
 
     def _end(self, r: LiveRequest, now: float, reason: FinishReason, detail: str) -> RequestEnd:
         rec = r.rec
-        rec.finish_reason = reason
-        rec.finished_at = now
-        rec.detail = detail
+        RequestLog.end(rec, now, reason, detail)
         del self._live[r.req_id]
         self._aborting.discard(r.req_id)
         self._num_ended += 1
         return RequestEnd(r.req_id, reason, detail, rec)
 
     def _reject(self, rec: RequestRecord, now: float, why: str) -> RequestRecord:
-        rec.finish_reason = FinishReason.REJECTED
-        rec.finished_at = now
-        rec.detail = why
+        RequestLog.end(rec, now, FinishReason.REJECTED, why)
         self._num_ended += 1
         return rec
 
@@ -458,7 +449,7 @@ class Scheduler:
             num_ended=self._num_ended,
             num_microbatches=self._next_mb_id,
             num_retractions=self._num_retractions,
-            num_decode_sitouts=self._num_decode_sitouts,
+            num_decode_sitouts=self.host.counters.decode_sitouts,
         )
 
     def forget(self, req_id: int) -> RequestRecord:
@@ -469,6 +460,3 @@ class Scheduler:
             raise ValueError(f"request {req_id} is unknown or has not ended")
         return self._records.pop(req_id)
 
-
-def _admit_order(r: LiveRequest) -> int:
-    return r.admit_seq

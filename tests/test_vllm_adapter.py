@@ -103,7 +103,7 @@ def test_delay_balancer_with_unit_step_evens_the_slots():
     counts = [len(d["scheduled_decodes"]) for d in rec.decisions if d["scheduled_decodes"]]
     assert counts[0] == 4 and max(counts) == 4, counts
     assert {d["slot"] for d in rec.decisions if d["scheduled_decodes"]} == {0, 1}
-    assert adapter.counters.parks >= 4 and adapter.counters.restores >= 4
+    assert adapter.host.counters.parks >= 4 and adapter.host.counters.restores >= 4
     assert all(d["chosen_decodes"] == d["scheduled_decodes"] for d in rec.decisions)
     assert all(r.num_generated == 12 for r in rec.ends)
 
@@ -138,7 +138,7 @@ def test_budget_below_the_decode_count_rotates_the_slot():
     assert {d["slot"] for d in decoding} == {0}
     assert [d["scheduled_decodes"] for d in decoding[:2]] == [["r0", "r1"], ["r2", "r3"]]
     assert all(d["total_scheduled"] <= d["budget"] for d in rec.decisions)
-    assert adapter.counters.decode_sitouts > 0
+    assert adapter.host.counters.decode_sitouts > 0
 
 
 def test_budget_is_capped_at_max_num_batched_tokens():
@@ -190,7 +190,7 @@ def test_a_balancer_plan_that_breaks_the_rules_is_ignored():
     loop = FakeEngineLoop(engine, adapter, pp=2)
     burst(loop, 3)
     loop.run()
-    assert len(rec.ends) == 3 and adapter.counters.parks == 0 and adapter.policies.num_failures > 0
+    assert len(rec.ends) == 3 and adapter.host.counters.parks == 0 and adapter.policies.num_failures > 0
 
 
 def test_signals_ttft_and_token_gaps():
@@ -358,7 +358,7 @@ def test_parked_requests_come_back_when_nothing_else_can_run():
     burst(loop, 3, out=4)
     loop.run()
     assert len(rec.ends) == 3 and all(r.num_generated == 4 for r in rec.ends)
-    assert adapter.counters.liveness_restores > 0 and adapter.counters.parks > 0
+    assert adapter.host.counters.liveness_restores > 0 and adapter.host.counters.parks > 0
 
 
 def test_every_registered_policy_runs_over_the_adapter(tmp_path):

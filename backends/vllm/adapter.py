@@ -1,7 +1,8 @@
-"""Our policies over vLLM's requests: slots, parking, the step decision, records and signals.
+"""Our policies over vLLM's requests: vLLM's side of the policy host (fastpp/policy_host.py).
 
-vLLM keeps its queues, KV blocks and token counters; this module keeps what vLLM has no notion
-of and decides, before each ``schedule()``, what our policies want from it:
+vLLM keeps its queues, KV blocks and token counters; the ``PolicyHost`` keeps the policies,
+records, signals and the decision step, as in every executor; this module translates between
+the two (level 2 of the executor contract, fastpp/policy_host_contract.py):
 
 * Slots. vLLM's engine core keeps up to ``pp`` scheduled batches in a FIFO batch queue and
   calls ``schedule()`` once per step, empty steps included, so the batches in the queue at any
@@ -10,21 +11,16 @@ of and decides, before each ``schedule()``, what our policies want from it:
   slot s is next schedulable exactly when slot s launches again (docs/engines/vllm.md proves
   both from core.py). A request joins the slot where its last prefill chunk ran, as in our
   Scheduler, and leaves it when it ends, is preempted or is parked.
-* The decision (``begin_step``). The balancer may park decodes of the launching slot and
-  restore parked ones into it; the chunk policy chooses the step's budget C (decode tokens
-  included, capped at vLLM's ``max_num_batched_tokens``); the slot's decodes that ride are
-  ``DecodeSlots.pick(slot, C)`` (all, or C of them round-robin). Every other decoding request is
-  held out of this step; vLLM fills what is left of C with prefill its own way.
+* The decision (``begin_step``): the host's ``begin_step`` for the slot (balance, liveness,
+  C, the decodes that ride: ``DecodeSlots.pick``), with C capped at vLLM's
+  ``max_num_batched_tokens``. Translated here into vLLM's terms: every other decoding request
+  is held out of this step; vLLM fills what is left of C with prefill its own way.
 * What ran (``launched``): read from vLLM's SchedulerOutput (``num_scheduled_tokens``), never
-  from the decision; the decision log keeps both, so tests can compare them.
-* The return (``returned``): tokens, first tokens, ends, joins and the token-gap signal, from
-  vLLM's own request counters after its ``update_from_output``; the stage times of the
-  microbatch become IterationRecords that the policies observe.
-
-Policies are called through ``fastpp.policies.guard.GuardedPolicies``, as in every executor: a
-policy that raises (or returns a bad value, or an invalid plan) is logged once per kind of
-failure and replaced for that decision by the static budget (``default_chunk``) or no
-balancing; serving goes on.
+  from the decision, as the host's ``BatchFeatures``; the decision log keeps both, so tests can
+  compare them.
+* The return (``returned``): vLLM's own request counters after its ``update_from_output``
+  become the host's token, end and join events; the stage times of the microbatch become the
+  host's stage records, which the policies observe.
 """
 
 from __future__ import annotations
@@ -37,10 +33,11 @@ from typing import Any, Protocol
 
 from fastpp.backends.vllm.tracked import TrackedRequest
 from fastpp.decode_slots import DecodeSlots
+from fastpp.iteration_log import Head
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
-from fastpp.policies.guard import GuardedPolicies
+from fastpp.policy_host import BatchFeatures, PolicyHost
+from fastpp.policy_host_records import RequestLog
 from fastpp.scheduler_config import SchedulerConfig
-from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.vllm")
@@ -96,13 +93,9 @@ class LaunchedBatch:
     output: Any  # vLLM's SchedulerOutput (identity-checked at the return)
     scheduled_at: float
     decodes: list[TrackedRequest]
-    decode_ctx: list[int]
-    prefill: list[tuple[TrackedRequest, int, int, bool]]  # (request, L_past, L_pre, completes)
-    num_tokens: int
-    num_prefill_tokens: int
-    sum_past_x_pre: int
-    sum_pre_sq: int
-    sum_dec_ctx: int
+    prefill: list[tuple[TrackedRequest, bool]]  # (request, whether this chunk completes it)
+    features: BatchFeatures
+    head: Head  # its stage records' shared fields (BatchFeatures.head)
 
     @property
     def slot(self) -> int:
@@ -112,36 +105,26 @@ class LaunchedBatch:
     def mb_id(self) -> int:
         return self.decision.seq
 
-    def iteration(self, stage: int, started_at: float, finished_at: float) -> IterationRecord:
-        return IterationRecord(self.mb_id, stage, self.slot, started_at, finished_at, self.num_tokens,
-                               self.num_prefill_tokens, len(self.decodes), self.sum_past_x_pre,
-                               self.sum_pre_sq, self.sum_dec_ctx, self.decision.budget,
-                               self.decision.reason, self.num_sampled)
-
     @property
-    def num_sampled(self) -> int:
-        """Rows the last stage samples: every decode and every chunk that completes a prompt."""
-        return len(self.decodes) + sum(1 for *_, completes in self.prefill if completes)
+    def num_tokens(self) -> int:
+        return self.features.num_tokens
 
 
 @dataclass(slots=True)
 class AdapterCounters:
-    """Counts worth a log line and a test assertion."""
+    """vLLM-side counts worth a log line and a test assertion (the decision counts are the
+    host's: ``Adapter.host.counters``)."""
 
     steps: int = 0  # schedule() calls
     empty_steps: int = 0  # calls that scheduled nothing
-    decode_sitouts: int = 0  # decodes of the launching slot left out because C was too small
-    parks: int = 0
-    restores: int = 0
-    liveness_restores: int = 0  # restored because nothing else could run
     preemptions: int = 0
     unexpected_decodes: int = 0  # decodes vLLM scheduled that the decision did not pick
     missing_stage_times: int = 0  # microbatches returned without the workers' stage times
 
 
 class Adapter:
-    """Slots, parking, decisions and records of one vLLM engine core. Not thread-safe: vLLM's
-    engine core calls the scheduler from one thread."""
+    """vLLM's translation to and from the policy host of one engine core. Not thread-safe:
+    vLLM's engine core calls the scheduler from one thread."""
 
     def __init__(self, config: SchedulerConfig, chunk_policy: ChunkPolicy, balancer: DecodeBalancer,
                  engine: EngineQueues, clock: Callable[[], float], *, max_budget: int,
@@ -152,18 +135,19 @@ class Adapter:
         if max_budget < 1:
             raise ValueError(f"max_budget must be >= 1 token, got {max_budget}")
         self.config = config
-        self.policies = CountingGuard(chunk_policy, balancer, config.default_chunk)
         self.engine = engine
         self.clock = clock
         self.max_budget = max_budget
         self.recorder = recorder
         self.stage_times = stage_times
-        self.signals = Signals()
-        self.slots = DecodeSlots(config.num_slots)
-        self.tracked: dict[str, TrackedRequest] = {}  # by vLLM request id, until the request ends
         self.in_flight: deque[LaunchedBatch] = deque()  # scheduled steps, oldest first
+        self.slots = DecodeSlots(config.num_slots, self.any_in_flight)
+        self.host = PolicyHost(config, chunk_policy, balancer, self.slots, fit_budget=self._fit)
+        self.policies = self.host.policies
+        self.signals = self.host.signals
+        self.tracked: dict[str, TrackedRequest] = {}  # by vLLM request id, until the request ends
         self.counters = AdapterCounters()
-        self.view = VllmView(self)
+        self.view = self.host.view = VllmView(self)
         self._next_req_id = 0
         self._seq = 0
 
@@ -172,12 +156,11 @@ class Adapter:
         """A request reached the scheduler (vLLM's ``add_request``)."""
         now = self.clock()
         arrived_at = min(now, self.engine_time(engine_req.arrival_time))
-        rec = RequestRecord(self._next_req_id, arrived_at, engine_req.num_prompt_tokens,
-                            max(1, int(engine_req.max_tokens)))
+        rec = self.host.arrive(self._next_req_id, arrived_at, engine_req.num_prompt_tokens,
+                               max(1, int(engine_req.max_tokens)))
         self._next_req_id += 1
         t = TrackedRequest(rec, engine_req)
         self.tracked[engine_req.request_id] = t
-        self.signals.on_arrival(arrived_at, rec.prompt_len)
         return t
 
     def engine_time(self, wall_s: float) -> float:
@@ -200,7 +183,7 @@ class Adapter:
         if t is None:
             return
         self.slots.leave(t)
-        t.rec.num_retractions += 1
+        RequestLog.retracted(t.rec)
         self.counters.preemptions += 1
 
     def _end(self, t: TrackedRequest, now: float, reason: FinishReason, detail: str) -> None:
@@ -208,54 +191,28 @@ class Adapter:
             return
         t.ended = True
         self.slots.leave(t)
-        rec = t.rec
-        rec.finish_reason = reason
-        rec.finished_at = now
-        rec.detail = detail
+        RequestLog.end(t.rec, now, reason, detail)
+        self.host.records.forget(t.rec.req_id)
         del self.tracked[t.engine_id]
         if self.recorder is not None:
-            self.recorder.on_request_end(rec)
+            self.recorder.on_request_end(t.rec)
 
     # ------------------------------------------------------------------ the decision
-    def begin_step(self) -> StepDecision:
-        """Balance the launching slot, choose C, pick the decodes that ride."""
+    def begin_step(self, slot: int | None = None) -> StepDecision:
+        """The host's decision for this ``schedule()`` call, in vLLM's terms. ``slot``: the
+        call number mod pp unless given (a replay of another executor's slot order)."""
         now = self.clock()
         seq = self._seq
         self._seq += 1
-        slot = seq % self.config.num_slots
-        view = self.view
-        view.begin(now, slot)
-        balance = self._balance(slot, now)
-        budget, reason = self._choose_budget()
-        decodes = self.slots.pick(slot, budget)
-        if not decodes and self.slots.parked and not self.any_in_flight() and not view.has_prefill_work():
-            # liveness: parking must never leave the pipeline idle with requests held back
-            before = len(self.slots.parked)
-            self.slots.restore_longest_parked(slot, budget)
-            self.counters.liveness_restores += before - len(self.slots.parked)
-            decodes = self.slots.pick(slot, budget)
-        self.counters.decode_sitouts += len(self.slots.running[slot]) - len(decodes)
-        picked = frozenset(t.engine_id for t in decodes)
+        if slot is None:
+            slot = seq % self.config.num_slots
+        self.view.begin(now, slot)
+        d = self.host.begin_step(slot, now)
+        picked = frozenset(t.engine_id for t in d.decodes)
         held = frozenset(eid for eid, t in self.tracked.items() if t.is_decoding and eid not in picked)
-        return StepDecision(seq, slot, budget, reason, picked, held, balance, now)
+        return StepDecision(seq, slot, d.budget, d.reason, picked, held, d.balance, now)
 
-    def _balance(self, slot: int, now: float) -> str:
-        slots = self.slots
-        if not slots.running[slot] and not slots.parked:
-            return ""
-        failures = self.policies.num_failures
-        plan = self.policies.balance(self.view, slot, slots.check)
-        if self.policies.num_failures > failures:
-            return "fallback: balancer error"
-        if plan.is_noop:
-            return ""
-        slots.apply(plan, slot, now)
-        self.counters.parks += len(plan.park_ids)
-        self.counters.restores += len(plan.restore_ids)
-        return plan.reason or "balanced"
-
-    def _choose_budget(self) -> tuple[int, str]:
-        budget, reason = self.policies.choose(self.view)
+    def _fit(self, budget: int, reason: str) -> tuple[int, str]:
         return min(budget, self.max_budget), reason
 
     # ------------------------------------------------------------------ what vLLM scheduled
@@ -265,8 +222,8 @@ class Adapter:
         already advanced by vLLM (``_update_after_schedule``)."""
         now = self.clock()
         decodes: list[TrackedRequest] = []
-        prefill: list[tuple[TrackedRequest, int, int, bool]] = []
-        sum_past_x_pre = sum_pre_sq = num_prefill = 0
+        prefill: list[tuple[TrackedRequest, bool]] = []
+        chunks: list[tuple[int, int, bool]] = []
         for eid, n in num_scheduled.items():
             t = self.tracked.get(eid)
             if t is None:
@@ -277,19 +234,15 @@ class Adapter:
                 decodes.append(t)
                 continue
             engine = t.engine
-            past = engine.num_computed_tokens - n
             completes = engine.num_computed_tokens >= engine.num_tokens
-            prefill.append((t, past, n, completes))
-            sum_past_x_pre += past * n
-            sum_pre_sq += n * n
-            num_prefill += n
-            if t.rec.scheduled_at is None:
-                t.rec.scheduled_at = now
-        dec_ctx = [t.ctx_len for t in decodes]
-        batch = LaunchedBatch(decision, output, now, decodes, dec_ctx, prefill, len(decodes) + num_prefill,
-                              num_prefill, sum_past_x_pre, sum_pre_sq, sum(dec_ctx))
+            prefill.append((t, completes))
+            chunks.append((engine.num_computed_tokens - n, n, completes))
+            RequestLog.scheduled(t.rec, now)
+        features = BatchFeatures.of([t.ctx_len for t in decodes], chunks)
+        head = features.head(decision.seq, decision.slot, decision.budget, decision.reason)
+        batch = LaunchedBatch(decision, output, now, decodes, prefill, features, head)
         self.counters.steps += 1
-        if batch.num_tokens == 0:
+        if features.num_tokens == 0:
             self.counters.empty_steps += 1
         self.in_flight.append(batch)
         if self.recorder is not None:
@@ -333,7 +286,7 @@ class Adapter:
         for t in stayed:  # each fed one token: its context grew by one
             t.ctx_len += 1
         self.slots.decoded(slot, len(stayed))
-        for t, _past, _n, completes in batch.prefill:
+        for t, completes in batch.prefill:
             if t.ended or not completes:
                 continue
             got = self._take_tokens(t, now)
@@ -341,7 +294,7 @@ class Adapter:
                 continue  # preempted while in flight: it is recomputed before it decodes
             t.ctx_len = t.engine.num_tokens
             self.slots.join(t, slot)
-        self.signals.on_return(slot, now, bool(batch.decodes))
+        self.host.returned(slot, now, bool(batch.decodes))
         if self.recorder is not None:
             self.recorder.on_return({
                 "mb_id": batch.mb_id, "slot": slot, "num_tokens": batch.num_tokens,
@@ -351,16 +304,7 @@ class Adapter:
 
     def _take_tokens(self, t: TrackedRequest, now: float) -> int:
         """Fold in the tokens vLLM appended to ``t`` since we last looked; returns how many."""
-        rec = t.rec
-        new = t.engine.num_output_tokens - rec.num_generated
-        if new <= 0:
-            return 0
-        rec.num_generated += new
-        rec.token_times.extend([now] * new)
-        if rec.first_token_at is None:
-            rec.first_token_at = now
-            self.signals.on_first_token(now, now - rec.arrived_at)
-        return new
+        return self.host.records.took(t.rec, t.engine.num_output_tokens, now)
 
     def _end_if_finished(self, t: TrackedRequest, now: float) -> bool:
         reason = finish_reason_of(t.engine)
@@ -377,14 +321,15 @@ class Adapter:
             self.counters.missing_stage_times += 1
             return
         prev_end = None
+        spans = []
         for stage in sorted(times):
             t0, t1 = (self.engine_time(x) for x in times[stage])
             # A later stage's call starts waiting for the activations; its compute starts when
             # the previous stage's ends (the transfer between processes on one host is short).
             started = t0 if prev_end is None else max(t0, prev_end)
-            rec = batch.iteration(stage, started, max(started, t1))
+            spans.append((stage, started, max(started, t1)))
             prev_end = t1
-            self.policies.observe(rec)
+        for rec in self.host.stage_records(batch.head, spans):
             if self.recorder is not None:
                 self.recorder.on_iteration(rec)
 
@@ -445,14 +390,3 @@ class WallClock:
     def __call__(self) -> float:
         return self.now_fn() - self.epoch
 
-
-class CountingGuard(GuardedPolicies):
-    """``GuardedPolicies`` that also counts failures (the decision log marks fallbacks)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.num_failures = 0
-
-    def failed(self, which: str, exc: Exception) -> None:
-        self.num_failures += 1
-        super().failed(which, exc)

@@ -9,8 +9,8 @@ Where vLLM's state meets the view's contract:
   rarely), the others lead ``iter_waiting`` (they continue before anyone is admitted).
 * KV: vLLM's block pool, in tokens (blocks x block size). Free blocks include cached prefixes
   vLLM may evict; parked requests keep their blocks.
-* Slots, parking and signals: the adapter's (``DecodeSlots`` and ``Signals``, as in our
-  Scheduler). ``is_in_flight(slot)``: a non-empty step of that slot is in vLLM's batch queue.
+* Slots, parking and signals: the adapter's ``DecodeSlots`` and its policy host's ``Signals``
+  (as in our Scheduler). ``is_in_flight(slot)``: a non-empty step of that slot is in vLLM's batch queue.
 
 Queue-wide sums are computed once per decision, on first use, and reused by every policy call
 of that decision: the queue does not change while the policies decide.
@@ -55,10 +55,6 @@ class VllmView(DeploymentFields):
             waiting = partial[1:] + list(a.iter_tracked(a.engine.engine_waiting()))
             self._queue = (waiting, chunked)
         return self._queue
-
-    def has_prefill_work(self) -> bool:
-        waiting, chunked = self._waiting()
-        return bool(waiting) or chunked is not None
 
     # -- memory
     @property

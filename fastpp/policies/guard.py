@@ -1,9 +1,10 @@
 """Calling policies so that their failures never reach the engine.
 
 Every executor that runs our policies (our Scheduler, the SGLang plugin, the vLLM scheduler)
-calls them through a ``GuardedPolicies``: a policy that raises, returns a value that is not a
-positive int, or plans an invalid balance is logged once per kind of failure and replaced, for
-that decision, by the static fallback chunk or by no rebalancing. Serving goes on.
+calls them through its ``PolicyHost`` (fastpp/policy_host.py), which owns one
+``GuardedPolicies``: a policy that raises, returns a value that is not a positive int, or plans
+an invalid balance is logged once per kind of failure and replaced, for that decision, by the
+static fallback chunk or by no rebalancing. Serving goes on.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ class GuardedPolicies:
         except Exception as exc:
             self.failed("balancer", exc)
             return NO_BALANCE
+
+    @property
+    def num_failures(self) -> int:
+        """Decisions and observations that fell back so far, all policies together."""
+        return sum(self.num_fallbacks.values())
 
     @property
     def observes(self) -> bool:
