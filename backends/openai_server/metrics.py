@@ -5,6 +5,10 @@ that reads the engine when scraped. ``read_engine`` is the only code that looks 
 engine: everything else works on the :class:`EngineSnapshot` it returns. The library does the
 exposition: number formatting, label escaping, ``_total`` suffixes of counters, content
 negotiation (Prometheus text or OpenMetrics).
+
+Every family is shown twice: as ``fastpp_*`` and under vLLM's current name (``vllm:*``, labels
+``model_name`` and ``engine``), so vLLM dashboards and alerts work unchanged. Latency histograms
+(TTFT, ITL, TPOT, E2E, queue time) have buckets from 1 ms (``engine_state``'s bounds).
 """
 
 from __future__ import annotations
@@ -24,6 +28,23 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 PREFIX = "fastpp"
+VLLM_PREFIX = "vllm:"
+# fastpp name -> vLLM's (vllm/v1/metrics/loggers.py); fastpp-only families have none
+VLLM_NAMES = {
+    "num_requests_running": "num_requests_running",
+    "num_requests_waiting": "num_requests_waiting",
+    "kv_cache_usage_ratio": "kv_cache_usage_perc",  # vLLM's "perc" is a 0-1 ratio too
+    "prompt_tokens": "prompt_tokens",
+    "generation_tokens": "generation_tokens",
+    "num_retractions": "num_preemptions",
+    "request_success": "request_success",
+    "time_to_first_token_seconds": "time_to_first_token_seconds",
+    "inter_token_latency_seconds": "inter_token_latency_seconds",
+    "time_per_output_token_seconds": "request_time_per_output_token_seconds",
+    "e2e_request_latency_seconds": "e2e_request_latency_seconds",
+    "request_queue_time_seconds": "request_queue_time_seconds",
+}
+_VLLM_REASONS = {"aborted": "abort"}  # our finish reason -> vLLM's finished_reason label
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +75,9 @@ class EngineSnapshot:
     stage_busy_s: tuple[float, ...]
     ttft: HistogramSnapshot
     tpot: HistogramSnapshot
+    itl: HistogramSnapshot
+    e2e: HistogramSnapshot
+    queue: HistogramSnapshot
 
 
 def _hist(h: Any) -> HistogramSnapshot:
@@ -82,6 +106,9 @@ def read_engine(engine: Any) -> EngineSnapshot:
         stage_busy_s=tuple(snap.stage_busy_s),
         ttft=_hist(c.ttft),
         tpot=_hist(c.tpot),
+        itl=_hist(c.itl),
+        e2e=_hist(c.e2e),
+        queue=_hist(c.queue),
     )
 
 
@@ -99,50 +126,66 @@ class ServerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = read_engine(self.engine)
         model = self.model_name
-        lab = ["model_name"]
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=lab)
-            g.add_metric([model], value)
-            return g
+        def gauge(name: str, doc: str, value: float) -> Iterator[GaugeMetricFamily]:
+            for full, labels, values in _names(name, model):
+                g = GaugeMetricFamily(full, doc, labels=labels)
+                g.add_metric(values, value)
+                yield g
 
         def counter(name: str, doc: str, samples: list[tuple[list[str], float]],
-                    extra: tuple[str, ...] = ()) -> CounterMetricFamily:
-            m = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[*lab, *extra])
-            for values, v in samples:
-                m.add_metric([model, *values], v)
-            return m
+                    extra: tuple[str, ...] = ()) -> Iterator[CounterMetricFamily]:
+            for full, labels, values in _names(name, model):
+                m = CounterMetricFamily(full, doc, labels=[*labels, *extra])
+                for more, v in samples:
+                    if full.startswith(VLLM_PREFIX) and name == "request_success":
+                        more = [_VLLM_REASONS.get(more[0], more[0])]
+                    m.add_metric([*values, *more], v)
+                yield m
 
-        def histogram(name: str, doc: str, h: HistogramSnapshot) -> HistogramMetricFamily:
-            m = HistogramMetricFamily(f"{PREFIX}_{name}", doc, labels=lab)
+        def histogram(name: str, doc: str, h: HistogramSnapshot) -> Iterator[HistogramMetricFamily]:
             cumulative, running = [], 0
             for bound, count in zip((*map(float, h.bounds), float("inf")), h.counts, strict=True):
                 running += count
                 cumulative.append((_le(bound), running))
-            m.add_metric([model], cumulative, h.total)
-            return m
+            for full, labels, values in _names(name, model):
+                m = HistogramMetricFamily(full, doc, labels=labels)
+                m.add_metric(values, cumulative, h.total)
+                yield m
 
-        yield gauge("num_requests_running", "Requests admitted (holding KV), parked included.", s.running)
-        yield gauge("num_requests_waiting", "Requests queued and not admitted yet.", s.waiting)
-        yield gauge("num_requests_parked", "Decode requests the balancer holds back.", s.parked)
-        yield gauge("kv_cache_usage_ratio", "Share of KV reserved.", s.kv_usage_ratio)
-        yield gauge("kv_blocks_capacity", "KV blocks per stage.", s.kv_blocks)
-        yield gauge("kv_blocks_free", "Free KV blocks on stage 0.", s.kv_blocks_free)
-        yield counter("requests_received", "Requests passed to the engine.", [([], s.received)])
-        yield counter("prompt_tokens", "Prompt tokens of admitted requests.", [([], s.prompt_tokens)])
-        yield counter("generation_tokens", "Output tokens generated.", [([], s.generation_tokens)])
-        yield counter("microbatches", "Microbatches completed.", [([], s.microbatches)])
-        yield counter("num_retractions", "KV freed and recomputed.", [([], s.retractions)])
-        yield counter("request_success", "Requests ended, by finish reason.",
-                      [([k], v) for k, v in sorted(s.ended.items())], ("finished_reason",))
-        yield counter("chunk_budget_microbatches", "Microbatches by the chunk budget C chosen.",
-                      [([str(k)], v) for k, v in sorted(s.chunk_budgets.items())], ("chunk_budget",))
-        yield counter("stage_busy_seconds", "Compute time per pipeline stage.",
-                      [([str(i)], v) for i, v in enumerate(s.stage_busy_s)], ("stage",))
-        yield counter("http_responses", "HTTP responses of the /v1 endpoints, by status (errors included).",
-                      [([str(k)], v) for k, v in sorted(self.http_counts.items())], ("code",))
-        yield histogram("time_to_first_token_seconds", "TTFT of completed requests.", s.ttft)
-        yield histogram("time_per_output_token_seconds", "TPOT of completed requests.", s.tpot)
+        yield from gauge("num_requests_running", "Requests admitted (holding KV), parked included.",
+                         s.running)
+        yield from gauge("num_requests_waiting", "Requests queued and not admitted yet.", s.waiting)
+        yield from gauge("num_requests_parked", "Decode requests the balancer holds back.", s.parked)
+        yield from gauge("kv_cache_usage_ratio", "Share of KV reserved.", s.kv_usage_ratio)
+        yield from gauge("kv_blocks_capacity", "KV blocks per stage.", s.kv_blocks)
+        yield from gauge("kv_blocks_free", "Free KV blocks on stage 0.", s.kv_blocks_free)
+        yield from counter("requests_received", "Requests passed to the engine.", [([], s.received)])
+        yield from counter("prompt_tokens", "Prompt tokens of admitted requests.", [([], s.prompt_tokens)])
+        yield from counter("generation_tokens", "Output tokens generated.", [([], s.generation_tokens)])
+        yield from counter("microbatches", "Microbatches completed.", [([], s.microbatches)])
+        yield from counter("num_retractions", "KV freed and recomputed.", [([], s.retractions)])
+        yield from counter("request_success", "Requests ended, by finish reason.",
+                           [([k], v) for k, v in sorted(s.ended.items())], ("finished_reason",))
+        yield from counter("chunk_budget_microbatches", "Microbatches by the chunk budget C chosen.",
+                           [([str(k)], v) for k, v in sorted(s.chunk_budgets.items())], ("chunk_budget",))
+        yield from counter("stage_busy_seconds", "Compute time per pipeline stage.",
+                           [([str(i)], v) for i, v in enumerate(s.stage_busy_s)], ("stage",))
+        http_doc = "HTTP responses of the /v1 endpoints, by status (errors included)."
+        yield from counter("http_responses", http_doc,
+                           [([str(k)], v) for k, v in sorted(self.http_counts.items())], ("code",))
+        yield from histogram("time_to_first_token_seconds", "TTFT of completed requests.", s.ttft)
+        yield from histogram("time_per_output_token_seconds", "TPOT of completed requests.", s.tpot)
+        yield from histogram("inter_token_latency_seconds", "Gaps between consecutive output tokens.", s.itl)
+        yield from histogram("e2e_request_latency_seconds", "Arrival to last token of ended requests.", s.e2e)
+        yield from histogram("request_queue_time_seconds", "Arrival to first scheduled microbatch.", s.queue)
+
+
+def _names(name: str, model: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """(family name, label names, label values) of one metric: ours, then vLLM's if it has one."""
+    yield f"{PREFIX}_{name}", ["model_name"], [model]
+    if name in VLLM_NAMES:
+        yield f"{VLLM_PREFIX}{VLLM_NAMES[name]}", ["model_name", "engine"], [model, "0"]
 
 
 def _le(bound: float) -> str:

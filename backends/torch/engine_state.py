@@ -38,8 +38,15 @@ class ActiveRequest:
     unsent: list[int] = field(default_factory=list)  # sampled, not yet passed to on_event
 
 
-TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+# Bucket bounds (seconds) from 1 ms: vLLM's TTFT buckets; its ITL and request-latency buckets
+# with millisecond bounds below theirs, for small models on fast hardware.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                  7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                  0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # TPOT and ITL
+LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,
+                     10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
+                     7680.0)  # E2E and queue time
 
 
 @dataclass(slots=True)
@@ -77,6 +84,9 @@ class EngineCounters:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))  # completed requests
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
     chunk_budgets: dict[int, int] = field(default_factory=dict)  # C the policy chose -> microbatches
+    itl: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))  # every token gap
+    e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # arrival -> end
+    queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # arrival -> scheduled
 
     def count_end(self, reason: str, rec: RequestRecord | None) -> None:
         """One request ended; ``rec`` None when the engine failed under it."""
@@ -88,12 +98,20 @@ class EngineCounters:
             self.ttft.add(rec.ttft_s)
         if rec.tpot_s is not None:
             self.tpot.add(rec.tpot_s)
+        times = rec.token_times
+        for a, b in zip(times, times[1:], strict=False):
+            self.itl.add(b - a)
+        if rec.finished_at is not None:
+            self.e2e.add(rec.finished_at - rec.arrived_at)
+        if rec.scheduled_at is not None:
+            self.queue.add(rec.scheduled_at - rec.arrived_at)
 
     def copy(self) -> EngineCounters:
         """An independent copy (the engine thread publishes one; readers never see it change)."""
         return EngineCounters(
             self.num_stages, self.prompt_tokens, self.generated_tokens, self.microbatches, self.num_ended,
-            dict(self.ended), self.ttft.copy(), self.tpot.copy(), dict(self.chunk_budgets))
+            dict(self.ended), self.ttft.copy(), self.tpot.copy(), dict(self.chunk_budgets),
+            self.itl.copy(), self.e2e.copy(), self.queue.copy())
 
 
 @dataclass(frozen=True, slots=True)
