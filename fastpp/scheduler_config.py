@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from fastpp.types import SLO
 
 DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(128, 2049, 128))
+ADMISSION_RESERVES = ("all", "slot")
+RETRACTIONS = ("newest_front", "fewest_output_back")
+MAX_CHUNK_CANDIDATES = 4096  # a policy looks at each candidate: more is memory and time, no use
 
 
 def parse_chunk_candidates(text: str) -> tuple[int, ...]:
@@ -14,12 +17,19 @@ def parse_chunk_candidates(text: str) -> tuple[int, ...]:
     try:
         if ":" in text:
             start, stop, step = (int(x) for x in text.split(":"))
-            values = tuple(range(start, stop + 1, step)) if step > 0 else ()
+            span = range(start, stop + 1, step) if step > 0 else range(0)
+            if len(span) > MAX_CHUNK_CANDIDATES:  # refused before it is built
+                raise OverflowError
+            values = tuple(span)
         else:
             values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"chunk candidates {text!r}: expected START:STOP:STEP or a comma list of integers") \
             from None
+    except OverflowError:
+        raise ValueError(f"chunk candidates {text!r}: more than {MAX_CHUNK_CANDIDATES:,} values") from None
+    if len(values) > MAX_CHUNK_CANDIDATES:
+        raise ValueError(f"chunk candidates {text!r}: more than {MAX_CHUNK_CANDIDATES:,} values")
     if not values or any(v < 1 for v in values) or list(values) != sorted(set(values)):
         raise ValueError(f"chunk candidates {text!r}: need positive, strictly ascending values")
     return values
@@ -39,6 +49,16 @@ class SchedulerConfig:
     # request (SGLang's new_token_ratio at its floor of 0.1): fewer retractions later.
     new_token_ratio: float = 0.1
     max_running_requests: int | None = None  # cap on admitted requests, None = KV-bound only
+    # Whose remaining output the admission reserve counts: "all" = every admitted request
+    # (running in any slot, in flight or parked); "slot" = only the launching slot's running
+    # decodes, as the reference's PrefillAdder (more aggressive: more admissions, more
+    # retractions under KV pressure).
+    admission_reserve: str = "all"
+    # Which running request a KV shortage retracts, and where it waits again:
+    # "newest_front" = the slot's most recently admitted request, to the front of the queue;
+    # "fewest_output_back" = the one with the fewest generated tokens (ties: longest prompt), to
+    # the back of the queue, as the reference (SGLang's retract_decode) does.
+    retraction: str = "newest_front"
     token_step: int = 128  # hardware tile step in tokens (from the profile); 0 = none known
     slo: SLO = field(default_factory=SLO)
 
@@ -61,5 +81,11 @@ class SchedulerConfig:
             raise ValueError(f"default_chunk must be >= 1, got {self.default_chunk}")
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
+        if self.admission_reserve not in ADMISSION_RESERVES:
+            raise ValueError(f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
+                             f"got {self.admission_reserve!r}")
+        if self.retraction not in RETRACTIONS:
+            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got "
+                             f"{self.retraction!r}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")

@@ -9,8 +9,9 @@ else: no scheduler attributes, no engine objects, no wall clock (time comes from
 Order guarantees, true of every implementation:
 
 * ``iter_waiting`` is FCFS: the order requests will be admitted in (arrival order, except that
-  a retracted request goes to the front: it was admitted before anyone waiting). The partly
-  prefilled request is not in it; it is ``chunked``.
+  a retracted request goes to the front: it was admitted before anyone waiting; or, with
+  ``SchedulerConfig.retraction="fewest_output_back"``, to the back). The partly prefilled
+  request is not in it; it is ``chunked``.
 * ``iter_running(slot)`` is join order: the request that joined that slot longest ago first.
   A request joins a slot when its last prefill chunk returns there or when it is restored from
   the parked set; nothing else reorders a slot (a decode that sits out a round keeps its place).
