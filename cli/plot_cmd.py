@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console, fail
+from fastpp.cli.common import console, err_console, fail
 from fastpp.sim.plot_inputs import PlotKind
 
 
@@ -21,7 +21,11 @@ def plot(
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO line in ms (default: the data's slo_ttft_ms).")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO line in ms (default: the data's slo_tpot_ms).")] = None,
 ) -> None:
-    """Draw paper-style figures (PNG and SVG) of simulation, sweep or goodput results."""
+    """Draw paper-style figures (PNG and SVG) of simulation, sweep or goodput results.
+
+    A folder holding several `fastpp simulate` runs (runs/simulate after several invocations)
+    plots the newest of them and says so; pass a run's own folder to plot another. What is
+    plotted and each figure as it is drawn are logged to stderr; the files written go to stdout."""
     draw(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
 
 
@@ -33,9 +37,14 @@ def draw(results: Path, out: Path | None = None, *, kind: PlotKind = "auto",
     try:
         from fastpp.sim.plot_report import plot_results
 
-        paths = plot_results(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+        paths = plot_results(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                             progress=_log)
     except (PlotInputError, ImportError, OSError) as exc:
         fail(str(exc))
         return
     for path in paths:
         console.print(str(path), soft_wrap=True, highlight=False, markup=False)
+
+
+def _log(line: str) -> None:
+    err_console.print(line, style="dim", soft_wrap=True, highlight=False, markup=False)

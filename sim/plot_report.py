@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -35,7 +36,9 @@ from fastpp.sim.plot_inputs import (
     load_results,
     load_run_dir,
     num,
+    num_rows,
     probe_rows,
+    select_runs,
     unique,
     varies,
 )
@@ -47,6 +50,7 @@ from fastpp.sim.plots import (
     latency_cdf,
     latency_vs_rate,
     stage_timeline,
+    timeline_window,
 )
 
 PLOT_KINDS: tuple[str, ...] = get_args(PlotKind)
@@ -63,6 +67,24 @@ FACET_KEYS = {  # axes that split a sweep figure into one file per value
     "slo": ("model", "gpu", "rate"),  # workloads are panels of one figure
 }
 PLOTS_DIR = "plots"  # default output folder, next to the result
+Progress = Callable[[str], None]  # gets one line per choice made and per figure drawn
+
+
+class _Figures:
+    """The files written so far; each figure drawn through :meth:`draw` is timed and logged."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.paths: list[Path] = []
+        self.log: Progress = progress or (lambda _line: None)
+
+    def draw(self, make: Callable[..., list[Path]], *args: object, **kwargs: object) -> None:
+        began = time.perf_counter()
+        written = make(*args, **kwargs)
+        self.paths += written
+        if written:
+            exts = ", ".join(p.suffix for p in written)
+            self.log(f"drew {written[0].with_suffix('')} ({exts}) in "
+                     f"{time.perf_counter() - began:.1f} s")
 
 
 def plot_results(
@@ -73,9 +95,12 @@ def plot_results(
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
     formats: Sequence[str] = FORMATS,
+    progress: Progress | None = None,
 ) -> list[Path]:
     """Draw the figures for the result at ``path`` into ``out_dir`` (default: a ``plots``
-    folder beside it or inside it) and return the files written."""
+    folder beside it or inside it) and return the files written. ``progress`` gets a line
+    saying what is plotted (and, for a folder of several simulate runs, which one: the newest),
+    then one line per figure as it is written."""
     if kind not in PLOT_KINDS:
         raise PlotInputError(f"kind must be one of {', '.join(PLOT_KINDS)}, got {kind!r}")
     source, where = detect(path)
@@ -83,16 +108,31 @@ def plot_results(
     if kind != "auto" and kind not in allowed:
         raise PlotInputError(f"{path}: a {_SOURCE_NAMES[source]} makes {', '.join(allowed)} "
                              f"plots, not {kind}")
+    figures = _Figures(progress)
+    notes: list[str] = []
+    if source == "run_dir":
+        selection = select_runs(where)
+        notes += selection.notes
+        where = selection.path
     out = Path(out_dir) if out_dir is not None else (
         where if where.is_dir() else where.parent) / PLOTS_DIR
     slo = (slo_ttft_ms, slo_tpot_ms)
     wanted = allowed if kind == "auto" else (kind,)
     if source == "run_dir":
-        paths = _run_dir(load_run_dir(where), out, wanted, slo, formats)
+        runs = load_run_dir(where, notes)
+        for note in notes:
+            figures.log(note)
+        figures.log(f"plotting {where}: {_describe_runs(runs)}")
+        _run_dir(figures, runs, out, wanted, slo, formats)
     elif source == "sweep":
-        paths = _sweep(load_results(where), out, wanted, slo, formats)
+        rows = load_results(where)
+        figures.log(f"plotting {where}: {len(rows)} rows")
+        _sweep(figures, rows, out, wanted, slo, formats)
     else:
-        paths = _goodput(load_goodput_json(where), out, wanted, slo, formats)
+        results = load_goodput_json(where)
+        figures.log(f"plotting {where}: {len(results)} goodput search(es)")
+        _goodput(figures, results, out, wanted, slo, formats)
+    paths = figures.paths
     if not paths:
         raise PlotInputError(f"{path}: nothing to plot as {kind}: {_why_empty(source)}")
     return paths
@@ -121,11 +161,21 @@ def _slo(rows: Sequence[Row], given: float | None, key: str) -> float | None:
 
 
 def _context(rows: Sequence[Row], skip: Sequence[str] = ()) -> str:
-    """``Qwen2.5-14B on A100-40GB-PCIe, sharegpt``: the setting the rows share, for titles."""
-    model, gpu, workload = (None if k in skip else _common(rows, k)
-                            for k in ("model", "gpu", "workload"))
+    """``Qwen2.5-14B on A100-40GB-PCIe, sharegpt, static:2048, SLO 2000/200 ms``: the setting
+    the rows share (model, GPU, workload, policy, SLO TTFT/TPOT), for titles."""
+    model, gpu, workload, policy = (None if k in skip else _common(rows, k)
+                                    for k in ("model", "gpu", "workload", "policy"))
     where = " on ".join(str(v) for v in (model, gpu) if v is not None)
-    return ", ".join(s for s in (where, "" if workload is None else str(workload)) if s)
+    ttft, tpot = (None if "slo" in skip else _common(rows, k) for k in ("slo_ttft_ms", "slo_tpot_ms"))
+    slo = f"SLO {_fmt(ttft)}/{_fmt(tpot)} ms TTFT/TPOT" if ttft is not None and tpot is not None else ""
+    return ", ".join(str(s) for s in (where, workload, policy, slo) if s)
+
+
+def _describe_runs(runs: Sequence[RunData]) -> str:
+    """``Qwen2.5-32B on A100-40GB-PCIe, azure-conv ..., 4 deployments: tp4 static:2048, ...``"""
+    context = _context([r.summary for r in runs], skip=("policy",))
+    names = ", ".join(r.label for r in runs)
+    return f"{context + ', ' if context else ''}{len(runs)} run(s): {names}"
 
 
 def _facets(rows: Sequence[Row], keys: Sequence[str]) -> list[tuple[str, str, list[Row]]]:
@@ -162,46 +212,57 @@ def _title(head: str, *parts: str) -> str:
 # ---- per source ----------------------------------------------------------------------------------
 
 
-def _run_dir(runs: list[RunData], out: Path, wanted: Sequence[str],
-             slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
+def _run_dir(figures: _Figures, runs: list[RunData], out: Path, wanted: Sequence[str],
+             slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
     summaries = [r.summary for r in runs]
     context = _context(summaries)
-    paths: list[Path] = []
     if "cdf" in wanted and any(r.requests for r in runs):
         requests = {r.label: r.requests for r in runs if r.requests}
         for metric, slo_ms in (("ttft", _slo(summaries, slo[0], "slo_ttft_ms")),
                                ("tpot", _slo(summaries, slo[1], "slo_tpot_ms")), ("e2e", None)):
-            paths += latency_cdf(requests, out / f"cdf_{metric}", metric=metric, slo_ms=slo_ms,
-                                 log_x=metric != "tpot", formats=formats,
-                                 title=_title(f"{metric.upper()} CDF", context))
-    with_iterations = [r for r in runs if r.iterations]
+            figures.draw(latency_cdf, requests, out / f"cdf_{metric}", metric=metric, slo_ms=slo_ms,
+                         log_x=metric != "tpot", formats=formats,
+                         title=_title(f"{metric.upper()} CDF", context))
+    with_iterations = [r for r in runs if num_rows(r.iterations)]
     if "chunk" in wanted and with_iterations:
-        paths += chunk_over_time({r.label: r.iterations for r in with_iterations},
-                                 out / "chunk_over_time", formats=formats,
-                                 title=_title("Chunk budget (stage 0)", context))
-    if "timeline" in wanted:
+        figures.draw(chunk_over_time, {r.label: r.iterations for r in with_iterations},
+                     out / "chunk_over_time", formats=formats,
+                     title=_title("Chunk budget (stage 0)", context))
+    if "timeline" in wanted and with_iterations:
+        start, end, chosen_by = _common_window(with_iterations)
         for r in with_iterations:
             pp = num(r.summary, "pp")
-            paths += stage_timeline(r.iterations, out / f"timeline_{r.run_id}", formats=formats,
-                                    num_stages=int(pp) if pp >= 1 else None,
-                                    title=_title(f"{r.label}: stages busy and idle", context))
-    return paths
+            own = _context([r.summary], skip=("slo", "policy"))  # the label names the policy
+            figures.draw(stage_timeline, r.iterations, out / f"timeline_{r.run_id}", formats=formats,
+                         num_stages=int(pp) if pp >= 1 else None, start=start, end=end,
+                         title=_title(f"{r.label}: stages busy and idle", own) + (
+                             f"\nsame window for every deployment: {chosen_by}'s 40 most "
+                             f"prefill-heavy microbatches" if len(with_iterations) > 1 else ""))
 
 
-def _sweep(rows: list[dict[str, Any]], out: Path, wanted: Sequence[str],
-           slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
-    paths: list[Path] = []
+def _common_window(runs: Sequence[RunData]) -> tuple[float, float, str]:
+    """One timeline window for every deployment of a run, so their timelines compare: the
+    longest of their own default windows (the deployment with the slowest microbatches still
+    shows 40 of them), and the run it came from."""
+    windows = {r.label: timeline_window(r.iterations) for r in runs}
+    label = max(windows, key=lambda k: windows[k][1] - windows[k][0])
+    start, end = windows[label]
+    return start, end, label
+
+
+def _sweep(figures: _Figures, rows: list[dict[str, Any]], out: Path, wanted: Sequence[str],
+           slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
     if "goodput" in wanted:
         have = [r for r in rows if not math.isnan(num(r, "goodput"))]
         for suffix, shown, group in _facets(have, FACET_KEYS["goodput"]):
-            paths += goodput_bars(group, out / f"goodput{suffix}", formats=formats,
-                                  title=_title("Goodput", shown))
+            figures.draw(goodput_bars, group, out / f"goodput{suffix}", formats=formats,
+                         title=_title("Goodput", shown))
     if "rate" in wanted:
         have = [r for r in rows if math.isfinite(num(r, "rate"))
                 and (has_values([r], "p90_ttft_ms") or has_values([r], "p90_tpot_ms"))]
         if len(wanted) == 1 or varies(have, "rate"):
-            paths += _latency_facets(have, out / "latency_vs_rate", "P90 latency vs rate", slo,
-                                     formats)
+            _latency_facets(figures, have, out / "latency_vs_rate", "P90 latency vs rate", slo,
+                            formats)
     if "slo" in wanted:
         have = [r for r in rows if math.isfinite(num(r, "slo_scale"))]
         if len(wanted) == 1 or varies(have, "slo_scale"):
@@ -209,33 +270,27 @@ def _sweep(rows: list[dict[str, Any]], out: Path, wanted: Sequence[str],
                 for suffix, shown, group in _facets(have, FACET_KEYS["slo"]):
                     if has_values(group, metric):
                         head = "SLO attainment" if metric == "slo_attainment" else "Goodput"
-                        paths += attainment_vs_slo_scale(
-                            group, out / f"{name}{suffix}", metric=metric, formats=formats,
-                            title=_title(f"{head} vs SLO scale", shown))
-    return paths
+                        figures.draw(attainment_vs_slo_scale, group, out / f"{name}{suffix}",
+                                     metric=metric, formats=formats,
+                                     title=_title(f"{head} vs SLO scale", shown))
 
 
-def _latency_facets(rows: Sequence[Row], stem: Path, head: str,
-                    slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
-    paths: list[Path] = []
+def _latency_facets(figures: _Figures, rows: Sequence[Row], stem: Path, head: str,
+                    slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
     for suffix, shown, group in _facets(rows, FACET_KEYS["rate"]):
-        paths += latency_vs_rate(
-            group, stem.with_name(stem.name + suffix), formats=formats, log_ttft=True,
-            slo_ttft_ms=_slo(group, slo[0], "slo_ttft_ms"),
-            slo_tpot_ms=_slo(group, slo[1], "slo_tpot_ms"),
-            title=_title(head, shown))
-    return paths
+        figures.draw(
+            latency_vs_rate, group, stem.with_name(stem.name + suffix), formats=formats,
+            log_ttft=True, slo_ttft_ms=_slo(group, slo[0], "slo_ttft_ms"),
+            slo_tpot_ms=_slo(group, slo[1], "slo_tpot_ms"), title=_title(head, shown))
 
 
-def _goodput(results: list[dict[str, Any]], out: Path, wanted: Sequence[str],
-             slo: tuple[float | None, float | None], formats: Sequence[str]) -> list[Path]:
-    paths: list[Path] = []
+def _goodput(figures: _Figures, results: list[dict[str, Any]], out: Path, wanted: Sequence[str],
+             slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
     if "rate" in wanted:
         rows = [r for r in probe_rows(results) if math.isfinite(num(r, "rate"))]
         if rows:
-            paths += _latency_facets(rows, out / "goodput_probes", "Goodput search probes", slo,
-                                     formats)
+            _latency_facets(figures, rows, out / "goodput_probes", "Goodput search probes", slo,
+                            formats)
     if "goodput" in wanted:
-        paths += goodput_bars(results, out / "goodput", formats=formats,
-                              title=_title("Goodput", _context(results, ["workload"])))
-    return paths
+        figures.draw(goodput_bars, results, out / "goodput", formats=formats,
+                     title=_title("Goodput", _context(results)))

@@ -31,6 +31,7 @@ import numpy as np
 from fastpp.metrics import iteration_bubble_fraction
 from fastpp.sim.plot_inputs import (
     SERIES_KEYS,
+    Columns,
     PlotInputError,
     Row,
     RunData,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = [  # the loaders live in plot_inputs (no matplotlib there) and are re-exported here
     "FORMATS", "PlotInputError", "RunData", "attainment_vs_slo_scale", "chunk_over_time",
     "goodput_bars", "latency_cdf", "latency_vs_rate", "load_goodput_json", "load_results",
-    "load_run_dir", "request_latencies_ms", "rolling_median", "stage_timeline",
+    "load_run_dir", "request_latencies_ms", "rolling_median", "stage_timeline", "timeline_window",
 ]
 
 FORMATS: tuple[str, ...] = ("png", "svg")
@@ -127,8 +128,18 @@ def _suptitle(fig: Figure, title: str | None) -> None:
                      fontsize=10)
 
 
-def _log_axis(ax: Axes, which: Literal["x", "y"]) -> None:
-    """Log scale labelled 100, 200, 500, 1000 ... (plain numbers read faster than 2 x 10^2)."""
+def compact_number(value: float) -> str:
+    """A tick label that stays short: 0.5, 20, 500, 2k, 50k, 1.5M (never ``100000``)."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _log_axis(ax: Axes, which: Literal["x", "y"], values: np.ndarray | None = None) -> None:
+    """Log scale labelled 100, 200, 500, 1k ... (plain numbers read faster than 2 x 10^2).
+    Over more than three decades of ``values`` only the powers of ten are labelled, so the
+    labels never run into each other."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     if which == "x":
@@ -137,9 +148,48 @@ def _log_axis(ax: Axes, which: Literal["x", "y"]) -> None:
     else:
         ax.set_yscale("log")
         axis = ax.yaxis
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    subs: tuple[float, ...] = (1.0, 2.0, 5.0)
+    if values is not None:
+        finite = values[np.isfinite(values) & (values > 0)]
+        if finite.size and np.log10(finite.max() / finite.min()) > 3:
+            subs = (1.0,)
+    axis.set_major_locator(LogLocator(subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: compact_number(v)))
     axis.set_minor_formatter(NullFormatter())
+
+
+class _CompactFormatter:
+    """Tick labels of one linear axis on one scale: 0, 2500, 5000 below 10,000; 0, 20k, 40k
+    (or M, G) above, chosen from the largest tick so that an axis never mixes the two."""
+
+    @staticmethod
+    def make() -> Any:
+        from matplotlib.ticker import Formatter
+
+        class Compact(Formatter):
+            scale, suffix = 1.0, ""
+
+            def format_ticks(self, values: Sequence[float]) -> list[str]:
+                top = max((abs(v) for v in values), default=0.0)
+                self.scale, self.suffix = next(((s, x) for s, x in ((1e9, "G"), (1e6, "M"), (1e4, "k"))
+                                                if top >= s), (1.0, ""))
+                if self.suffix == "k":
+                    self.scale = 1e3
+                return [self(v) for v in values]
+
+            def __call__(self, x: float, pos: int | None = None) -> str:
+                return f"{x / self.scale:.4g}{self.suffix}"
+
+        return Compact()
+
+
+def _compact_axis(ax: Axes, which: Literal["x", "y"], nbins: int = 7) -> None:
+    """A linear axis with at most ``nbins`` short labels (20k, 40k: see :class:`_CompactFormatter`)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_formatter(_CompactFormatter.make())
 
 
 def _colors(systems: Sequence[str]) -> dict[str, Any]:
@@ -148,14 +198,40 @@ def _colors(systems: Sequence[str]) -> dict[str, Any]:
     return {s: palette[i % len(palette)] for i, s in enumerate(systems)}
 
 
-def _legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _styles(systems: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per system a colour, a line style and a marker, all three distinct from its neighbours',
+    so that series which coincide still show (a dashed line over a solid one)."""
+    colors = _colors(systems)
+    return {s: {"color": colors[s], "linestyle": LINESTYLES[i % len(LINESTYLES)],
+                "marker": MARKERS[i % len(MARKERS)]} for i, s in enumerate(systems)}
+
+
+def _same_as(series: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """For each series equal to an earlier one (same values), the name of that earlier one."""
+    out: dict[str, str] = {}
+    names = list(series)
+    for i, s in enumerate(names):
+        for t in names[:i]:
+            a, b = series[s], series[t]
+            if t not in out and a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+                out[s] = t
+                break
+    return out
+
+
+def _legend_below(fig: Figure, axes: Sequence[Axes], ncols: int = 3) -> None:
+    """One legend for all ``axes``, below them, outside the data."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
     if handles:
         fig.legend(handles.values(), handles.keys(), loc="outside lower center",
-                   ncols=min(len(handles), 3))
+                   ncols=min(len(handles), ncols), fontsize=8)
 
 
 def _mean_by(rows: Sequence[Row], key: Callable[[Row], tuple], metric: str) -> dict[tuple, float]:
@@ -217,6 +293,11 @@ def goodput_bars(
                 if h == 0:
                     ax.text(x, 0, "0", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(groups)), groups)
+        fig_chars = fig.get_figwidth() * 12  # characters of 9 pt text per figure width
+        if sum(len(g) + 2 for g in groups) > fig_chars:  # labels would touch: slant them
+            ax.tick_params(axis="x", labelrotation=25)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
         ax.set_xlim(-0.5, len(groups) - 0.5)
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, None if any(v > 0 for v in values.values()) else 1.0)
@@ -244,31 +325,37 @@ def latency_vs_rate(
     dashed lines. An infinite P90 (too many failed requests) is a triangle on the top edge.
     Rows with a boolean ``ok`` column (goodput probes) draw infeasible points hollow."""
     systems = unique(system_label(r, series) for r in rows)
-    colors = _colors(systems)
-    with _figure((9.0, 3.6), 1, 2) as (fig, axs):
+    styles = _styles(systems)
+    with _figure((9.0, 3.8), 1, 2) as (fig, axs):
         panels = ((axs[0, 0], ttft_key, slo_ttft_ms, "TTFT"), (axs[0, 1], tpot_key, slo_tpot_ms, "TPOT"))
         for ax, key, slo, name in panels:
-            for s, (xs, ys) in _series(rows, x, key, series).items():
+            lines = _series(rows, x, key, series)
+            same = _same_as({s: np.concatenate([xs, ys]) for s, (xs, ys) in lines.items()})
+            for s, (xs, ys) in lines.items():
+                style = styles[s]
                 finite = np.where(np.isfinite(ys), ys, np.nan)
-                ax.plot(xs, finite, marker="o", markersize=4, color=colors[s], label=s or "all")
+                label = (s or "all") + (f" (= {same[s]})" if s in same else "")
+                ax.plot(xs, finite, marker=style["marker"], markersize=4, color=style["color"],
+                        linestyle=style["linestyle"], label=label)
                 off = xs[np.isinf(ys)]
                 if off.size:
                     ax.plot(off, np.full(off.size, 0.98), marker="^", linestyle="none",
-                            color=colors[s], transform=ax.get_xaxis_transform(), clip_on=False)
+                            color=style["color"], transform=ax.get_xaxis_transform(), clip_on=False)
                 hollow = [(num(r, x), num(r, key)) for r in rows if r.get("ok") is False
                           and system_label(r, series) == s and math.isfinite(num(r, key))]
                 if hollow:
                     ax.plot(*zip(*hollow, strict=True), marker="o", markersize=7, linestyle="none",
-                            markerfacecolor="white", markeredgecolor=colors[s])
+                            markerfacecolor="white", markeredgecolor=style["color"])
             if slo is not None and math.isfinite(slo):
                 ax.axhline(slo, **SLO_LINE, label=f"{name} SLO {slo:g} ms")
             ax.set_xlabel("arrival rate (req/s)")
             ax.set_ylabel(f"P90 {name} (ms)")
-            if key == ttft_key and log_ttft and any(
-                    0 < num(r, key) < math.inf for r in rows):  # a log axis needs a positive value
-                _log_axis(ax, "y")
+            shown = np.array([num(r, key) for r in rows], float)
+            if key == ttft_key and log_ttft and np.any((shown > 0) & np.isfinite(shown)):
+                _log_axis(ax, "y", shown)  # a log axis needs a positive value
             else:
                 ax.set_ylim(bottom=0)
+                _compact_axis(ax, "y")
         notes = (["hollow: infeasible probe"] if any(r.get("ok") is False for r in rows) else []) + (
             ["▲: infinite P90 (failed requests)"] if any(
                 math.isinf(num(r, k)) for r in rows for k in (ttft_key, tpot_key)) else [])
@@ -310,45 +397,96 @@ def latency_cdf(
 ) -> list[Path]:
     """Empirical CDF of per-request TTFT, TPOT or E2E latency, one line per system, over all its
     requests: failed ones never arrive, so a curve that stops below 1 shows the failed share.
-    With ``slo_ms``, a dashed vertical line, and each legend entry gives the share within it."""
+    With ``slo_ms``, a dashed vertical line, and each legend entry gives the share within it.
+    Systems differ in colour and line style; one whose latencies equal an earlier system's says
+    so in its legend entry. The legend sits below the axes, off the curves."""
     if metric not in ("ttft", "tpot", "e2e"):
         raise ValueError(f"metric must be ttft, tpot or e2e, got {metric!r}")
-    colors = _colors(list(requests_by_system))
-    with _figure((6.0, 3.8)) as (fig, axs):
+    values = {s: np.sort(request_latencies_ms(r, metric)) for s, r in requests_by_system.items()}
+    values = {s: v for s, v in values.items() if v.size}
+    styles = _styles(list(values))
+    same = _same_as(values)
+    with _figure((6.4, 4.2)) as (fig, axs):
         ax = axs[0, 0]
-        for s, requests in requests_by_system.items():
-            v = np.sort(request_latencies_ms(requests, metric))
-            if v.size == 0:
-                continue
+        for s, v in values.items():
             finite = v[np.isfinite(v)]
             label = f"{s} (n={v.size}"
             if finite.size < v.size:
                 label += f", {v.size - finite.size} failed"
             if slo_ms is not None:
                 label += f", {np.mean(v <= slo_ms):.0%} within SLO"
-            xs = np.concatenate([finite[:1], finite])
-            ys = np.arange(finite.size + 1) / v.size
-            ax.plot(xs, ys, drawstyle="steps-post", color=colors[s], label=label + ")")
+            if s in same:
+                label += f"; same as {same[s]}"
+            xs, ys = _cdf_points(finite, v.size)
+            style = styles[s]
+            ax.plot(xs, ys, drawstyle="steps-post", color=style["color"],
+                    linestyle=style["linestyle"], linewidth=1.4, label=label + ")")
         if slo_ms is not None:
             ax.axvline(slo_ms, **SLO_LINE, label=f"SLO {slo_ms:g} ms")
         ax.set_xlabel(f"{metric.upper()} (ms)")
         ax.set_ylabel("share of requests")
         ax.set_ylim(0, 1.02)
-        if log_x:
-            _log_axis(ax, "x")
+        everything = np.concatenate([v for v in values.values()] or [np.zeros(0)])
+        if log_x and np.any(np.isfinite(everything) & (everything > 0)):
+            _log_axis(ax, "x", everything)
+        else:
+            _compact_axis(ax, "x")
         _suptitle(fig, title or f"{metric.upper()} CDF")
-        ax.legend(loc="lower right", fontsize=8)
+        _legend_below(fig, [ax], ncols=1 if len(values) > 2 else 2)
         return _save(fig, out, formats)
+
+
+MAX_CDF_POINTS = 2000  # per curve: more steps than a figure has pixels only slow the drawing
+
+
+def _cdf_points(finite: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """The steps of the empirical CDF of sorted ``finite`` values out of ``total`` requests,
+    thinned to at most MAX_CDF_POINTS evenly spaced quantiles (the last point kept)."""
+    xs = np.concatenate([finite[:1], finite])
+    ys = np.arange(finite.size + 1) / max(total, 1)
+    if xs.size > MAX_CDF_POINTS:
+        keep = np.unique(np.linspace(0, xs.size - 1, MAX_CDF_POINTS).round().astype(int))
+        xs, ys = xs[keep], ys[keep]
+    return xs, ys
 
 
 def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
     """Median of the ``window`` values centred on each (shorter at the ends)."""
+    values = np.asarray(values, float)
     half = max(1, window) // 2
-    return np.array([np.median(values[max(0, i - half): i + half + 1]) for i in range(values.size)])
+    width = 2 * half + 1
+    out = np.empty(values.size)
+    if values.size >= width:
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        out[half: values.size - half] = np.median(sliding_window_view(values, width), axis=1)
+        edges = [*range(half), *range(values.size - half, values.size)]
+    else:
+        edges = list(range(values.size))
+    for i in edges:
+        out[i] = np.median(values[max(0, i - half): i + half + 1])
+    return out
+
+
+def _columns(table: Columns | Sequence[Row], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``names`` of an iterations table (columns, or rows of dicts) as float arrays; a missing
+    column is NaN."""
+    if isinstance(table, Mapping):
+        n = len(next(iter(table.values()))) if table else 0
+        out = {}
+        for k in names:
+            col = table.get(k)
+            out[k] = (np.full(n, math.nan) if col is None or col.dtype.kind not in "fiub"
+                      else np.asarray(col, float))
+        return out
+    return {k: np.array([num(r, k) for r in table], float) for k in names}
+
+
+MAX_TIME_BINS = 1500  # chunk-over-time envelope: about one bin per pixel column
 
 
 def chunk_over_time(
-    iterations_by_system: Mapping[str, Sequence[Row]],
+    iterations_by_system: Mapping[str, Columns | Sequence[Row]],
     out: str | Path,
     *,
     stage: int = 0,
@@ -357,51 +495,92 @@ def chunk_over_time(
     formats: Sequence[str] = FORMATS,
 ) -> list[Path]:
     """The chunk budget the policy chose for each microbatch (rows of ``stage``, where it is
-    decided) against its start time: thin steps per microbatch, a bold rolling median over
-    ``window`` microbatches, one colour per system."""
-    colors = _colors(list(iterations_by_system))
-    with _figure((7.0, 3.6)) as (fig, axs):
+    decided) against its start time: a pale band from the smallest to the largest budget per
+    time bin (each microbatch's step when there are few), a bold rolling median over ``window``
+    microbatches, one colour and line style per system."""
+    styles = _styles(list(iterations_by_system))
+    with _figure((7.0, 3.8)) as (fig, axs):
         ax = axs[0, 0]
+        medians: dict[str, np.ndarray] = {}
+        drawn = []
         for s, its in iterations_by_system.items():
-            pts = sorted((num(r, "started_at"), num(r, "chunk_budget")) for r in its
-                         if num(r, "stage") == stage)
-            if not pts:
+            cols = _columns(its, ("stage", "started_at", "chunk_budget"))
+            keep = (cols["stage"] == stage) & np.isfinite(cols["started_at"])
+            if not keep.any():
                 continue
-            t, c = (np.array(a) for a in zip(*pts, strict=True))
-            ax.plot(t, c, drawstyle="steps-post", color=colors[s], alpha=0.25, linewidth=0.8)
-            ax.plot(t, rolling_median(c, window), color=colors[s], linewidth=1.8, label=s)
+            order = np.argsort(cols["started_at"][keep], kind="stable")
+            t, c = cols["started_at"][keep][order], cols["chunk_budget"][keep][order]
+            color, style = styles[s]["color"], styles[s]["linestyle"]
+            if t.size > 2 * MAX_TIME_BINS:
+                edges = np.linspace(t[0], t[-1], MAX_TIME_BINS + 1)
+                which = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, MAX_TIME_BINS - 1)
+                lo = np.full(MAX_TIME_BINS, np.inf)
+                hi = np.full(MAX_TIME_BINS, -np.inf)
+                np.minimum.at(lo, which, c)
+                np.maximum.at(hi, which, c)
+                seen = np.isfinite(lo)
+                ax.fill_between(edges[:-1][seen], lo[seen], hi[seen], step="post", color=color,
+                                alpha=0.18, linewidth=0)
+            else:
+                ax.plot(t, c, drawstyle="steps-post", color=color, alpha=0.25, linewidth=0.8)
+            med = rolling_median(c, window)
+            step = max(1, t.size // (4 * MAX_TIME_BINS))
+            ax.plot(t[::step], med[::step], color=color, linestyle=style, linewidth=1.8, label=s)
+            medians[s] = med
+            drawn.append(s)
+        same = _same_as(medians)
+        if same:
+            ax.text(0.0, 1.01, "; ".join(f"{s} = {t}" for s, t in same.items()),
+                    transform=ax.transAxes, ha="left", va="bottom", fontsize=7, color="0.4")
         ax.set_xlabel("time (s)")
         ax.set_ylabel("chunk budget (tokens)")
         ax.set_ylim(bottom=0)
+        _compact_axis(ax, "x")
         _suptitle(fig, title or "Chunk budget per microbatch")
-        ax.text(1.0, 1.01, f"bold: rolling median of {window}", transform=ax.transAxes,
+        ax.text(1.0, 1.01, f"bold: rolling median of {window}; pale: range", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=7, color="0.4")
         _legend_below(fig, [ax])
         return _save(fig, out, formats)
 
 
-def _phase(row: Row) -> str:
-    """Which phases a microbatch holds (as in the Chrome-trace timeline)."""
-    prefill, decode = num(row, "num_prefill_tokens") > 0, num(row, "num_decode_reqs") > 0
-    return "mixed" if prefill and decode else "prefill" if prefill else "decode"
+def _phases(cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Which phases each microbatch holds (as in the Chrome-trace timeline)."""
+    prefill = np.nan_to_num(cols["num_prefill_tokens"]) > 0
+    decode = np.nan_to_num(cols["num_decode_reqs"]) > 0
+    return np.where(prefill & decode, "mixed", np.where(prefill, "prefill", "decode"))
 
 
-def _default_window(its: Sequence[Row], num_microbatches: int) -> tuple[float, float]:
+_TIMELINE_COLUMNS = ("stage", "started_at", "finished_at", "num_prefill_tokens", "num_decode_reqs")
+
+
+def timeline_window(iterations: Columns | Sequence[Row], num_microbatches: int = 40
+                    ) -> tuple[float, float]:
     """The ``num_microbatches`` consecutive stage-0 microbatches carrying the most prefill tokens
-    (the earliest such run on ties): where prefill and decode meet and bubbles form. A quiet
-    decode-only tail, which the middle of a run often is, would show little."""
-    first = sorted((num(r, "started_at"), num(r, "finished_at"), num(r, "num_prefill_tokens"))
-                   for r in its if num(r, "stage") == 0) or sorted(
-        (num(r, "started_at"), num(r, "finished_at"), num(r, "num_prefill_tokens")) for r in its)
-    k = min(len(first), max(1, num_microbatches))
-    prefill = np.nan_to_num(np.array([p for _, _, p in first], float))
+    (the earliest such run on ties), as (start, end) run-clock seconds: where prefill and decode
+    meet and bubbles form. A quiet decode-only tail, which the middle of a run often is, would
+    show little."""
+    cols = _columns(iterations, _TIMELINE_COLUMNS)
+    ok = np.isfinite(cols["started_at"]) & np.isfinite(cols["finished_at"])
+    first = ok & (cols["stage"] == 0)
+    if not first.any():
+        first = ok
+    if not first.any():
+        raise ValueError("a timeline needs at least one iteration row with start and finish times")
+    order = np.lexsort((cols["num_prefill_tokens"][first], cols["finished_at"][first],
+                        cols["started_at"][first]))
+    t0, t1 = cols["started_at"][first][order], cols["finished_at"][first][order]
+    prefill = np.nan_to_num(cols["num_prefill_tokens"][first][order])
+    k = min(t0.size, max(1, num_microbatches))
     sums = np.convolve(prefill, np.ones(k), mode="valid")  # sums[i]: microbatches i .. i+k-1
     i0 = int(np.argmax(sums))
-    return first[i0][0], first[i0 + k - 1][1]
+    return float(t0[i0]), float(t1[i0 + k - 1])
+
+
+MAX_TIMELINE_BARS = 4000  # per stage; more are merged where they touch (drawing stays fast)
 
 
 def stage_timeline(
-    iterations: Sequence[Row],
+    iterations: Columns | Sequence[Row],
     out: str | Path,
     *,
     num_stages: int | None = None,
@@ -414,44 +593,72 @@ def stage_timeline(
     """Gantt chart of what each pipeline stage ran over [start, end] (run-clock seconds),
     microbatches coloured prefill / decode / mixed, each stage's idle share in its label.
     The window defaults to the ``num_microbatches`` consecutive stage-0 microbatches with the
-    most prefill tokens."""
-    its = [r for r in iterations
-           if math.isfinite(num(r, "started_at")) and math.isfinite(num(r, "finished_at"))]
-    if not its:
+    most prefill tokens (:func:`timeline_window`); pass ``start`` and ``end`` to show the same
+    window for several deployments."""
+    cols = _columns(iterations, _TIMELINE_COLUMNS)
+    ok = np.isfinite(cols["started_at"]) & np.isfinite(cols["finished_at"])
+    if not ok.any():
         raise ValueError("stage_timeline needs at least one iteration row")
-    n = num_stages or int(max(num(r, "stage") for r in its)) + 1
-    w0, w1 = _default_window(its, num_microbatches)
-    start = w0 if start is None else start
-    end = start + (w1 - w0) if end is None else end
+    cols = {k: v[ok] for k, v in cols.items()}
+    n = num_stages or int(np.nanmax(cols["stage"])) + 1
+    if start is None or end is None:
+        w0, w1 = timeline_window(cols, num_microbatches)
+        start = w0 if start is None else start
+        end = start + (w1 - w0) if end is None else end
     if not end > start:
         raise ValueError(f"the window must have end > start, got {start:g} .. {end:g} s")
-    shown = [r for r in its if num(r, "finished_at") > start and num(r, "started_at") < end]
-    spans = [SimpleNamespace(stage=int(num(r, "stage")), started_at=num(r, "started_at"),
-                             finished_at=num(r, "finished_at")) for r in its]
+    shown = (cols["finished_at"] > start) & (cols["started_at"] < end)
+    cols = {k: v[shown] for k, v in cols.items()}
+    spans = [SimpleNamespace(stage=int(k), started_at=a, finished_at=b) for k, a, b in zip(
+        cols["stage"], cols["started_at"], cols["finished_at"], strict=True)]
     idle = iteration_bubble_fraction(spans, n, start, end)
-    with _figure((8.0, 1.4 + 0.45 * n)) as (fig, axs):
+    length = end - start
+    in_s = length > 5.0
+    unit = 1.0 if in_s else 1e3
+    phases = _phases(cols)
+    x0 = (np.maximum(cols["started_at"], start) - start) * unit
+    x1 = (np.minimum(cols["finished_at"], end) - start) * unit
+    with _figure((8.0, 1.5 + 0.45 * n)) as (fig, axs):
         from matplotlib.patches import Patch
 
         ax = axs[0, 0]
+        dense = shown.sum() > 60 * n  # bars a few pixels wide: white edges would hide them
         for k in range(n):
             for phase, color in PHASE_COLORS.items():
-                bars = [(t0, t1 - t0) for t0, t1 in (
-                    ((max(num(r, "started_at"), start) - start) * 1e3,
-                     (min(num(r, "finished_at"), end) - start) * 1e3)
-                    for r in shown if num(r, "stage") == k and _phase(r) == phase)]
-                if bars:
-                    ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color, edgecolors="white",
-                                   linewidths=0.4)
+                sel = (cols["stage"] == k) & (phases == phase)
+                if sel.any():
+                    bars = _merged_bars(x0[sel], x1[sel])
+                    ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color,
+                                   edgecolors="none" if dense else "white",
+                                   linewidths=0 if dense else 0.4)
         ax.set_yticks(range(n), [f"stage {k}  (idle {idle[k]:.0%})" for k in range(n)])
         ax.set_ylim(n - 0.5, -0.5)  # stage 0 on top
-        ax.set_xlim(0, (end - start) * 1e3)
-        ax.set_xlabel(f"ms since t = {start:.3f} s")
+        ax.set_xlim(0, length * unit)
+        _compact_axis(ax, "x", nbins=8)
+        ax.set_xlabel(f"{'s' if in_s else 'ms'} since t = {start:.3f} s "
+                      f"(window {compact_number(length * unit)} {'s' if in_s else 'ms'})")
         ax.grid(axis="y", visible=False)
         _suptitle(fig, title)
-        phases = unique(_phase(r) for r in shown)
-        fig.legend([Patch(color=PHASE_COLORS[p]) for p in PHASE_COLORS if p in phases],
-                   [p for p in PHASE_COLORS if p in phases], loc="outside lower center", ncols=3)
+        present = [p for p in PHASE_COLORS if (phases == p).any()]
+        fig.legend([Patch(color=PHASE_COLORS[p]) for p in present], present,
+                   loc="outside lower center", ncols=3)
         return _save(fig, out, formats)
+
+
+def _merged_bars(x0: np.ndarray, x1: np.ndarray) -> list[tuple[float, float]]:
+    """(start, width) bars; beyond MAX_TIMELINE_BARS, bars that touch or overlap are merged
+    (on one stage of one phase they only do at a shared boundary), so the picture is the same."""
+    order = np.argsort(x0, kind="stable")
+    x0, x1 = x0[order], x1[order]
+    if x0.size > MAX_TIMELINE_BARS:
+        reach = np.maximum.accumulate(x1)
+        new = np.concatenate([[True], x0[1:] > reach[:-1] + 1e-12])
+        groups = np.cumsum(new) - 1
+        starts = x0[new]
+        ends = np.zeros(starts.size)
+        np.maximum.at(ends, groups, x1)
+        x0, x1 = starts, ends
+    return [(float(a), float(b - a)) for a, b in zip(x0, x1, strict=True)]
 
 
 def attainment_vs_slo_scale(
@@ -470,7 +677,7 @@ def attainment_vs_slo_scale(
     ``panel_by`` (workload), sharing the y axis."""
     is_share = metric.endswith("attainment")
     systems = unique(system_label(r, series) for r in rows)
-    colors = _colors(systems)
+    styles = _styles(systems)
     panels = unique(str(r.get(panel_by) or "") for r in rows) if panel_by else [""]
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
@@ -479,8 +686,8 @@ def attainment_vs_slo_scale(
         for ax, panel in zip(flat, panels, strict=False):
             group = [r for r in rows if not panel_by or str(r.get(panel_by) or "") == panel]
             for s, (xs, ys) in _series(group, x, metric, series).items():
-                ax.plot(xs, ys * 100 if is_share else ys, marker="o", markersize=4,
-                        color=colors[s], label=s or "all", clip_on=False)  # zeros on the axis
+                ax.plot(xs, ys * 100 if is_share else ys, markersize=4, **styles[s],
+                        label=s or "all", clip_on=False)  # zeros on the axis
             ax.invert_xaxis()
             ax.set_xlabel("SLO scale")
             if panel:

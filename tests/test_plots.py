@@ -136,11 +136,14 @@ def test_simulate_then_plot_writes_the_run_figures(tmp_path):
              "timeline_pp2-predictive"]
     expected = [tmp_path / "plots" / f"{s}.{fmt}" for s in stems for fmt in ("png", "svg")]
     assert all(p.stat().st_size > 1000 for p in expected)
-    assert flat(res.output).split() == [str(p) for p in expected]
+    assert flat(res.stdout).split() == [str(p) for p in expected]
+    log = flat(res.stderr)  # what is plotted, then one line per figure
+    assert f"plotting {tmp_path}: Qwen2.5-14B on A100-40GB-PCIe" in log
+    assert "2 run(s): pp2 static:2048, pp2 predictive" in log and log.count("drew ") == len(stems)
     assert detect(tmp_path / "summary.json") == ("run_dir", tmp_path)
     runs = load_run_dir(tmp_path)
     assert [r.label for r in runs] == ["pp2 static:2048", "pp2 predictive"]
-    assert len(runs[0].requests) == 40 and runs[0].iterations[0]["stage"] == 0
+    assert len(runs[0].requests) == 40 and runs[0].iterations["stage"][0] == 0
 
 
 def test_sweep_csv_cells_come_back_typed_as_in_jsonl(tmp_path):
