@@ -14,6 +14,7 @@ from fastpp.backends.sglang.channel import Decision, _decode_record
 from fastpp.backends.sglang.host_timing import LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter, read_jsonl
 from fastpp.backends.sglang.settings import PluginSettings
+from fastpp.backends.sglang.slot_state import SGLangSlots
 from fastpp.backends.sglang.view import ParkedRequest, SGLangView
 from fastpp.policies import make_policies
 from fastpp.run_files import read_iterations_csv
@@ -136,12 +137,18 @@ def make_view(sched, parked=None, slots=2, token_step=1):
     config = SchedulerConfig(num_slots=slots, kv_capacity_tokens=10_000, chunk_candidates=(16, 32, 64),
                              default_chunk=64, token_step=token_step)
     ids: dict = {}
+    rid_of: dict = {}
 
     def identity(req):
-        return ids.setdefault(req.rid, (len(ids), 1.0))
+        ident = ids.setdefault(req.rid, (len(ids), 1.0))
+        rid_of[ident[0]] = req.rid
+        return ident
 
-    view = SGLangView(sched, config, Signals(), lambda: 5.0, identity, parked if parked is not None else {})
-    view.begin(0, sched.running_mbs[0])
+    slots = SGLangSlots(identity, rid_of, park=None, restore=None)
+    slots.parked.update(parked or {})
+    slots.begin(sched, 0, sched.running_mbs[0])
+    view = SGLangView(sched, config, Signals(), lambda: 5.0, identity, slots)
+    view.begin(5.0, 0)
     return view
 
 
@@ -216,7 +223,7 @@ def test_leader_takes_one_set_of_stage_records_per_returning_microbatch():
     adapter = SGLangAdapter(PluginSettings(policy="static:64"), clock=lambda: 1.0)
     received = []
     adapter.channel = SimpleNamespace(recv_records=lambda: received.append(1) or [])
-    adapter.policies = SimpleNamespace(observe=lambda rec: None)
+    adapter.host = SimpleNamespace(observe=lambda rec: None, returned=lambda *args: None)
     adapter.records, adapter.ready, adapter.is_leader = None, True, True
     adapter._awaiting_records = 2
     batch = SimpleNamespace(reqs=[], forward_mode=None, decoding_reqs=None)

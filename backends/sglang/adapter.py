@@ -1,14 +1,16 @@
-"""Our policies inside one SGLang 0.5.23 scheduler process (one per PP rank).
+"""Our policies inside one SGLang 0.5.23 scheduler process (one per PP rank): SGLang's side of
+the policy host (fastpp/policy_host.py; level 2 of fastpp/policy_host_contract.py). The host
+decides; this module translates SGLang's objects and calls into the host's terms and back.
 
 The plugin (``plugin.py``) routes these SGLang methods here:
 
 * ``Scheduler.get_new_batch_prefill`` -> ``form``: SGLang calls it once per PP-loop step (from
   ``get_next_batch_to_run``, after merging the slot's finished prefill into its running batch
-  and before deciding between prefill and decode). PP rank 0 plans the slot's decode membership
-  (DecodeBalancer: park / restore), applies it, then chooses C (ChunkPolicy) and sends the
-  decision to the other ranks, which apply the same decision. C becomes SGLang's
-  ``chunked_prefill_size`` for this one call (the value ``PrefillAdder`` receives), then the
-  configured value is put back.
+  and before deciding between prefill and decode). PP rank 0 runs the host's ``begin_step``
+  for the slot over ``SGLangSlots`` (slot_state.py: park / restore applied to SGLang's running
+  batch, the liveness rule, C) and sends the decision to the other ranks, which apply the same
+  park / restore sets. C becomes SGLang's ``chunked_prefill_size`` for this one call (the value
+  ``PrefillAdder`` receives), then the configured value is put back.
 * ``PrefillAdder.__init__`` -> ``adder_created``: reads back the chunk budget SGLang's adder got.
 * ``Scheduler._pp_launch_batch`` -> ``launch``: times this rank's stage of the microbatch,
   reads the batch's contents from SGLang's objects, and makes the stage's IterationRecord (rank
@@ -29,7 +31,8 @@ carries no decodes at all, so all of C goes to prefill and the microbatch still 
 tokens. A decode-only microbatch runs all of the slot's unparked decodes whatever C is.
 
 A policy that raises is logged once per kind of failure and replaced for that step by the
-static fallback (C = the configured chunk size, no balancing); the server keeps serving.
+static fallback (C = the static chunk, fitted to SGLang's ceiling; no balancing); the server
+keeps serving.
 """
 
 from __future__ import annotations
@@ -40,18 +43,19 @@ import zlib
 from itertools import count
 from typing import Any
 
-from fastpp.backends.sglang.batch_ops import batch_contents, park, restore
+from fastpp.backends.sglang.batch_ops import batch_contents
 from fastpp.backends.sglang.channel import Decision, DecisionChannel
 from fastpp.backends.sglang.host_timing import STEP_START, LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter
 from fastpp.backends.sglang.settings import PluginSettings
-from fastpp.backends.sglang.view import ParkedRequest, SGLangView
-from fastpp.plan import BalancePlan
-from fastpp.policies.guard import FALLBACK_REASON, GuardedPolicies
+from fastpp.backends.sglang.slot_state import SGLangSlots, live_reqs
+from fastpp.backends.sglang.view import SGLangView
+from fastpp.iteration_log import make_record
+from fastpp.policy_host import PolicyHost
+from fastpp.policy_host_records import RequestLog
 from fastpp.profile import DTYPE_BYTES, ModelShape
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
-from fastpp.signals import Signals
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.sglang")
@@ -93,13 +97,13 @@ class SGLangAdapter:
         self.clock = clock or (lambda: time.time() - settings.epoch)
         self.ready = False
         self.disabled = ""  # why the adapter stays out of the way ("" while active)
-        self.parked: dict[str, ParkedRequest] = {}
-        self.signals = Signals()
         self.num_decisions = 0
         self.num_launches = 0
         self.num_divergences = 0
         self._ids: dict[str, tuple[int, float]] = {}  # rid -> (our id, arrival time)
         self._rid_of: dict[int, str] = {}
+        self.slots = SGLangSlots(self._identity, self._rid_of)
+        self.parked = self.slots.parked  # by rid, longest parked first
         self._next_id = count()
         self._live: dict[str, RequestRecord] = {}  # rank 0: unfinished requests by rid
         self._adder_budget: int | None = None
@@ -148,8 +152,11 @@ class SGLangAdapter:
             chunk_policy = _Faulty(chunk_policy, "choose", self.settings.fault_every)
         if "balancer" in self.settings.inject_fault:
             balancer = _Faulty(balancer, "plan", self.settings.fault_every)
-        self.policies = GuardedPolicies(chunk_policy, balancer, top)
-        self.view = SGLangView(sched, self.config, self.signals, self.clock, self._identity, self.parked)
+        self.host = PolicyHost(self.config, chunk_policy, balancer, self.slots, fit_budget=self._fit)
+        self.policies = self.host.policies
+        self.signals = self.host.signals
+        self.view = self.host.view = SGLangView(sched, self.config, self.signals, self.clock, self._identity,
+                                                self.slots)
         self.is_leader = self.pp_rank == 0
         world = par.pp_rank * par.tp_size + par.tp_rank
         peers = [r * par.tp_size + par.tp_rank for r in range(par.pp_size) if r != par.pp_rank]
@@ -194,10 +201,8 @@ class SGLangAdapter:
         req_id = next(self._next_id)
         ident = self._ids[req.rid] = (req_id, now)
         self._rid_of[req_id] = req.rid
-        prompt = len(req.origin_input_ids)
-        self.signals.on_arrival(now, prompt)
         max_new = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None) or 1
-        self._live[req.rid] = RequestRecord(req_id, now, prompt, int(max_new))
+        self._live[req.rid] = self.host.arrive(req_id, now, len(req.origin_input_ids), int(max_new))
         return ident
 
     def enqueued(self, sched: Any, req: Any, is_retracted: bool = False) -> None:
@@ -206,7 +211,7 @@ class SGLangAdapter:
         if is_retracted:
             rec = self._live.get(req.rid)
             if rec is not None:
-                rec.num_retractions += 1
+                RequestLog.retracted(rec)
             return
         if req.rid not in self._ids:
             self._register(req)
@@ -229,7 +234,9 @@ class SGLangAdapter:
         else:
             decision = self.channel.recv_decision()
             self._check_agreement(sched, slot, running_batch, decision)
-            running_batch = self._apply_balance(sched, slot, running_batch, decision.park, decision.restore)
+            self.slots.begin(sched, slot, running_batch)
+            self.slots.apply_rids(decision.park, decision.restore, self.clock())
+            running_batch = self.slots.live_batch
         self._adder_budget = None
         configured = sched.chunked_prefill_size
         if decision.chunk is not None and configured is not None:
@@ -248,94 +255,39 @@ class SGLangAdapter:
         return plan
 
     def _nothing_to_decide(self, sched: Any, running_batch: Any) -> bool:
+        """Nothing waits, is chunked, parked or decoding here: SGLang's loop is idle (it spins
+        through this step without a decision on every rank alike)."""
         return not (sched.waiting_queue or sched.chunked_req is not None or self.parked
-                    or _live_reqs(sched, running_batch))
+                    or live_reqs(sched, running_batch))
 
     def adder_created(self, rem_chunk_tokens: int | None) -> None:
         self._adder_budget = rem_chunk_tokens
 
     def _decide(self, sched: Any, slot: int, running_batch: Any) -> tuple[Any, Decision]:
-        view = self.view
-        view.begin(slot, running_batch)
+        """Rank 0: the host's decision for this step over SGLang's state, applied to it, and the
+        same decision in SGLang's terms (rids) for the other ranks."""
         digest = state_digest(sched, slot, running_batch, self.parked)
-        fallback = []
-        park_rids: tuple[str, ...] = ()
-        restore_rids: tuple[str, ...] = ()
-        if self.parked and self._pipeline_would_idle(sched, slot, running_batch):
-            # liveness: parking must never leave the pipeline idle with requests held back
-            restore_rids = tuple(self.parked)
-        elif self.parked or _live_reqs(sched, running_batch):
-            failures = self.policies.num_fallbacks.get("balancer", 0)
-            plan = self.policies.balance(view, slot, lambda p, _: self._rids(sched, p, running_batch))
-            if self.policies.num_fallbacks.get("balancer", 0) > failures:
-                fallback.append("balancer")
-            park_rids, restore_rids = self._rids(sched, plan, running_batch)
-        running_batch = self._apply_balance(sched, slot, running_batch, park_rids, restore_rids)
-        view.begin(slot, running_batch)
-        chunk, reason = None, "sglang: chunking disabled"
-        if self.ceiling is not None:
-            chunk, reason = self.policies.choose(view)
-            if reason == FALLBACK_REASON:
-                fallback.append("chunk")
-            chunk, reason = self._fit(chunk, reason)
+        now = self.clock()
+        self.slots.begin(sched, slot, running_batch)
+        self.view.begin(now, slot)
+        d = self.host.begin_step(slot, now)
+        chunk, reason = d.budget, d.reason
+        if self.ceiling is None:
+            chunk, reason = None, "sglang: chunking disabled"
         decision = Decision(seq=self.num_decisions, slot=slot, chunk=chunk, reason=reason,
-                            park=park_rids, restore=restore_rids, digest=digest, fallback=",".join(fallback))
-        return running_batch, decision
+                            park=self.slots.rids(d.park_ids), restore=self.slots.rids(d.restore_ids),
+                            digest=digest, fallback=d.fallback)
+        return self.slots.live_batch, decision
 
     def _fit(self, chunk: int, reason: str) -> tuple[int, str]:
         """C within what SGLang allocated at start-up and on the page grid."""
+        if self.ceiling is None:
+            return chunk, reason
         fitted = min(chunk, self.ceiling) // self.page_size * self.page_size
         fitted = max(fitted, self.page_size)
         if fitted != chunk:
             reason = f"{reason} (fitted {chunk}->{fitted})"
         return fitted, reason
-
-    def _rids(self, sched: Any, plan: BalancePlan, running_batch: Any) -> tuple[tuple, tuple]:
-        """SGLang's request ids of a balance plan; ValueError for a plan naming requests it may
-        not move (the guard then falls back to no balancing)."""
-        if plan.is_noop:
-            return (), ()
-        running = {r.rid for r in _live_reqs(sched, running_batch)}
-        park_rids, restore_rids = [], []
-        for rid_int in plan.park_ids:
-            rid = self._rid_of.get(rid_int)
-            if rid not in running:
-                raise ValueError(f"balancer parks request {rid_int}, not a decode of this slot")
-            park_rids.append(rid)
-        for rid_int in plan.restore_ids:
-            rid = self._rid_of.get(rid_int)
-            if rid not in self.parked:
-                raise ValueError(f"balancer restores request {rid_int}, which is not parked")
-            restore_rids.append(rid)
-        if len(set(park_rids)) != len(park_rids) or set(park_rids) & set(restore_rids):
-            raise ValueError("balancer plan repeats a request")
-        return tuple(park_rids), tuple(restore_rids)
-
-    def _pipeline_would_idle(self, sched: Any, slot: int, running_batch: Any) -> bool:
-        if sched.waiting_queue or sched.chunked_req is not None or _live_reqs(sched, running_batch):
-            return False
-        return not any(sched.mbs[s] is not None for s in range(len(sched.mbs)) if s != slot)
-
-    def _apply_balance(self, sched: Any, slot: int, running_batch: Any, park_rids: tuple,
-                       restore_rids: tuple) -> Any:
-        if park_rids:
-            by_rid = {r.rid: r for r in running_batch.reqs}
-            reqs = [by_rid[rid] for rid in park_rids]
-            park(running_batch, reqs)
-            now = self.clock()
-            for r in reqs:
-                self.parked[r.rid] = ParkedRequest(r, now)
-                rec = self._live.get(r.rid)
-                if rec is not None:
-                    rec.num_parked += 1
-        if restore_rids:
-            reqs = []
-            for rid in restore_rids:
-                p = self.parked.pop(rid)
-                if not p.req.finished():
-                    reqs.append(p.req)
-            running_batch = restore(sched, running_batch, reqs)
-        return running_batch
 
     def _check_agreement(self, sched: Any, slot: int, running_batch: Any, decision: Decision) -> None:
         """A follower's check that rank 0 decided for the same step on the same state."""
@@ -361,19 +313,14 @@ class SGLangAdapter:
     def launch(self, sched: Any, original: Any, mb_id: int, cur_batch: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.ready:
             return original(sched, mb_id, cur_batch, *args, **kwargs)
-        contents = batch_contents(cur_batch)
+        contents, features = batch_contents(cur_batch)
         started = self.clock()
         out = original(sched, mb_id, cur_batch, *args, **kwargs)
         finished = self.clock()
         seq = self.num_launches
         self.num_launches += 1
         chunk, reason, adder_budget = self._slot_budget.get(mb_id, (None, "", None))
-        rec = IterationRecord(
-            mb_id=seq, stage=self.pp_rank, slot=mb_id, started_at=started, finished_at=finished,
-            num_tokens=contents["num_tokens"], num_prefill_tokens=contents["num_prefill_tokens"],
-            num_decode_reqs=len(contents["decodes"]), sum_past_x_pre=contents["sum_past_x_pre"],
-            sum_pre_sq=contents["sum_pre_sq"], sum_dec_ctx=contents["sum_dec_ctx"],
-            chunk_budget=chunk or 0, reason=reason, num_sampled=contents["num_sampled"])
+        head = features.head(seq, mb_id, chunk or 0, reason)
         if self.records is not None:
             entry = {"rank": self.pp_rank, "mb": seq, "slot": mb_id, "decision": self.num_decisions,
                      "chunk": chunk, "adder_chunk_budget": adder_budget,
@@ -382,18 +329,18 @@ class SGLangAdapter:
         if self.is_leader:
             for rid, _, _ in contents["chunks"]:
                 live = self._live.get(rid)
-                if live is not None and live.scheduled_at is None:
-                    live.scheduled_at = started
-            self._observe(rec)
+                if live is not None:
+                    RequestLog.scheduled(live, started)
+            for rec in self.host.stage_records(head, [(self.pp_rank, started, finished)]):
+                self._record(rec)
             self._awaiting_records += 1
         else:
-            self.channel.send_record(rec)
+            self.channel.send_record(make_record(head, self.pp_rank, started, finished))
         return out
 
-    def _observe(self, rec: IterationRecord) -> None:
+    def _record(self, rec: IterationRecord) -> None:
         if self.records is not None:
             self.records.iteration(rec)
-        self.policies.observe(rec)
 
     # ------------------------------------------------------------------ loop timings
     def phase_begin(self, sched: Any, phase: str) -> None:
@@ -413,7 +360,8 @@ class SGLangAdapter:
             return
         self._awaiting_records -= 1
         for rec in self.channel.recv_records():
-            self._observe(rec)
+            self.host.observe(rec)
+            self._record(rec)
 
     def result(self, sched: Any, batch: Any) -> None:
         if not self.ready or not self.is_leader or batch is None:
@@ -426,7 +374,7 @@ class SGLangAdapter:
         decoded = bool(mode is not None and mode.is_decode()) or bool(getattr(batch, "decoding_reqs", None))
         self._note_tokens(batch.reqs, now)
         if slot is not None:
-            self.signals.on_return(slot, now, decoded)
+            self.host.returned(slot, now, decoded)
 
     def streaming(self, reqs: list[Any]) -> None:
         """SGLang is about to send these requests' outputs to the client: a request finished here
@@ -442,23 +390,14 @@ class SGLangAdapter:
             rec = self._live.get(req.rid)
             if rec is None:
                 continue
-            n = len(req.output_ids)
-            if n > rec.num_generated:
-                if rec.first_token_at is None:
-                    rec.first_token_at = now
-                    self.signals.on_first_token(now, now - rec.arrived_at)
-                rec.token_times.extend([now] * (n - rec.num_generated))
-                rec.num_generated = n
+            self.host.records.took(rec, len(req.output_ids), now)
             if req.finished():
                 self._finish(req, rec, now)
 
     def _finish(self, req: Any, rec: RequestRecord, now: float) -> None:
         del self._live[req.rid]  # (never parked: a parked request is in no batch, so cannot finish)
-        rec.finished_at = now
-        reason = getattr(req, "finished_reason", None)
-        name = type(reason).__name__.upper() if reason is not None else ""
-        rec.finish_reason = FinishReason.LENGTH if "LENGTH" in name else \
-            FinishReason.ABORTED if "ABORT" in name else FinishReason.STOP
+        RequestLog.end(rec, now, *finish_reason_of(getattr(req, "finished_reason", None)))
+        self.host.records.forget(rec.req_id)
         if self.records is not None:
             self.records.request(rec)
         ident = self._ids.pop(req.rid, None)
@@ -480,9 +419,27 @@ def _slot_of(sched: Any) -> int | None:
     return next((k for k, b in enumerate(sched.running_mbs) if b is current), None)
 
 
-def _live_reqs(sched: Any, batch: Any) -> list[Any]:
-    chunked = sched.chunked_req
-    return [r for r in batch.reqs if not r.finished() and r is not chunked]
+# SGLang 0.5.23's finish reasons (managers/schedule_batch.py, by class name) -> ours
+_FINISHED: dict[str, tuple[FinishReason, str]] = {
+    "FINISH_LENGTH": (FinishReason.LENGTH, ""),
+    "FINISH_MATCHED_TOKEN": (FinishReason.STOP, ""),
+    "FINISH_MATCHED_STR": (FinishReason.STOP, "stop string"),
+    "FINISHED_MATCHED_REGEX": (FinishReason.STOP, "stop regex"),
+    "FINISH_ABORT": (FinishReason.ABORTED, "aborted by SGLang"),
+}
+
+
+def finish_reason_of(reason: Any) -> tuple[FinishReason, str]:
+    """Our reason (and a detail) for a finished SGLang request's ``finished_reason``."""
+    if reason is None:
+        return FinishReason.ABORTED, "SGLang gave no finish reason"
+    name = type(reason).__name__
+    found = _FINISHED.get(name)
+    if found is None:
+        return FinishReason.ABORTED, f"SGLang finish reason {name}"
+    if found[0] is FinishReason.ABORTED and getattr(reason, "message", None):
+        return found[0], str(reason.message)
+    return found
 
 
 def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str:
@@ -491,7 +448,7 @@ def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str
     chunked = sched.chunked_req
     parts = [str(slot), ",".join(r.rid for r in sched.waiting_queue),
              "" if chunked is None else f"{chunked.rid}:{chunked.prefix_len}",
-             ",".join(r.rid for r in _live_reqs(sched, running_batch)), ",".join(parked)]
+             ",".join(r.rid for r in live_reqs(sched, running_batch)), ",".join(parked)]
     return f"{zlib.crc32('|'.join(parts).encode()):08x}"
 
 

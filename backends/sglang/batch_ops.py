@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastpp.policy_host import BatchFeatures
+
 
 def park(batch: Any, reqs: list[Any]) -> None:
     """Take ``reqs`` out of ``batch`` (a running ScheduleBatch); they keep their KV."""
@@ -68,39 +70,39 @@ def build_decode_batch(scheduler: Any, reqs: list[Any]) -> Any:
     return batch
 
 
-def batch_contents(batch: Any) -> dict:
-    """What a launched ScheduleBatch carries, read from SGLang's own fields.
-
-    Returns the forward mode, the prefill chunks as [rid, L_past, L_pre], the decode rids and
-    their L_dec (prompt + generated tokens: the context the step attends over), the ALP
-    features of ``fastpp.types.IterationRecord`` and the rows sampled (``num_sampled``).
-    """
+def batch_contents(batch: Any) -> tuple[dict, BatchFeatures]:
+    """What a launched ScheduleBatch carries, read from SGLang's own fields: a dict for the
+    batches record (the forward mode, the prefill chunks as [rid, L_past, L_pre], the decode
+    rids, and the features below) and its ``BatchFeatures`` (fastpp.policy_host), from the
+    decodes' L_dec (prompt + generated tokens: the context the step attends over) and the
+    chunks."""
     mode = batch.forward_mode
     is_extend = bool(mode is not None and mode.is_extend())
     decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or [])} if is_extend else set()
     chunks: list[list] = []
+    spans: list[tuple[int, int, bool]] = []
     decodes: list[str] = []
     dec_ctx: list[int] = []
     for i, r in enumerate(batch.reqs):
         if is_extend and id(r) not in decoding:
-            chunks.append([r.rid, int(batch.prefix_lens[i]), int(batch.extend_lens[i])])
+            past, n = int(batch.prefix_lens[i]), int(batch.extend_lens[i])
+            chunks.append([r.rid, past, n])
+            # a chunk samples a token when it reaches the end of what the request must compute
+            # (its prompt, plus the tokens generated before a retraction)
+            spans.append((past, n, past + n >= len(r.origin_input_ids) + len(r.output_ids)))
         else:
             decodes.append(r.rid)
             dec_ctx.append(len(r.origin_input_ids) + len(r.output_ids))
-    num_prefill = sum(c[2] for c in chunks)
-    by_rid = {r.rid: r for r in batch.reqs}
-    # a chunk samples a token when it reaches the end of what the request must compute (its
-    # prompt, plus the tokens generated before a retraction)
-    completing = sum(1 for rid, past, n in chunks
-                     if past + n >= len(by_rid[rid].origin_input_ids) + len(by_rid[rid].output_ids))
-    return {
+    f = BatchFeatures.of(dec_ctx, spans)
+    contents = {
         "mode": "extend" if is_extend else ("decode" if mode is not None and mode.is_decode() else str(mode)),
         "chunks": chunks,
         "decodes": decodes,
-        "num_tokens": num_prefill + len(decodes),
-        "num_prefill_tokens": num_prefill,
-        "sum_past_x_pre": sum(c[1] * c[2] for c in chunks),
-        "sum_pre_sq": sum(c[2] * c[2] for c in chunks),
-        "sum_dec_ctx": sum(dec_ctx),
-        "num_sampled": len(decodes) + completing,
+        "num_tokens": f.num_tokens,
+        "num_prefill_tokens": f.num_prefill_tokens,
+        "sum_past_x_pre": f.sum_past_x_pre,
+        "sum_pre_sq": f.sum_pre_sq,
+        "sum_dec_ctx": f.sum_dec_ctx,
+        "num_sampled": f.num_sampled,
     }
+    return contents, f

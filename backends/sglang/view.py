@@ -8,8 +8,9 @@ signals the adapter records. Requests appear as ``SGLangRequestView`` objects bu
 from SGLang's ``Req`` (iterators are lazy: a policy that stops early pays for what it read).
 
 The launching slot is special: while SGLang forms microbatch k, ``running_mbs[k]`` still holds
-the batch from before this step's merge of the finished prefill; the adapter hands the view the
-merged batch (``running_batch``) it is about to schedule, and the view reads that one for k.
+the batch from before this step's merge of the finished prefill; the view reads the running
+decodes and the parked set from the adapter's ``SGLangSlots`` (slot_state.py), which holds the
+merged batch about to be scheduled.
 """
 
 from __future__ import annotations
@@ -18,17 +19,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fastpp.backends.sglang.slot_state import ParkedRequest, SGLangSlots
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.signals import Signals
 from fastpp.view import DeploymentFields
 
-
-@dataclass(slots=True)
-class ParkedRequest:
-    """A decode our balancer took out of its microbatch: its KV stays allocated."""
-
-    req: Any  # SGLang's Req
-    parked_at: float
+__all__ = ["ParkedRequest", "SGLangRequestView", "SGLangView", "req_tokens_computed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +54,8 @@ def req_tokens_computed(req: Any) -> int:
 class SGLangView(DeploymentFields):
     """The policy view of one SGLang scheduler at one scheduling step (see the module doc).
 
-    ``ids`` maps SGLang's request ids (strings) to our ints and arrival times; ``live_batch``
-    is the launching slot's merged running batch; ``parked`` the balancer's requests, longest
-    parked first.
+    ``identity`` maps an SGLang ``Req`` to our int id and arrival time; ``slots`` holds the
+    launching slot's merged running batch and the balancer's parked requests.
     """
 
     def __init__(
@@ -70,23 +65,22 @@ class SGLangView(DeploymentFields):
         signals: Signals,
         clock: Callable[[], float],
         identity: Callable[[Any], tuple[int, float]],
-        parked: dict[str, ParkedRequest],
+        slots: SGLangSlots,
     ) -> None:
         self._s = scheduler
         self._config = config
         self._signals = signals
         self._clock = clock
         self._identity = identity
-        self._parked = parked
+        self._slots = slots
         self.slot = 0
-        self.live_batch: Any = None
         self.now = clock()
 
-    def begin(self, slot: int, live_batch: Any) -> None:
-        """Point the view at the step that forms microbatch ``slot`` from ``live_batch``."""
+    def begin(self, now: float, slot: int) -> None:
+        """Point the view at the decision for microbatch ``slot`` at ``now`` (the slot state
+        already holds that step's merged running batch)."""
+        self.now = now
         self.slot = slot
-        self.live_batch = live_batch
-        self.now = self._clock()
 
     # -- memory -----------------------------------------------------------------------------
     @property
@@ -132,10 +126,7 @@ class SGLangView(DeploymentFields):
 
     # -- running decodes --------------------------------------------------------------------
     def _running_reqs(self, slot: int) -> list[Any]:
-        batch = self.live_batch if slot == self.slot and self.live_batch is not None \
-            else self._s.running_mbs[slot]
-        chunked = self._s.chunked_req
-        return [r for r in batch.reqs if not r.finished() and r is not chunked]
+        return self._slots.running_reqs(slot)
 
     def num_running(self, slot: int) -> int:
         return len(self._running_reqs(slot))
@@ -155,10 +146,10 @@ class SGLangView(DeploymentFields):
 
     @property
     def num_parked(self) -> int:
-        return len(self._parked)
+        return len(self._slots.parked)
 
     def iter_parked(self) -> Iterator[SGLangRequestView]:
-        return (self._decoding(p.req, p.parked_at) for p in self._parked.values())
+        return (self._decoding(p.req, p.parked_at) for p in self._slots.parked.values())
 
     # -- signals ----------------------------------------------------------------------------
     @property
