@@ -1,12 +1,17 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions (SSE streaming, usage), /v1/models,
 /health and /metrics, with OpenAI-style error bodies for every 4xx and 5xx answer.
 
-A generation request goes: JSON body (400 if malformed, nested too deep or not valid Unicode
-text) -> fields (400 naming the field) -> tokenizing in a worker thread, after a context check
+A generation request goes: body (413 past the size limit, read whole by the guard) -> JSON and
+fields, parsed and checked in a worker thread so that no body can hold up the event loop (400
+if malformed, nested too deep, not valid Unicode text, or naming the field) -> tokenizing in a
+worker thread, after a context check
 that needs no tokenizing where the tokenizer allows one -> prompt and ``max_tokens`` against
 the context (400) -> queue limit (503) -> submitted to the engine -> the response. Nothing
 before the response can start streaming, so a streamed request is admitted or refused with a
 plain status like any other.
+
+While the server stops (``draining``), /health answers 503 and new generations get 503; the
+ones under way go on until the runner ends them (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +47,7 @@ from fastpp.backends.torch.text import ChatTemplate, Tokenizer
 log = logging.getLogger(__name__)
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": logged for a non-streamed request whose client left
-TOKENIZER_THREADS = 2  # tokenizing runs here, off the event loop (the library releases the GIL)
+TOKENIZER_THREADS = 2  # parsing and tokenizing run here, off the event loop
 
 
 @dataclass
@@ -57,6 +62,10 @@ class ServerState:
     http_counts: dict[int, int] = field(default_factory=dict)
     tokenizer_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="fastpp-tokenize"))
+    max_body_bytes: int = 4 * 1024 * 1024  # a larger body gets 413 (guard.py)
+    read_timeout_s: float = 30.0  # a body not in this long after its headers gets 408
+    draining: bool = False  # stopping: admit nothing new, /health says so
+    open_responses: int = 0  # generations submitted whose response has not ended
 
     def count(self, status: int) -> None:
         self.http_counts[status] = self.http_counts.get(status, 0) + 1
@@ -65,7 +74,8 @@ class ServerState:
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="fastpp", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.fastpp = state
-    app.add_middleware(RequestGuard, api_key=state.api_key, count=state.count)
+    app.add_middleware(RequestGuard, api_key=state.api_key, count=state.count,
+                       max_body_bytes=state.max_body_bytes, read_timeout_s=state.read_timeout_s)
     registry = make_registry(state.engine, state.model_name, state.http_counts)
 
     @app.exception_handler(APIError)
@@ -83,6 +93,8 @@ def create_app(state: ServerState) -> FastAPI:
         eng = state.engine
         if not eng.is_alive:
             return JSONResponse({"status": "error", "error": eng.error or "engine stopped"}, status_code=503)
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -98,7 +110,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_completion(await _json(request))
+        req = await _parse(state, request, parse_completion)
         _check_model(state, req)
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
@@ -108,16 +120,24 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        req, messages = parse_chat(await _json(request))
+        req, messages = await _parse(state, request, parse_chat)
         _check_model(state, req)
-        ids = await _tokenize(state, req, state.template.render(messages), "messages")
+        pieces = state.template.pieces(messages)  # user text never becomes special tokens
+        ids = await _tokenize(state, req, "".join(text for text, _ in pieces), "messages",
+                              lambda: state.tokenizer.encode_chat(pieces))
         return await _respond(state, request, req, ids, chat=True)
 
     return app
 
 
-async def _json(request: Request) -> Any:
+async def _parse(state: ServerState, request: Request, parse: Any) -> Any:
+    """``parse(body as JSON)`` in a worker thread (the body's size is bounded by the guard)."""
     raw = await request.body()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(state.tokenizer_pool, lambda: parse(_json(raw)))
+
+
+def _json(raw: bytes) -> Any:
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -141,15 +161,20 @@ def _check_queue(state: ServerState) -> None:
     eng = state.engine
     if not eng.is_alive:
         raise APIError(503, f"engine stopped: {eng.error or 'shutting down'}", type_="server_error")
+    if state.draining:
+        raise APIError(503, "the server is shutting down; retry on another replica or later",
+                       type_="server_error", code="shutting_down")
     if eng.num_queued >= state.max_queue:
         raise APIError(503, f"server overloaded: {eng.num_queued} requests waiting "
                        f"(limit {state.max_queue}); retry later", type_="server_overloaded",
                        code="queue_full")
 
 
-async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param: str) -> list[int]:
-    """The text's token ids, encoded in a worker thread; a text (or a max_tokens) that cannot
-    fit the context by its length alone is refused first, without encoding it."""
+async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param: str,
+                    encode: Callable[[], list[int]] | None = None) -> list[int]:
+    """The text's token ids (``encode()`` when given), encoded in a worker thread; a text (or a
+    max_tokens) that cannot fit the context by its length alone is refused first, without
+    encoding it."""
     limit = state.engine.model_config.max_context
     at_least = state.tokenizer.min_tokens(text)
     if at_least >= limit:
@@ -158,7 +183,9 @@ async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param
     _max_tokens(state, req, max(at_least, 1))  # 400 now if even the shortest prompt leaves no room
     _check_queue(state)  # refuse early, before spending a worker on it
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(state.tokenizer_pool, state.tokenizer.encode, text)
+    if encode is None:
+        return await loop.run_in_executor(state.tokenizer_pool, state.tokenizer.encode, text)
+    return await loop.run_in_executor(state.tokenizer_pool, encode)
 
 
 def _max_tokens(state: ServerState, req: GenerationRequest, prompt_len: int) -> int:
@@ -197,10 +224,12 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
         raise APIError(503, f"engine stopped: {exc}", type_="server_error") from None
     except ValueError as exc:
         raise APIError(400, str(exc), param=param) from None
+    state.open_responses += 1  # back down when the response ends, however it ends
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if req.stream:
-        return _GenerationStream(gen, _sse(state, gen, rid, created, chat), media_type="text/event-stream")
+        return _GenerationStream(state, gen, _sse(state, gen, rid, created, chat),
+                                 media_type="text/event-stream")
     try:
         text, finish = [], None
         async for d in gen.stream():
@@ -212,6 +241,7 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the request was aborted
     finally:
         gen.close()
+        state.open_responses -= 1
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
@@ -226,8 +256,10 @@ class _GenerationStream(StreamingResponse):
     """An SSE response that aborts its generation however the response ends, even if the body
     iterator never started (a client gone before the first byte)."""
 
-    def __init__(self, gen: Generation, content: AsyncIterator[str], media_type: str) -> None:
+    def __init__(self, state: ServerState, gen: Generation, content: AsyncIterator[str],
+                 media_type: str) -> None:
         super().__init__(content, media_type=media_type)
+        self.state = state
         self.gen = gen
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -235,6 +267,7 @@ class _GenerationStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.gen.close()
+            self.state.open_responses -= 1
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -3,6 +3,10 @@
 SmolLM2 (and Qwen2) chat models use ChatML; random-weight configs use raw bytes as token ids and
 a plain ``role: content`` template, so every code path of the server runs without a download.
 Real tokenizers are the ``tokenizers`` library's (``tokenizer.LibTokenizer``).
+
+A chat prompt goes from the template to the tokenizer as pieces (``ChatTemplate.pieces``): the
+template's own markers, which may become special tokens, and the messages' text, which never
+does (a user's ``<|im_end|>`` stays text: no forged turns).
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """A chat prompt from ``ChatTemplate.pieces``: only pieces marked as markup may hold
+        special tokens; the rest is encoded as plain text."""
+        ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str: ...
 
@@ -82,6 +91,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        return self.encode("".join(text for text, _ in pieces))  # no special tokens to guard
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return _ByteStream().feed(ids, final=True)
 
@@ -95,6 +107,9 @@ class ByteTokenizer:
         return None
 
 
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # ChatML's turn markers
+
+
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
     """Renders OpenAI chat messages (role, content) into one prompt string."""
@@ -103,14 +118,23 @@ class ChatTemplate:
     default_system: str | None = None
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
+        return "".join(text for text, _ in self.pieces(messages))
+
+    def pieces(self, messages: Sequence[tuple[str, str]]) -> list[tuple[str, bool]]:
+        """The prompt as ``(text, is_markup)`` pieces that join to :meth:`render`'s text. Markup
+        is the template's special-token markers alone; all text between two markers is one
+        plain piece (as the tokenizer splits a text at its special tokens), so encoding the
+        pieces gives the joined text's tokens whenever the messages hold no special-token text."""
         if not self.chatml:
-            return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
-        parts = []
-        if self.default_system is not None and (not messages or messages[0][0] != "system"):
-            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
-        parts += [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
-        parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+            return [("".join(f"{role}: {content}\n" for role, content in messages) + "assistant:", False)]
+        turns = list(messages)
+        if self.default_system is not None and (not turns or turns[0][0] != "system"):
+            turns.insert(0, ("system", self.default_system))
+        out: list[tuple[str, bool]] = []
+        for role, content in turns:
+            out += [(IM_START, True), (f"{role}\n{content}", False), (IM_END, True), ("\n", False)]
+        out += [(IM_START, True), ("assistant\n", False)]
+        return out
 
 
 # SmolLM2-Instruct's template adds this system prompt when the conversation has none

@@ -6,17 +6,21 @@ library's), or one built here from a GGUF file's ``tokenizer.ggml.*`` metadata (
 ``gpt2`` model). Encoding is linear in the text and releases the GIL, so a server can encode in a
 worker thread while its event loop keeps answering. Streaming detokenization uses the library's
 ``decoders.DecodeStream``.
+
+A chat prompt is encoded in pieces (:meth:`LibTokenizer.encode_chat`): only the template's own
+markers may become special tokens; the messages' text is plain text, so a user who writes
+``<|im_end|>`` gets those characters' tokens, never the control token (no forged turns).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.decoders import DecodeStream
 
 _CONTROL = 3  # GGUF token_type of control (special) tokens
@@ -74,6 +78,10 @@ class LibTokenizer:
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self._chars_per_token = _chars_per_token_bound(tokenizer)
+        # the same tokenizer with special tokens matched as plain text (its own object: encodes
+        # on other threads never see the flag change)
+        self._plain = Tokenizer.from_str(tokenizer.to_str())
+        self._plain.encode_special_tokens = True
 
     @property
     def vocab_size(self) -> int:
@@ -85,6 +93,21 @@ class LibTokenizer:
     def encode(self, text: str) -> list[int]:
         # encode_batch_fast releases the GIL (plain encode holds it for the whole call)
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=True)[0].ids
+
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """A rendered chat prompt from its pieces ``(text, is_markup)``: markup (the template's
+        own markers) may hold special tokens, any other text is encoded with special tokens
+        read as plain text. Each piece is encoded on its own and the tokenizer's post-processor
+        (a BOS) applied once, which is what encoding the joined text does when the messages hold
+        no special-token text: the library splits a text at its special tokens first."""
+        texts = [(text, markup) for text, markup in pieces if text]
+        if not texts:
+            return self.encode("")
+        markup = iter(self.tokenizer.encode_batch_fast([t for t, m in texts if m], add_special_tokens=False))
+        plain = iter(self._plain.encode_batch_fast([t for t, m in texts if not m], add_special_tokens=False))
+        encs = [next(markup) if m else next(plain) for _, m in texts]
+        merged = Encoding.merge(encs, growing_offsets=True)
+        return self.tokenizer.post_process(merged, add_special_tokens=True).ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
