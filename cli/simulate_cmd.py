@@ -50,7 +50,8 @@ def simulate(
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated second (> 0); abort what is left.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("runs/simulate"),
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder; one that holds another run is refused unless --overwrite. [default: a new folder per run, runs/simulate/YYYYmmdd-HHMMSS]", show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Clear the run already in --out (its summary.json, run folders and plots) instead of refusing.")] = False,
     timeline: Annotated[bool, typer.Option(help="Write a Chrome-trace timeline per deployment.")] = True,
     table_format: Annotated[str, typer.Option("--table-format", help="How each run's request and iteration tables are written: text (requests.jsonl, iterations.csv) or parquet (requests.parquet, iterations.parquet: typed columns, written in C, for pandas / polars / DuckDB; needs pyarrow, pip install 'fastpp[parquet]').")] = "text",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
@@ -84,9 +85,54 @@ def simulate(
         requests = wl.requests()
     except (ValueError, OSError) as exc:
         fail(str(exc))
+    _check_profile_against(profile, model, gpu, deployments[0])
     _check_table_format(table_format)
-    writable_dir(out)
+    out = _out_dir(out, overwrite)
     _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time, table_format)
+
+
+DEFAULT_RUNS = Path("runs/simulate")  # each run without --out gets a new folder in here
+
+
+def _out_dir(out: Path | None, overwrite: bool) -> Path:
+    """The run's folder: a new one under DEFAULT_RUNS, or ``out`` checked (writable, and holding
+    no other run unless ``overwrite`` clears it)."""
+    from fastpp.cli.run_dirs import RunDirError, claim_out_dir, fresh_run_dir
+
+    try:
+        if out is None:
+            writable_dir(DEFAULT_RUNS)
+            return fresh_run_dir(DEFAULT_RUNS)
+        writable_dir(out)
+        return claim_out_dir(out, overwrite=overwrite)
+    except (RunDirError, OSError) as exc:
+        fail(str(exc))
+
+
+def _check_profile_against(profile: str | None, model: str | None, gpu: str | None, dep) -> None:
+    """A --profile fixes model and GPU: a -m or --gpu that names another is an error naming both
+    (not silently ignored)."""
+    if profile is None or (model is None and gpu is None):
+        return
+    from fastpp.sim.hardware import resolve_gpu
+    from fastpp.sim.models import resolve_model
+
+    loaded = dep.load_profile()
+    conflicts = []
+    for flag, given_name, resolve, actual in (("-m/--model", model, resolve_model, loaded.model.name),
+                                              ("--gpu", gpu, resolve_gpu, loaded.gpu)):
+        if given_name is None:
+            continue
+        try:
+            name = resolve(given_name).name
+        except (ValueError, KeyError):
+            name = given_name
+        if name.lower() != str(actual).lower() and given_name.lower() != str(actual).lower():
+            conflicts.append(f"{flag} {given_name} (the profile's is {actual})")
+    if conflicts:
+        fail(f"--profile {profile} is {loaded.model.name} on {loaded.gpu}; it conflicts with "
+             f"{' and '.join(conflicts)}: drop {' and '.join(c.split()[0] for c in conflicts)}, "
+             f"or pass a profile measured for that model and GPU")
 
 
 def _check_table_format(table_format: str) -> None:

@@ -118,7 +118,7 @@ def test_profile_round_trip_and_a_profile_missing_a_field(tmp_path):
     assert json.loads(res.output)[0]["model"] == "Qwen2.5-14B"
     # -d names policies on the file's shape; another shape is refused
     res = invoke("simulate", "--profile", str(path), "-n", "20", "--json", "-o", str(tmp_path),
-                 "-d", "pp2@static:256", "-d", "pp2@predictive")
+                 "-d", "pp2@static:256", "-d", "pp2@predictive", "--overwrite")
     assert res.exit_code == 0, res.output
     assert [r["policy"] for r in json.loads(res.output)] == ["static:256", "predictive"]
     res = invoke("simulate", "--profile", str(path), "-n", "20", "-d", "pp4", "-o", str(tmp_path))
@@ -129,6 +129,51 @@ def test_profile_round_trip_and_a_profile_missing_a_field(tmp_path):
     res = invoke("simulate", "--profile", str(path), "-n", "20", "-o", str(tmp_path))
     assert res.exit_code == 2
     assert "stages[1].attn_pre_sq_s" in res.output
+
+
+def test_each_simulate_without_out_gets_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        res = invoke("simulate", "-n", "10", "-d", "pp2", "--no-timeline")
+        assert res.exit_code == 0, res.output
+    runs = sorted((tmp_path / "runs" / "simulate").iterdir())
+    assert len(runs) == 2 and runs[0].name != runs[1].name
+    assert all((r / "summary.json").is_file() and (r / "pp2-static-2048").is_dir() for r in runs)
+    assert f"outputs in runs/simulate/{runs[1].name}/" in " ".join(res.output.split())
+
+
+def test_an_out_folder_holding_another_run_is_refused_or_cleared(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("simulate", "-n", "10", "-d", "tp2", "-o", str(out)).exit_code == 0
+    (out / "notes.txt").write_text("mine")
+    res = invoke("simulate", "-n", "10", "-d", "pp2", "-o", str(out))
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"--out {out} already holds a run" in text
+    assert "tp2-static-2048" in text and "--overwrite" in text
+    res = invoke("simulate", "-n", "10", "-d", "pp2", "-o", str(out), "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "pp2-static-2048", "summary.json"]
+    # a folder of whole earlier runs is never cleared
+    parent = tmp_path / "many"
+    assert invoke("simulate", "-n", "5", "-d", "pp2", "-o", str(parent / "a")).exit_code == 0
+    res = invoke("simulate", "-n", "5", "-d", "pp2", "-o", str(parent), "--overwrite")
+    assert res.exit_code == 2 and "holds 1 earlier runs in subfolders (a)" in " ".join(res.output.split())
+    assert (parent / "a" / "summary.json").is_file()
+
+
+def test_a_profile_with_a_conflicting_model_or_gpu_is_an_error_naming_both(tmp_path):
+    path = tmp_path / "p.json"
+    assert invoke("profile", "-m", "Qwen2.5-14B", "--gpu", "A100-40GB-PCIe", "-d", "pp2",
+                  "-o", str(path)).exit_code == 0
+    res = invoke("simulate", "--profile", str(path), "-m", "Qwen2.5-72B", "--gpu", "H100", "-n", "5",
+                 "-o", str(tmp_path / "a"))
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"--profile {path} is Qwen2.5-14B on A100-40GB-PCIe" in text
+    assert "-m/--model Qwen2.5-72B" in text and "--gpu H100" in text
+    assert not (tmp_path / "a").exists()
+    res = invoke("simulate", "--profile", str(path), "-m", "Qwen2.5-14B", "-n", "5", "--json",
+                 "-o", str(tmp_path / "b"))
+    assert res.exit_code == 0, res.output  # the same model is no conflict
 
 
 def test_workloads_and_policies_listings():

@@ -220,3 +220,71 @@ def test_the_cli_and_the_plot_modules_do_not_import_matplotlib():
     code = ("import sys, fastpp.cli.app, fastpp.sim.plots, fastpp.sim.plot_report; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_folder_of_several_simulate_runs_plots_the_newest_and_says_so(tmp_path):
+    import os
+
+    older, newer = tmp_path / "20260101-000000", tmp_path / "20260101-000100"
+    assert invoke("simulate", "-n", "20", "-d", "pp2", "-m", "Qwen2.5-14B", "-o", str(older)).exit_code == 0
+    assert invoke("simulate", "-n", "20", "-d", "tp2", "-o", str(newer)).exit_code == 0
+    os.utime(older / "summary.json", (1, 1))  # older by its summary's time, whatever the names
+    res = invoke("plot", str(tmp_path), "-k", "cdf")
+    assert res.exit_code == 0, res.output
+    log = flat(res.stderr)
+    assert f"{tmp_path} holds 2 `fastpp simulate` runs; plotting the newest, {newer}" in log
+    assert "1 run(s): tp2 static:2048" in log and "pp2" not in log.split("plotting the newest")[1]
+    assert all(p.startswith(str(newer / "plots")) for p in flat(res.stdout).split())
+
+
+def test_run_folders_left_by_an_earlier_run_are_skipped_and_named(tmp_path):
+    assert invoke("simulate", "-n", "20", "-d", "pp2", "-o", str(tmp_path)).exit_code == 0
+    assert invoke("simulate", "-n", "20", "-d", "pp4", "-o", str(tmp_path / "x")).exit_code == 0
+    (tmp_path / "x" / "pp4-static-2048").rename(tmp_path / "pp4-static-2048")  # as older fastpp left it
+    notes: list[str] = []
+    runs = load_run_dir(tmp_path, notes)
+    assert [r.run_id for r in runs] == ["pp2-static-2048"]
+    assert notes == [f"{tmp_path}: skipped pp4-static-2048: not in its summary.json (left by another run)"]
+
+
+def test_timelines_of_one_run_share_one_window_and_say_whose(tmp_path):
+    from fastpp.sim.plot_inputs import RunData
+    from fastpp.sim.plot_report import _common_window
+
+    fast = {k: __import__("numpy").array([r[k] for r in iteration_rows(2, 60)], float)
+            for k in ("stage", "started_at", "finished_at", "num_prefill_tokens", "num_decode_reqs")}
+    slow = {k: v * (3.0 if k in ("started_at", "finished_at") else 1.0) for k, v in fast.items()}
+    runs = [RunData("a", {"deployment": "pp2"}, iterations=fast),
+            RunData("b", {"deployment": "tp2"}, iterations=slow)]
+    start, end, whose = _common_window(runs)
+    w_fast, w_slow = plots.timeline_window(fast), plots.timeline_window(slow)
+    assert whose == "tp2" and (start, end) == w_slow and end - start > w_fast[1] - w_fast[0]
+
+
+def test_rolling_median_and_columns_match_the_plain_definitions(tmp_path):
+    import numpy as np
+
+    values = np.random.default_rng(0).integers(0, 50, 301).astype(float)
+    for window in (1, 4, 25, 400):
+        half = max(1, window) // 2
+        plain = [np.median(values[max(0, i - half): i + half + 1]) for i in range(values.size)]
+        assert plots.rolling_median(values, window).tolist() == plain
+    from fastpp.sim.plot_inputs import read_columns
+
+    csv = tmp_path / "it.csv"
+    csv.write_text('stage,started_at,reason,chunk_budget\n0,0.5,"a,b",128\n1,1.5,optimal,\n')
+    cols = read_columns(csv)
+    assert cols["stage"].tolist() == [0.0, 1.0] and cols["reason"].tolist() == ["a,b", "optimal"]
+    assert cols["chunk_budget"][0] == 128 and np.isnan(cols["chunk_budget"][1])
+    assert list(read_columns(csv, ("started_at",))) == ["started_at"]
+
+
+def test_tick_labels_stay_short_and_legends_sit_outside_the_axes(tmp_path):
+    assert [plots.compact_number(v) for v in (0.5, 20, 500, 2000, 50_000, 1.5e6)] == [
+        "0.5", "20", "500", "2k", "50k", "1.5M"]
+    slow = request_rows(30, 400.0)  # TTFTs up to ~800 s: the labels would read 100000200000
+    requests = {"pp4 static:512": slow, "pp4 predictive": slow}  # two identical series
+    (svg,) = plots.latency_cdf(requests, tmp_path / "cdf", metric="ttft", slo_ms=2000,
+                               log_x=True, formats=("svg",))
+    text = svg.read_text()
+    assert "same as pp4 static:512" in text and "100000" not in text
