@@ -87,7 +87,9 @@ def goodput(
                 )
         except ValueError as exc:
             fail(f"{dep.label}: {exc}")
-        results.append({"deployment": dep.label, "policy": dep.policy, **res.to_dict()})
+        results.append({"deployment": dep.label, "policy": dep.policy, "model": dep.model, "gpu": dep.gpu,
+                        "workload": wl.name, "slo_ttft_ms": slo.ttft_s * 1e3,
+                        "slo_tpot_ms": slo.tpot_s * 1e3, "protocol": protocol, **res.to_dict()})
         if not as_json:
             console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
     if as_json:

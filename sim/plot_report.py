@@ -126,11 +126,15 @@ def plot_results(
         _run_dir(figures, runs, out, wanted, slo, formats)
     elif source == "sweep":
         rows = load_results(where)
-        figures.log(f"plotting {where}: {len(rows)} rows")
+        context = _context(rows)
+        figures.log(f"plotting {where}: {context + ', ' if context else ''}{len(rows)} rows")
         _sweep(figures, rows, out, wanted, slo, formats)
     else:
         results = load_goodput_json(where)
-        figures.log(f"plotting {where}: {len(results)} goodput search(es)")
+        context = _context(results, skip=("policy",))
+        searched = ", ".join(f"{r.get('deployment')} {r.get('policy')}" for r in results)
+        figures.log(f"plotting {where}: {context + ', ' if context else ''}{len(results)} goodput "
+                    f"search(es): {searched}")
         _goodput(figures, results, out, wanted, slo, formats)
     paths = figures.paths
     if not paths:

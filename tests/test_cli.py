@@ -230,6 +230,13 @@ def test_goodput_and_sweep_can_plot_directly(tmp_path):
                  "--seeds", "1", "--precision", "4", "-n", "60", "--plot", str(tmp_path / "g"))
     assert res.exit_code == 0, res.output
     assert (tmp_path / "g" / "goodput.json").exists() and (tmp_path / "g" / "goodput_probes.png").exists()
+    (result,) = json.loads((tmp_path / "g" / "goodput.json").read_text())
+    assert {k: result[k] for k in ("model", "gpu", "workload", "slo_ttft_ms", "slo_tpot_ms", "policy")} == {
+        "model": "Qwen2.5-14B", "gpu": "A100-40GB-PCIe", "workload": "cnn-dailymail-synthetic",
+        "slo_ttft_ms": 2000.0, "slo_tpot_ms": 200.0, "policy": "static:512"}
+    title = " ".join(res.stderr.split())  # the figures' titles say the same
+    svg = (tmp_path / "g" / "goodput.svg").read_text()
+    assert "Qwen2.5-14B on A100-40GB-PCIe" in title and "Qwen2.5-14B" in svg and "static:512" in svg
     res = invoke("sweep", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
                  "--chunk", "256,512", "-r", "2,4", "-n", "30", "--executor", "serial",
                  "-o", str(tmp_path / "s"), "--plot")

@@ -1,7 +1,8 @@
 """One generation on the engine, as an async stream of text deltas (engine thread -> event loop).
 
 Stop strings are matched on the detokenized text: the text is cut before the match, the engine
-request is aborted (freeing its KV) and the finish reason is ``stop``. While streaming, the last
+request is ended at once (freeing its KV; counted and recorded as ``stop``) and the finish reason
+is ``stop``. While streaming, the last
 ``len(longest stop) - 1`` characters are held back, so a stop string split across tokens never
 leaks out.
 """
@@ -36,7 +37,9 @@ class Generation:
     ``close()`` aborts it unless it ended (call it however the response ends: it is idempotent).
 
     The sampling parameters are built on construction, so a ``ValueError`` there (naming the
-    field) comes before any response has started.
+    field) comes before any response has started; so does the :class:`APIError` (400, naming
+    the field and the limit) for a ``max_tokens`` the KV pool cannot hold, which the engine would
+    otherwise cap silently. A ``max_tokens`` the client did not send is fitted to the pool.
     """
 
     def __init__(self, engine, tokenizer: Tokenizer, req: GenerationRequest, prompt_ids: list[int],
@@ -44,6 +47,12 @@ class Generation:
         self.engine = engine
         self.req = req
         self.prompt_ids = prompt_ids
+        max_tokens = fit_output_budget(engine, req, len(prompt_ids), max_tokens)
+        vocab = engine.model_config.vocab_size
+        outside = next((t for t in req.stop_token_ids if not 0 <= t < vocab), None)
+        if outside is not None:
+            raise APIError(400, f"'stop_token_ids': token id {outside} is outside the vocabulary "
+                           f"0..{vocab - 1}", param="stop_token_ids")
         self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
                                      seed=req.seed, stop_token_ids=req.stop_token_ids,
                                      ignore_eos=req.ignore_eos)
@@ -62,6 +71,12 @@ class Generation:
         self._events = events
         self.req_id = self.engine.submit(self.prompt_ids, self.params,
                                          lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+
+    def _stop(self) -> None:
+        """End the request in the engine as stopped by a stop string (unless it already ended)."""
+        if self.req_id is not None and not self._done:
+            self._done = True
+            self.engine.stop(self.req_id)
 
     def close(self) -> None:
         """Abort the request in the engine unless it already ended (frees its KV)."""
@@ -83,7 +98,7 @@ class Generation:
                     pending += self.detok.flush()
                 cut = self._find_stop(pending)
                 if cut is not None:
-                    self.close()
+                    self._stop()
                     yield Delta(pending[:cut], "stop", self.completion_tokens)
                     return
                 if ev.finish_reason is not None:
@@ -113,13 +128,28 @@ class Generation:
         hits = [i for i in (text.find(s) for s in self.req.stop) if i >= 0]
         return min(hits) if hits else None
 
-    @staticmethod
-    def _finish(ev: EngineEvent) -> str:
+    def _finish(self, ev: EngineEvent) -> str:
         if ev.finish_reason in ("length", "stop"):
             return ev.finish_reason
         if ev.finish_reason == "rejected":
             raise APIError(400, ev.detail, param="prompt")
+        if ev.finish_reason == "error" and self.engine.is_alive:  # this request's own failure
+            raise APIError(500, f"request failed: {ev.detail}", type_="server_error")
         if ev.finish_reason == "error":
             raise APIError(503, f"engine failed: {ev.detail}", type_="server_error")
         raise APIError(503, f"request {ev.finish_reason}: {ev.detail or 'the server is shutting down'}",
                        type_="server_error")
+
+
+def fit_output_budget(engine, req: GenerationRequest, prompt_len: int, max_tokens: int) -> int:
+    """``max_tokens`` if the engine can generate that many after the prompt; else a 400 naming
+    the field and the limit when the client asked for it, or the limit when the server chose it."""
+    room = engine.output_room(prompt_len)
+    if max_tokens <= room:
+        return max_tokens
+    if req.max_tokens is None:
+        return max(1, room)
+    param = req.max_tokens_param
+    raise APIError(400, f"'{param}': {max_tokens} output tokens after a prompt of {prompt_len} tokens do not "
+                   f"fit this server's KV cache of {engine.scheduler_config.kv_capacity_tokens} tokens "
+                   f"(at most {room})", param=param, code="context_length_exceeded")

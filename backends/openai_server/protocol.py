@@ -52,7 +52,15 @@ class GenerationRequest:
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
-MAX_STOP_STRINGS = 4
+# list sizes a request may carry (a 400 names the field and the limit); each is checked before
+# the list is walked, so a huge list costs nothing to refuse
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 1000  # per stop string: a stream holds back that many characters
+MAX_STOP_TOKEN_IDS = 1024
+MAX_PROMPT_TOKEN_IDS = 131_072  # a prompt sent as token ids; the model's context is checked later
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 256  # text parts of one message
+MAX_TOKEN_ID = 2**31 - 1
 
 # fields both endpoints implement, and the ones that change nothing here (``user``: an end-user id
 # for the provider's abuse monitoring; ``parallel_tool_calls``: moot, tools are refused)
@@ -120,6 +128,12 @@ def _bad(param: str, message: str) -> APIError:
     return APIError(400, f"'{param}': {message}", param=param)
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error message never echoes a huge input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -129,7 +143,7 @@ def _int(body: dict, key: str, default: int | None, lo: int, hi: int | None = No
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(key, f"must be an integer, got {v!r}")
+        raise _bad(key, f"must be an integer, got {_short(v)}")
     if v < lo or (hi is not None and v > hi):
         raise _bad(key, f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
     return v
@@ -140,7 +154,7 @@ def _float(body: dict, key: str, default: float, lo: float, hi: float) -> float:
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise _bad(key, f"must be a number, got {v!r}")
+        raise _bad(key, f"must be a number, got {_short(v)}")
     if not lo <= v <= hi:
         raise _bad(key, f"must be in [{lo}, {hi}], got {v}")
     return float(v)
@@ -151,7 +165,7 @@ def _bool(body: dict, key: str, default: bool) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise _bad(key, f"must be true or false, got {v!r}")
+        raise _bad(key, f"must be true or false, got {_short(v)}")
     return v
 
 
@@ -161,7 +175,7 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
     check_fields(body, known)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model", f"must be a string, got {model!r}")
+        raise _bad("model", f"must be a string, got {_short(model)}")
     max_tokens, max_tokens_param = None, max_tokens_keys[0]
     for key in max_tokens_keys:
         if body.get(key) is not None:
@@ -177,19 +191,29 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
         stops: tuple[str, ...] = ()
     elif isinstance(stop, str):
         stops = (stop,)
+    elif isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"at most {MAX_STOP_STRINGS} non-empty strings, got {len(stop)}")
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(stop)
     else:
-        raise _bad("stop", f"must be a string or a list of strings, got {stop!r}")
+        raise _bad("stop", f"must be a string or a list of strings, got {_short(stop)}")
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-        raise _bad("stop", f"at most {MAX_STOP_STRINGS} non-empty strings")
+        raise _bad("stop", f"at most {MAX_STOP_STRINGS} non-empty strings, got {len(stops)}")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise _bad("stop", f"a stop string has at most {MAX_STOP_CHARS} characters, got {longest}")
     stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
-        raise _bad("stop_token_ids", f"must be a list of integers, got {stop_ids!r}")
+    if not isinstance(stop_ids, list):
+        raise _bad("stop_token_ids", f"must be a list of integers, got {_short(stop_ids)}")
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(stop_ids)}")
+    bad_id = next((t for t in stop_ids if not (_is_int(t) and 0 <= t <= MAX_TOKEN_ID)), None)
+    if stop_ids and bad_id is not None:
+        raise _bad("stop_token_ids", f"must be a list of token ids (integers >= 0), got {_short(bad_id)}")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise _bad("stream_options", f"must be an object, got {options!r}")
+        raise _bad("stream_options", f"must be an object, got {_short(options)}")
     if options is not None and not stream:
         raise _bad("stream_options", "only allowed when stream is true")
     options = options or {}
@@ -209,8 +233,9 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
     )
 
 
-def parse_completion(body: Any) -> GenerationRequest:
-    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids (one prompt)."""
+def parse_completion(body: Any, max_prompt_ids: int = MAX_PROMPT_TOKEN_IDS) -> GenerationRequest:
+    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids (one prompt), at
+    most ``max_prompt_ids`` of them."""
     fields = _common(body, ("max_tokens",), _COMPLETION)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -219,6 +244,8 @@ def parse_completion(body: Any) -> GenerationRequest:
         if not prompt:
             raise _bad("prompt", "must not be empty")
         return GenerationRequest(prompt, None, **fields)
+    if isinstance(prompt, list) and len(prompt) > max_prompt_ids and _is_int(prompt[0]):
+        raise _bad("prompt", f"at most {max_prompt_ids} token ids, got {len(prompt)}")
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         return GenerationRequest(None, tuple(prompt), **fields)
     if prompt is None:
@@ -234,6 +261,8 @@ def parse_chat(body: Any) -> tuple[GenerationRequest, list[tuple[str, str]]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list")
+    if len(messages) > MAX_MESSAGES:
+        raise _bad("messages", f"at most {MAX_MESSAGES} messages, got {len(messages)}")
     pairs = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -244,7 +273,7 @@ def parse_chat(body: Any) -> tuple[GenerationRequest, list[tuple[str, str]]]:
             raise _bad(f"{where}.{extra}", "not supported; a message has only 'role' and 'content'")
         role = m.get("role")
         if role not in ("system", "developer", "user", "assistant"):
-            raise _bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")
+            raise _bad(f"{where}.role", f"must be system, user or assistant, got {_short(role)}")
         text = _content(m.get("content"), f"{where}.content")
         pairs.append(("system" if role == "developer" else role, text))
     return GenerationRequest(None, None, **fields), pairs
@@ -254,6 +283,8 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: text only
+        if len(content) > MAX_CONTENT_PARTS:
+            raise _bad(where, f"at most {MAX_CONTENT_PARTS} content parts, got {len(content)}")
         texts = []
         for j, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") == "text"
@@ -261,4 +292,4 @@ def _content(content: Any, where: str) -> str:
                 raise _bad(f"{where}[{j}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
             texts.append(part["text"])
         return "".join(texts)
-    raise _bad(where, f"must be a string or a list of text parts, got {content!r}")
+    raise _bad(where, f"must be a string or a list of text parts, got {_short(content)}")
