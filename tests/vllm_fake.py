@@ -43,6 +43,9 @@ class FakeRequest:
 @dataclass
 class FakeOutput:
     num_scheduled_tokens: dict[str, int]
+    # requests whose scheduled tokens reach num_tokens: they sample (vLLM decides this at
+    # schedule time; a later chunk scheduled meanwhile must not make an earlier one sample)
+    samples: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -96,14 +99,18 @@ class FakeVllm:
             out[r.request_id] = n
             budget -= n
         by_id = {r.request_id: r for r in self.running}
+        samples = set()
         for rid, n in out.items():
-            by_id[rid].num_computed_tokens += n
-        return FakeOutput(out)
+            r = by_id[rid]
+            r.num_computed_tokens += n
+            if r.num_computed_tokens >= r.num_tokens:
+                samples.add(rid)
+        return FakeOutput(out, frozenset(samples))
 
     def update(self, output: FakeOutput, requests: dict[str, FakeRequest]) -> None:
         for rid, _n in output.num_scheduled_tokens.items():
             r = requests[rid]
-            if r.status is not Status.RUNNING or r.num_computed_tokens < r.num_tokens:
+            if r.status is not Status.RUNNING or rid not in output.samples:
                 continue  # finished meanwhile, or a partial prefill chunk
             r.num_output_tokens += 1
             if r.num_output_tokens >= r.max_tokens:

@@ -294,7 +294,8 @@ class Adapter:
                 continue  # preempted while in flight: it is recomputed before it decodes
             t.ctx_len = t.engine.num_tokens
             self.slots.join(t, slot)
-        self.host.returned(slot, now, bool(batch.decodes))
+        if batch.num_tokens:  # an empty step ran nothing: no microbatch came back
+            self.host.returned(slot, now, bool(batch.decodes))
         if self.recorder is not None:
             self.recorder.on_return({
                 "mb_id": batch.mb_id, "slot": slot, "num_tokens": batch.num_tokens,
