@@ -24,6 +24,7 @@ from fastpp.cli import (
     simulate_cmd,
     sweep_cmd,
 )
+from fastpp.cli.common import run_app
 
 app = typer.Typer(
     add_completion=False,
@@ -65,7 +66,7 @@ def _root(
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    app()
+    run_app(app)  # a MemoryError or RecursionError: one line, no traceback
 
 
 if __name__ == "__main__":

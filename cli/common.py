@@ -4,6 +4,7 @@ the options a user set (so the config dataclasses' defaults stay the single sour
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,6 +21,21 @@ def fail(message: str) -> NoReturn:
     """Print ``error: message`` (verbatim: brackets such as ``fastpp[bench]`` survive) and exit 2."""
     err_console.print(f"[red]error:[/] {escape(message)}")
     raise typer.Exit(2)
+
+
+def run_app(app: Callable[[], object]) -> None:
+    """Run the CLI; a MemoryError or RecursionError that no input check caught (the library
+    refuses the sizes it knows of up front, naming the option: fastpp.sim.limits) ends the
+    command with one line and exit 2, not a traceback."""
+    try:
+        app()
+    except MemoryError:
+        err_console.print("[red]error:[/] out of memory: the run is too large for this machine "
+                          "(fewer requests, -n, or a shorter --duration)")
+        raise SystemExit(2) from None
+    except RecursionError:
+        err_console.print("[red]error:[/] an input is nested too deeply to read (a JSON file?)")
+        raise SystemExit(2) from None
 
 
 def given(cls: type, **values: Any) -> dict[str, Any]:

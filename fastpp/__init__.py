@@ -47,7 +47,11 @@ from fastpp.view import PolicyView, RequestView
 _SIMULATOR = {"run_simulation": "run_simulation", "WorkloadConfig": "WorkloadConfig",
               "DeploymentConfig": "DeploymentConfig", "SimulationRun": "SimulationRun"}
 
+# The deployment planner (fastpp.sim.planner), likewise imported on first use.
+_PLANNER = ("plan_deployment", "PlanConfig", "DeploymentPlan", "CandidateResult")
+
 if TYPE_CHECKING:
+    from fastpp.sim.planner import CandidateResult, DeploymentPlan, PlanConfig, plan_deployment
     from fastpp.sim.run import DeploymentConfig, SimulationRun, WorkloadConfig, run_simulation
 
 
@@ -56,6 +60,11 @@ def __getattr__(name: str) -> Any:
         from fastpp.sim import run
 
         value = globals()[name] = getattr(run, _SIMULATOR[name])  # imported once
+        return value
+    if name in _PLANNER:
+        from fastpp.sim import planner
+
+        value = globals()[name] = getattr(planner, name)
         return value
     raise AttributeError(f"module 'fastpp' has no attribute {name!r}")
 
@@ -77,4 +86,6 @@ __all__ = [
     "Scheduler", "SchedulerConfig", "MicroBatchPlan", "StepOutput", "RequestEnd", "SchedulerStats",
     # the simulator
     "run_simulation", "WorkloadConfig", "DeploymentConfig", "SimulationRun",
+    # the deployment planner
+    "plan_deployment", "PlanConfig", "DeploymentPlan", "CandidateResult",
 ]

@@ -20,6 +20,11 @@ import numpy as np
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 BUILTIN_TABLES_FILE = "length_tables.json"
+# A length past this is a broken file (no model has a context near it); larger values would
+# not even fit the int64 arrays.
+MAX_LENGTH_TOKENS = 100_000_000
+# Arrivals are kept as int64 nanoseconds since the first row: at most ~292 years of trace.
+MAX_SPAN_NS = 2**63 - 1
 
 # YYYY-MM-DD HH:MM:SS[.fffffff]; the Azure 2023 files carry 7 fractional digits. Parsing the
 # fixed format by hand is ~5x faster than datetime.strptime and keeps the 100 ns digit that
@@ -154,6 +159,11 @@ def _count(path: Path, line: int, column: str, text: str, minimum: int) -> int:
     text = text.strip()
     if not (text.isascii() and text.isdigit()):
         raise WorkloadError.at(path, line, column, f"expected a non-negative integer, got {text!r}")
+    digits = text.lstrip("0")  # a long digit string is refused before int() reads it
+    if len(digits) > len(str(MAX_LENGTH_TOKENS)) or int(digits or "0") > MAX_LENGTH_TOKENS:
+        shown = text if len(text) <= 30 else f"{text[:12]}...({len(text)} digits)"
+        problem = f"{shown} tokens is more than {MAX_LENGTH_TOKENS:,}"
+        raise WorkloadError.at(path, line, column, problem)
     value = int(text)
     if value < minimum:
         problem = f"expected an integer >= {minimum}, got {text!r}"
@@ -228,6 +238,11 @@ def read_azure_trace(path: str | Path) -> Trace:
             raise WorkloadError.at(
                 path, line, time_col, f"timestamp {text!r} is earlier than the previous row's"
             )
+        if arrival_ns and ns - arrival_ns[0] > MAX_SPAN_NS:
+            years = (ns - arrival_ns[0]) / 1e9 / (365.25 * 86400)
+            raise WorkloadError.at(
+                path, line, time_col, f"timestamp {text!r} is {years:,.0f} years after the first "
+                f"row's; a trace spans at most {MAX_SPAN_NS / 1e9 / (365.25 * 86400):.0f} years")
         prompt_len, output_len = _read_lengths(
             path, line, (prompt_col, output_col), prompt_text, output_text
         )

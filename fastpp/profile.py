@@ -517,11 +517,45 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     path.write_text(_dumps(profile.to_dict()) + "\n", encoding="utf-8")
 
 
+MAX_JSON_DEPTH = 64  # a profile nests 4 levels; Python's JSON parser fails near 1,000
+
+
+def json_depth_error(text: str, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Where ``text`` (JSON) first nests deeper than ``limit`` arrays and objects: "line N,
+    column M", or None. Strings are skipped, so brackets inside them do not count."""
+    depth, line, col, in_string, escaped = 0, 1, 0, False, False
+    for ch in text:
+        col += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return f"line {line}, column {col}"
+        elif ch in "]}":
+            depth -= 1
+        if ch == "\n":
+            line, col = line + 1, 0
+    return None
+
+
 def load_profile(path: str | Path) -> Profile:
-    """Read and validate a profile file; errors name the file and the field."""
+    """Read and validate a profile file; errors name the file and the field (or the line)."""
     path = Path(path)
+    text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProfileError(f"not valid JSON: {e}", "", path.name) from None
+    except RecursionError:  # a crafted or broken file: say where, not Python's parser error
+        where = json_depth_error(text) or "somewhere"
+        raise ProfileError(f"nested more than {MAX_JSON_DEPTH} levels deep at {where}", "",
+                           path.name) from None
     return Profile.from_dict(data, source=path.name)

@@ -40,6 +40,10 @@ __all__ = [
     "resolve_data_dir", "workload_stats",
 ]
 
+# The most requests one call generates (~100 bytes each as Request objects, ~1 GB in all):
+# a count or a rate x duration past it is refused before anything is drawn. A simulation
+# holds far fewer (fastpp.sim.limits).
+MAX_REQUESTS = 10_000_000
 DEFAULT_WORKLOAD = "azure-conv"
 ARRIVALS = ("poisson", "gamma")
 
@@ -78,8 +82,19 @@ def _check_extent(num_requests: int | None, duration_s: float | None) -> None:
         or num_requests < 1
     ):
         raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+    if num_requests is not None and num_requests > MAX_REQUESTS:
+        raise ValueError(f"num_requests={num_requests:,} is more than one workload generates "
+                         f"({MAX_REQUESTS:,})")
     if duration_s is not None:
         _check_positive("duration_s", duration_s)
+
+
+def _check_expected(rate: float, duration_s: float | None) -> None:
+    """Refuse a duration whose expected arrivals (rate x duration) pass ``MAX_REQUESTS``."""
+    if duration_s is not None and rate * duration_s > MAX_REQUESTS:
+        raise ValueError(
+            f"duration_s={duration_s:g} at rate={rate:g} req/s is about {rate * duration_s:.3g} "
+            f"requests, more than one workload generates ({MAX_REQUESTS:,})")
 
 
 def _renewal(
@@ -114,6 +129,7 @@ def poisson_arrivals(
     exponential(1/rate) after t=0. Give exactly one of ``num_requests`` and ``duration_s``."""
     _check_positive("rate", rate)
     _check_extent(num_requests, duration_s)
+    _check_expected(rate, duration_s)
     return _renewal(lambda n: rng.exponential(1.0 / rate, n), rate, num_requests, duration_s)
 
 
@@ -129,6 +145,7 @@ def gamma_arrivals(
     _check_positive("rate", rate)
     _check_positive("cv", cv)
     _check_extent(num_requests, duration_s)
+    _check_expected(rate, duration_s)
     shape = 1.0 / (cv * cv)
     scale = 1.0 / (rate * shape)
     return _renewal(lambda n: rng.gamma(shape, scale, n), rate, num_requests, duration_s)

@@ -254,8 +254,8 @@ def profile_name(gpu: str, model: str, pp: int, tp: int) -> str:
     return f"{gpu}_{model}_{par or 'pp1'}".lower()
 
 
-def analytic_profile(model: str, gpu: str, pp: int, tp: int, *, num_gpus: int | None = None,
-                     mem_fraction: float = 0.9, page_size: int = 1,
+def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: int, *,
+                     num_gpus: int | None = None, mem_fraction: float = 0.9, page_size: int = 1,
                      interconnect: str | None = None, host_overhead_s: float | None = None,
                      token_return_s: float | None = None,
                      created_at: str | None = None) -> Profile:
@@ -267,8 +267,8 @@ def analytic_profile(model: str, gpu: str, pp: int, tp: int, *, num_gpus: int | 
     device-to-host sync when pp == 1). ``created_at`` (ISO 8601) defaults to now, UTC.
     Raises ValueError for unknown names, impossible splits or a model that does not fit.
     """
-    shape = get_model(model)
-    spec = get_gpu(gpu)
+    shape = model if isinstance(model, ModelShape) else get_model(model)  # or a config.json's
+    spec = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu)  # or datasheet numbers
     eff = efficiency_for(spec)
     link = get_interconnect(interconnect or spec.interconnect)
     if pp < 1 or tp < 1:

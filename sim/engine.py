@@ -47,6 +47,7 @@ from fastpp.plan import MicroBatchPlan
 from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
 from fastpp.sim.events import EventClock
+from fastpp.sim.limits import check_requests
 from fastpp.types import IterationRecord, Request, RequestRecord
 
 
@@ -128,6 +129,7 @@ class PipelineSimulation:
         self.profile = profile
         self.scheduler = scheduler
         self.requests = sorted(requests, key=lambda r: (r.arrived_at, r.req_id))
+        check_requests(self.requests)  # too many, or spread too thin: refused before running
         self.record_iterations = record_iterations
         self.max_time_s = max_time_s
         if not 0.0 <= noise_cv < 1.0:

@@ -23,7 +23,9 @@ Probe rules (``slo_goodput``):
   with span = max(120 s, LIFETIMES x mean output length x SLO TPOT): every probe covers at
   least 120 s of arrivals, and several lifetimes of a request that decodes at the SLO's pace,
   so that a decode-heavy load (CNN-Reversed: ~880 output tokens, 3 minutes per request at
-  200 ms) has filled its KV cache and shows its real queue.
+  200 ms) has filled its KV cache and shows its real queue. At most ``MAX_FIRST_LOOK``
+  requests per seed (a lax TPOT SLO or a high rate would otherwise ask for millions), and a
+  ``num_requests`` above it is refused.
 - Convergence in length (P90 criterion): "P90 <= SLO" is "at most 10% of requests miss the
   objective". After each run the share of misses is estimated by batch means (``is_unsettled``:
   each seed's run cut into consecutive batches by arrival, the first dropped as warm-up, so
@@ -106,6 +108,7 @@ from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 from fastpp.types import SLO, FinishReason, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
+MAX_FIRST_LOOK = 100_000  # ... and at most (memory: each seed's run holds 1.25x this many)
 ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
 LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
 STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
@@ -415,8 +418,10 @@ def probe_span_s(workload: WorkloadConfig, slo: SLO, samples: int = 4000) -> flo
 
 def first_look_length(span_s: float, rate: float) -> int:
     """The length rule: requests per seed of a probe's first look at ``rate`` when it covers
-    ``span_s`` seconds of arrivals (:func:`probe_span_s`), at least ``MIN_REQUESTS``."""
-    return max(MIN_REQUESTS, math.ceil(span_s * rate))
+    ``span_s`` seconds of arrivals (:func:`probe_span_s`), at least ``MIN_REQUESTS`` and at
+    most ``MAX_FIRST_LOOK``."""
+    wanted = span_s * rate
+    return MAX_FIRST_LOOK if not wanted < MAX_FIRST_LOOK else max(MIN_REQUESTS, math.ceil(wanted))
 
 
 def open_probe_runs(workload: WorkloadConfig, deployment: DeploymentConfig, rate: float,
@@ -469,8 +474,9 @@ def slo_goodput(
         raise ValueError(f"attainment must be in (0, 1], got {attainment!r}")
     if not seeds:
         raise ValueError("give at least one seed")
-    if num_requests is not None and num_requests < 2:
-        raise ValueError(f"num_requests must be >= 2, got {num_requests}")
+    if num_requests is not None and not 2 <= num_requests <= MAX_FIRST_LOOK:
+        raise ValueError(f"num_requests (-n) must be in [2, {MAX_FIRST_LOOK:,}] per seed, "
+                         f"got {num_requests:,}")
     slo = deployment.slo
     span_s = probe_span_s(workload, slo)
 

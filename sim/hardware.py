@@ -234,3 +234,66 @@ CALIBRATION_MAPE: dict[str, str] = {
     "A100": "linear MAPE 3.6%, P95 APE 10.7% (3108 points, 3 models x TP 1/2/4/8)",
     "H100": "linear MAPE 5.0%, P95 APE 16.4% (2072 points, 2 models x TP 1/2/4/8)",
 }
+
+
+# --------------------------------------------------------------------------- user-given GPUs
+
+# Datasheet keys a GPU given by its numbers takes (``NAME:key=value,...``), with their units.
+DATASHEET_KEYS = {
+    "bf16_tflops": "dense BF16 tensor TFLOP/s", "hbm_gbps": "memory bandwidth, GB/s",
+    "memory_gib": "device memory, GiB", "interconnect": f"one of {', '.join(INTERCONNECTS)}",
+    "family": f"efficiencies to borrow: {', '.join(EFFICIENCY)}", "sms": "streaming multiprocessors",
+}
+
+
+def parse_gpu_datasheet(text: str) -> GpuSpec:
+    """A GPU from its datasheet numbers: ``L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48``
+    (optional ``interconnect=pcie4``, ``family=A100``, ``sms=142``). Its achieved fractions are
+    borrowed from ``family`` (default A100): an uncalibrated estimate. ValueError names the
+    missing or bad key."""
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if not name or not rest.strip():
+        raise ValueError(f"GPU {text!r}: give a known name or NAME:bf16_tflops=..,hbm_gbps=..,"
+                         "memory_gib=..")
+    values: dict[str, str] = {}
+    for item in (i.strip() for i in rest.split(",") if i.strip()):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in DATASHEET_KEYS:
+            raise ValueError(f"GPU {name}: unknown datasheet entry {item!r}; keys: "
+                             f"{', '.join(DATASHEET_KEYS)}")
+        values[key] = value.strip()
+    missing = [k for k in ("bf16_tflops", "hbm_gbps", "memory_gib") if k not in values]
+    if missing:
+        raise ValueError(f"GPU {name}: missing {', '.join(missing)} (datasheet numbers)")
+    try:
+        flops, bw, mem = (float(values[k]) for k in ("bf16_tflops", "hbm_gbps", "memory_gib"))
+        sms = int(values.get("sms", "108"))
+    except ValueError as exc:
+        raise ValueError(f"GPU {name}: datasheet numbers must be numbers ({exc})") from None
+    link = values.get("interconnect", "pcie4")
+    get_interconnect(link)
+    family = values.get("family", "A100").upper()
+    if family not in EFFICIENCY:
+        raise ValueError(f"GPU {name}: family must be one of {', '.join(EFFICIENCY)}, got {family!r}")
+    return GpuSpec(name, family, flops * 1e12, bw * GB, int(mem * 1024**3), sms, link)
+
+
+def resolve_gpu(text: str) -> GpuSpec:
+    """A known GPU by name or alias, or one given by its datasheet numbers (``NAME:...``)."""
+    return parse_gpu_datasheet(text) if ":" in text else get_gpu(text)
+
+
+def is_calibrated(gpu: GpuSpec) -> bool:
+    """Is ``gpu`` one of the built-in parts, whose family efficiencies were fitted on measured
+    tables (``CALIBRATION_FILES``)? A GPU given by datasheet numbers is not."""
+    return GPUS.get(gpu.name) == gpu
+
+
+def calibration_note(gpu: GpuSpec) -> str:
+    """``calibrated (A100 family: linear MAPE 3.6% ...)`` or ``uncalibrated (...)``."""
+    if is_calibrated(gpu):
+        return f"calibrated ({gpu.family} family: {CALIBRATION_MAPE[gpu.family]})"
+    return (f"uncalibrated (datasheet numbers; achieved fractions borrowed from the "
+            f"{gpu.family} family fit)")

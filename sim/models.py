@@ -80,10 +80,29 @@ def resolve_model(value: str) -> ModelShape:
         if not isinstance(cfg, dict):
             raise ValueError(f"{config}: expected a JSON object")
         name = path.resolve().name if path.is_dir() else path.resolve().parent.name
+        check_dense_config(cfg, str(config))
         return ModelShape.from_hf_config(cfg, name=name)
     if path.is_dir():
         raise ValueError(f"{value}: a directory without config.json")
     return get_model(value)
+
+
+# Hugging Face model types whose shape ModelShape describes: dense decoders with RMSNorm, rotary
+# attention (grouped KV heads) and a gated MLP.
+DENSE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def check_dense_config(cfg: dict, source: str = "config.json") -> None:
+    """ValueError naming the field unless ``cfg`` is a dense Llama / Qwen2 / Qwen3 / Mistral."""
+    model_type = cfg.get("model_type")
+    if model_type not in DENSE_MODEL_TYPES:
+        raise ValueError(f"{source}: model_type {model_type!r} is not one the cost model "
+                         f"describes ({', '.join(DENSE_MODEL_TYPES)}: dense decoders)")
+    moe = [k for k in _MOE_KEYS if cfg.get(k)]
+    if moe:
+        raise ValueError(f"{source}: {moe[0]} = {cfg[moe[0]]!r}: a mixture-of-experts model; "
+                         "the cost model describes dense decoders only")
 
 
 def layer_weight_params(m: ModelShape) -> int:
@@ -98,3 +117,12 @@ def kv_bytes_per_token_per_layer(m: ModelShape, tp: int) -> int:
     (at least one head: with tp > kv_heads the heads are replicated, as in vLLM/SGLang)."""
     heads = max(1, m.num_kv_heads // tp)
     return 2 * heads * m.head_dim * m.dtype_bytes
+
+
+# The Hugging Face repositories of the models above (what an engine's --model takes).
+HF_REPOS: dict[str, str] = {
+    "Qwen2.5-14B": "Qwen/Qwen2.5-14B-Instruct", "Qwen2.5-32B": "Qwen/Qwen2.5-32B-Instruct",
+    "Qwen2.5-72B": "Qwen/Qwen2.5-72B-Instruct", "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
+    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}

@@ -13,8 +13,9 @@ from fastpp.profile import Profile, load_profile
 from fastpp.profile_names import resolve_profile
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
+from fastpp.scheduler_config import DEFAULT_CANDIDATES, MAX_CHUNK_CANDIDATES, SchedulerConfig
 from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimResult
+from fastpp.sim.limits import check_workload_extent
 from fastpp.types import SLO, Request
 from fastpp.workloads import make_requests, replay_requests
 
@@ -64,6 +65,8 @@ class WorkloadConfig:
             raise ValueError("give num_requests or duration_s (or a trace to replay)")
         if self.num_requests is not None and self.duration_s is not None:
             raise ValueError("give num_requests or duration_s, not both")
+        if self.replay is None:  # too large for memory: refused now, naming the option
+            check_workload_extent(self.rate, self.num_requests, self.duration_s)
 
     def requests(self) -> list[Request]:
         if self.replay is not None:
@@ -101,6 +104,11 @@ class DeploymentConfig:
     page_size: int | None = None  # default: the profile's
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
     host_loop: str = "free-slots"  # or batch-queue (vLLM), blocking-launch (sim/engine.py HOST_LOOPS)
+
+    def __post_init__(self) -> None:
+        if self.chunk_candidates is not None and len(self.chunk_candidates) > MAX_CHUNK_CANDIDATES:
+            raise ValueError(f"chunk_candidates (--chunk-candidates): {len(self.chunk_candidates):,} "
+                             f"values, at most {MAX_CHUNK_CANDIDATES:,}")
 
     @property
     def label(self) -> str:

@@ -1,0 +1,160 @@
+"""The planner's typed results: one ``CandidateResult`` per candidate, one ``DeploymentPlan``.
+
+Statuses: ``searched`` (a full goodput search), ``beaten`` (failed one probe at the best goodput
+already found, so it cannot win; its goodput is below that), ``pruned`` (its capacity bound is
+below the best goodput found: no probe run). Ranking: goodput, then SLO attainment at goodput,
+then fewer GPUs per replica (fewer links to go wrong), then the policy name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpp.sim.plan_bound import CapacityBound
+from fastpp.sim.plan_candidates import DeploymentCandidate, LayoutExclusion
+
+STATUSES = ("searched", "beaten", "pruned")
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateResult:
+    """A candidate's bound and, when searched, goodput, binding limit and operating point."""
+
+    candidate: DeploymentCandidate
+    bound: CapacityBound
+    status: str  # searched | beaten | pruned
+    goodput: float | None = None  # req/s of the deployment (dp x a replica's); None unless searched
+    margin: float = math.nan  # the search's bracket width, deployment req/s
+    attainment: float = math.nan  # per-request SLO attainment at goodput
+    num_probes: int = 0  # goodput probes this candidate cost (0 when pruned)
+    binding: str = ""  # the limit at goodput: TTFT, TPOT, KV capacity, queue growth, ...
+    binding_rate: float | None = None  # replica rate of the probe that named the limit
+    reason: str = ""  # the search's reason (goodput 0) or the challenge probe's failure
+    below: float | None = None  # beaten / pruned: goodput is below this (deployment req/s)
+    operating_point: dict[str, float] = field(default_factory=dict)  # latencies at share x goodput
+    cached: bool = False  # read from the plan folder instead of computed
+
+    @property
+    def label(self) -> str:
+        return self.candidate.label
+
+    @property
+    def num_gpus(self) -> int:
+        return self.candidate.layout.num_gpus
+
+    @property
+    def goodput_per_gpu(self) -> float | None:
+        return None if self.goodput is None else self.goodput / self.num_gpus
+
+    @property
+    def bound_share(self) -> float | None:
+        """Goodput / capacity bound (None unless searched)."""
+        if self.goodput is None or not self.bound.rate > 0 or math.isinf(self.bound.rate):
+            return None
+        return self.goodput / self.bound.rate
+
+    def rank_key(self) -> tuple:
+        attained = -1.0 if math.isnan(self.attainment) else self.attainment
+        layout = self.candidate.layout
+        return (-(self.goodput or 0.0), -attained, layout.tp * layout.pp, self.candidate.policy)
+
+    def to_dict(self) -> dict[str, Any]:
+        layout = self.candidate.layout
+        return {
+            "label": self.label, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
+            "policy": self.candidate.policy, "status": self.status, "goodput": self.goodput,
+            "goodput_per_gpu": self.goodput_per_gpu, "margin": self.margin,
+            "attainment": self.attainment, "bound": self.bound.rate,
+            "bound_bottleneck": self.bound.bottleneck,
+            "bound_replica_rates": self.bound.replica_rates, "bound_share": self.bound_share,
+            "binding": self.binding, "binding_rate": self.binding_rate, "reason": self.reason,
+            "below": self.below, "num_probes": self.num_probes,
+            "operating_point": self.operating_point, "cached": self.cached,
+        }
+
+    @classmethod
+    def from_row(cls, candidate: DeploymentCandidate, bound: CapacityBound, row: dict[str, Any],
+                 cached: bool = False) -> CandidateResult:
+        """From an ``evaluate_candidate`` row."""
+        if row["status"] == "beaten":
+            return cls(candidate, bound, "beaten", num_probes=int(row["num_probes"]),
+                       binding=row.get("binding", ""), reason=row.get("reason", ""),
+                       below=row["beaten_at"], cached=cached)
+        return cls(candidate, bound, "searched", goodput=float(row["goodput"]),
+                   margin=_num(row.get("margin")), attainment=_num(row.get("attainment")),
+                   num_probes=int(row["num_probes"]), binding=row.get("binding", ""),
+                   binding_rate=row.get("binding_rate"), reason=row.get("reason", ""),
+                   operating_point=dict(row.get("operating_point") or {}), cached=cached)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentPlan:
+    """What ``plan_deployment`` found: every candidate ranked, the layouts left out, the pick."""
+
+    model: str
+    gpu: str
+    gpu_note: str  # calibrated / uncalibrated, and on what
+    interconnect: str
+    num_gpus: int
+    workload: str
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    results: tuple[CandidateResult, ...]  # ranked, best first (pruned ones last)
+    excluded: tuple[LayoutExclusion, ...]
+    operating_share: float
+    precision: float
+    seeds: tuple[int, ...]
+    wall_s: float
+    notes: tuple[str, ...] = ()
+    cost_source: str = "analytic"  # analytic | measured profile(s)
+
+    @property
+    def best(self) -> CandidateResult | None:
+        """The recommendation: the top searched candidate with goodput > 0 (None: no feasible
+        deployment)."""
+        top = [r for r in self.results if r.status == "searched" and (r.goodput or 0) > 0]
+        return top[0] if top else None
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def probes_run(self) -> int:
+        return sum(r.num_probes for r in self.results if not r.cached)
+
+    @property
+    def probes_saved(self) -> float:
+        """Estimated probes the pruning saved: a pruned candidate would have cost a full
+        search (the searched candidates' mean), a beaten one that less its one probe."""
+        full = [r.num_probes for r in self.results if r.status == "searched"]
+        mean = sum(full) / len(full) if full else 0.0
+        return self.count("pruned") * mean + sum(max(0.0, mean - r.num_probes)
+                                                 for r in self.results if r.status == "beaten")
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "model": self.model, "gpu": self.gpu, "gpu_note": self.gpu_note,
+            "interconnect": self.interconnect, "num_gpus": self.num_gpus,
+            "workload": self.workload, "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms, "cost_source": self.cost_source,
+            "operating_share": self.operating_share, "precision": self.precision,
+            "seeds": list(self.seeds), "routing": ROUTING_NOTE,
+            "best": None if best is None else best.label,
+            "counts": {s: self.count(s) for s in STATUSES}, "probes_run": self.probes_run,
+            "probes_saved_estimate": self.probes_saved, "wall_s": self.wall_s,
+            "results": [r.to_dict() for r in self.results],
+            "excluded": [{"label": e.layout.label, "dp": e.layout.dp, "tp": e.layout.tp,
+                          "pp": e.layout.pp, "reason": e.reason} for e in self.excluded],
+            "notes": list(self.notes),
+        }
+
+
+ROUTING_NOTE = ("dp replicas: each gets rate / dp (random routing of a Poisson stream), so a "
+                "layout's goodput is dp x one replica's")
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)

@@ -1,0 +1,289 @@
+"""``plan_deployment``: which layout, policy and balancer serve the most requests per second
+within the SLO on N GPUs, and how close each comes to its bubble-free capacity.
+
+Scenario: "8 x H100, Qwen2.5-32B, this traffic, P90 TTFT 2 s and TPOT 200 ms: TP x PP x
+replicas, which chunk policy, and how many req/s?" The planner
+
+1. lists the layouts dp x tp x pp = N that fit memory (``plan_candidates``; the others with
+   the reason), times the policy grid;
+2. bounds each candidate from the cost model (``plan_bound``: the rate at which the busiest
+   stage, the host or the KV pool would be 100% busy) and searches them in order of that bound;
+3. searches each with the goodput search of ``fastpp goodput`` on one replica (``plan_job``),
+   skipping a candidate whose bound is below the best goodput found (it cannot win) and
+   stopping after one probe a candidate that fails at that goodput;
+4. reports, per candidate, goodput, goodput per GPU, the share of the bound reached, the limit
+   that binds at goodput and the latency at an operating point below it (``plan_result``).
+
+Jobs run in this process, a process pool or on Ray (``plan_exec``). With ``out_dir`` every
+finished job's row is appended to ``OUT/plan.jsonl`` and reused by a later plan with the same
+inputs (resumable, like sweeps).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastpp.profile import ModelShape, Profile, load_profile
+from fastpp.profile_names import resolve_profile
+from fastpp.sim.analytic import analytic_profile
+from fastpp.sim.goodput import GOODPUT_METHOD
+from fastpp.sim.hardware import GPUS, GpuSpec, calibration_note, resolve_gpu
+from fastpp.sim.models import MODELS, resolve_model
+from fastpp.sim.plan_bound import RequestLengths, capacity_bound
+from fastpp.sim.plan_candidates import (
+    DeploymentCandidate,
+    Layout,
+    LayoutExclusion,
+    LayoutFit,
+    PolicyGrid,
+    enumerate_layouts,
+    profile_layouts,
+)
+from fastpp.sim.plan_exec import JobRunner, make_runner
+from fastpp.sim.plan_job import CandidateJob, SearchSettings
+from fastpp.sim.plan_result import CandidateResult, DeploymentPlan
+
+__all__ = ["CandidateResult", "DeploymentPlan", "PlanConfig", "plan_deployment", "sample_lengths"]
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler
+from fastpp.sim.sweep_table import append_row, read_rows, row_line
+from fastpp.types import SLO
+from fastpp.workloads import WORKLOADS
+
+PLAN_JSONL = "plan.jsonl"
+LENGTH_SAMPLES = 4000  # workload requests sampled for the P99 request and the bound
+PLAN_METHOD = 2  # version of the job rules; part of every cache key
+Progress = Callable[[int, int, str], None]  # (candidates done, candidates, last finished label)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """What to plan: the hardware, the model, the traffic, the SLO, the policy grid."""
+
+    model: str = "Qwen2.5-32B"  # a known name, a Hugging Face config.json or model directory
+    gpu: str = "A100-40GB-PCIe"  # a known name, or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=..
+    num_gpus: int = 4
+    workload: str = "azure-conv"
+    slo: SLO = field(default_factory=SLO)
+    policies: PolicyGrid = field(default_factory=PolicyGrid)  # or its --policies text
+    layouts: tuple[str, ...] | None = None  # only these (Layout.key: pp4, dp2pp2, tp4, dp4)
+    profiles: tuple[str, ...] = ()  # measured profiles: each fixes a layout (model, GPU unused)
+    interconnect: str | None = None  # default: the GPU's
+    host_loop: str = "free-slots"
+    chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies choose from
+    data_dir: str | None = None
+    settings: SearchSettings = field(default_factory=SearchSettings)
+    prune: bool = True  # False: search every candidate fully (the exhaustive check)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.policies, str):  # the --policies spelling
+            object.__setattr__(self, "policies", PolicyGrid.parse(self.policies))
+        object.__setattr__(self, "profiles", tuple(self.profiles))
+        if self.num_gpus < 1:
+            raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
+        if self.workload not in WORKLOADS and not self.workload.startswith("random:"):
+            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A fitting layout with its replica's profile and how a job should load it."""
+
+    fit: LayoutFit
+    profile: Profile
+    deployment: DeploymentConfig  # the replica, policy still to set
+    profile_json: str | None
+
+
+def plan_deployment(config: PlanConfig | None = None, *, executor: str = "process",
+                    workers: int | None = None, ray_address: str | None = None,
+                    out_dir: Path | str | None = None,
+                    progress: Progress | None = None) -> DeploymentPlan:
+    """Plan ``config`` (module docstring); ValueError names a bad model, GPU, workload,
+    profile or GPU count before any search runs."""
+    start = time.perf_counter()
+    config = config or PlanConfig()
+    workload = WorkloadConfig(name=config.workload, data_dir=config.data_dir)
+    lengths = sample_lengths(workload)
+    p99 = int(np.percentile([i + o for i, o in lengths], 99))
+    stats = RequestLengths.of(lengths)
+    layouts, excluded, model, gpu, source = _layouts(config, p99)
+    if config.layouts is not None:
+        wanted = {k.strip().lower().replace(" ", "").replace("x", "") for k in config.layouts}
+        known = {lay.fit.layout.key for lay in layouts} | {e.layout.key for e in excluded}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ValueError(f"--layouts: {', '.join(unknown)} is not a layout of "
+                             f"{config.num_gpus} GPUs; the layouts: {', '.join(sorted(known))}")
+        layouts = [lay for lay in layouts if lay.fit.layout.key in wanted]
+        excluded = [e for e in excluded if e.layout.key in wanted]
+    candidates = [(lay, DeploymentCandidate(lay.fit.layout, policy))
+                  for lay in layouts for policy in config.policies.for_layout(lay.fit.layout)]
+    jobs: list[CandidateJob] = []
+    for lay, cand in candidates:
+        dep = replace(lay.deployment, policy=cand.policy)
+        try:
+            build_scheduler(lay.profile, dep)
+        except ValueError as exc:
+            raise ValueError(f"{cand.label}: {exc}") from None
+        bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates),
+                               cand.layout.dp)
+        jobs.append(CandidateJob(_job_id(config, lay, cand, model, gpu), cand, workload, dep,
+                                 bound, config.settings, profile_json=lay.profile_json))
+    jobs.sort(key=lambda j: -j.bound.rate)
+    notes = [f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
+             f"sampled); a layout's KV pool must hold it"]
+    results = _search(jobs, config, executor, workers, ray_address, out_dir, progress, notes)
+    results.sort(key=lambda r: (r.status == "pruned", r.status == "beaten", r.rank_key()))
+    return DeploymentPlan(
+        model=model.name, gpu=gpu.name if gpu else "-",
+        gpu_note=calibration_note(gpu) if gpu else "measured profile",
+        interconnect=layouts[0].profile.interconnect if layouts else (gpu.interconnect if gpu else "-"),
+        num_gpus=config.num_gpus, workload=config.workload,
+        slo_ttft_ms=config.slo.ttft_s * 1e3, slo_tpot_ms=config.slo.tpot_s * 1e3,
+        results=tuple(results), excluded=tuple(excluded),
+        operating_share=config.settings.operating_share, precision=config.settings.precision,
+        seeds=config.settings.seeds, wall_s=time.perf_counter() - start, notes=tuple(notes),
+        cost_source=source)
+
+
+def sample_lengths(workload: WorkloadConfig) -> list[tuple[int, int]]:
+    """(prompt, output) lengths of ``LENGTH_SAMPLES`` requests of the workload (seed 0)."""
+    sample = replace(workload, rate=None, num_requests=LENGTH_SAMPLES, duration_s=None, seed=0)
+    return [(r.prompt_len, r.output_len) for r in sample.requests()]
+
+
+def _layouts(config: PlanConfig, p99: int) -> tuple[list[_Layout], list[LayoutExclusion],
+                                                    ModelShape, GpuSpec | None, str]:
+    if config.profiles:
+        profiles = [load_profile(resolve_profile(p)) for p in config.profiles]
+        fits, excluded = profile_layouts(profiles, config.num_gpus, p99)
+        by_shape = {(p.pp, p.tp): p for p in profiles}
+        out = []
+        for fit in fits:
+            prof = by_shape[(fit.layout.pp, fit.layout.tp)]
+            dep = _replica(config, fit.layout, profile_path=None)
+            out.append(_Layout(fit, prof, dep, json.dumps(prof.to_dict())))
+        return out, excluded, profiles[0].model, None, "measured profile(s)"
+    model = resolve_model(config.model)
+    gpu = resolve_gpu(config.gpu)
+    fits, excluded = enumerate_layouts(model, gpu, config.num_gpus, p99)
+    by_name = (MODELS.get(model.name) == model and GPUS.get(gpu.name) == gpu
+               and config.interconnect is None)  # names: the very runs `fastpp goodput` makes
+    out = []
+    for fit in fits:
+        lay = fit.layout
+        prof = analytic_profile(model, gpu, lay.pp, lay.tp, interconnect=config.interconnect,
+                                created_at="2000-01-01T00:00:00+00:00")
+        dep = _replica(config, lay, model=model.name, gpu=gpu.name)
+        out.append(_Layout(fit, prof, dep, None if by_name else json.dumps(prof.to_dict())))
+    return out, excluded, model, gpu, "analytic"
+
+
+def _replica(config: PlanConfig, layout: Layout, profile_path: str | None = None,
+             **names: str) -> DeploymentConfig:
+    return DeploymentConfig(pp=layout.pp, tp=layout.tp, slo=config.slo, profile_path=profile_path,
+                            chunk_candidates=config.chunk_candidates, host_loop=config.host_loop,
+                            **names)
+
+
+def _job_id(config: PlanConfig, lay: _Layout, cand: DeploymentCandidate, model: ModelShape,
+            gpu: GpuSpec | None) -> str:
+    key = {
+        "plan_method": PLAN_METHOD, "goodput_method": GOODPUT_METHOD, "label": cand.label,
+        "profile": hashlib.sha256((lay.profile_json or json.dumps(lay.profile.to_dict()))
+                                  .encode()).hexdigest(),
+        "workload": config.workload, "data_dir": config.data_dir,
+        "slo": [config.slo.ttft_s, config.slo.tpot_s], "host_loop": config.host_loop,
+        "chunk_candidates": config.chunk_candidates, "settings": asdict(config.settings),
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _search(jobs: Sequence[CandidateJob], config: PlanConfig, executor: str, workers: int | None,
+            ray_address: str | None, out_dir: Path | str | None, progress: Progress | None,
+            notes: list[str]) -> list[CandidateResult]:
+    """Search ``jobs`` (highest bound first), pruning on the best goodput found so far."""
+    cached: dict[str, dict[str, Any]] = {}
+    path = None
+    if out_dir is not None:
+        path = Path(out_dir) / PLAN_JSONL
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows, dropped = read_rows(_keyed(path))
+        notes += dropped
+        cached = {r["point_id"]: r for r in rows.values()}
+    results: dict[str, CandidateResult] = {}
+    best = 0.0
+
+    def record(job: CandidateJob, row: dict[str, Any], from_cache: bool) -> None:
+        nonlocal best
+        result = CandidateResult.from_row(job.candidate, job.bound, row, cached=from_cache)
+        results[job.job_id] = result
+        if result.goodput is not None:
+            best = max(best, result.goodput)
+
+    for job in jobs:  # full searches first: they set the bar the rest must clear
+        row = cached.get(job.job_id)
+        if row is not None and row["status"] == "searched":
+            record(job, row, True)
+    if len(results):
+        notes.append(f"resumed: {len(results)} candidates' searches read from {path}")
+    total = len(jobs)
+    done = len(results)
+    if progress is not None:
+        progress(done, total, "")
+    pending = [j for j in jobs if j.job_id not in results]
+    runner: JobRunner | None = None
+    in_flight: dict[str, CandidateJob] = {}
+    fh = path.open("a") if path is not None else None
+    try:
+        while pending or in_flight:
+            while pending and (runner is None or len(in_flight) < runner.capacity):
+                job = pending.pop(0)
+                row = cached.get(job.job_id)
+                if config.prune and row is not None and row["status"] == "beaten" \
+                        and row["beaten_at"] <= best:
+                    record(job, row, True)
+                elif config.prune and best > 0 and job.bound.rate < best:
+                    results[job.job_id] = CandidateResult(job.candidate, job.bound, "pruned",
+                                                          below=job.bound.rate)
+                else:
+                    if runner is None:
+                        runner = make_runner(executor, workers=workers, ray_address=ray_address)
+                    in_flight[job.job_id] = job
+                    runner.submit(replace(job, beat=best if config.prune else 0.0))
+                    continue
+                done += 1
+                if progress is not None:
+                    progress(done, total, job.candidate.label)
+            if in_flight and runner is not None:
+                row = runner.take()
+                job = in_flight.pop(row["job_id"])
+                record(job, row, False)
+                if fh is not None:
+                    append_row(fh, {"point_id": job.job_id, **row})
+                done += 1
+                if progress is not None:
+                    progress(done, total, job.candidate.label)
+    finally:
+        if runner is not None:
+            runner.close()
+        if fh is not None:
+            fh.close()
+    return [results[j.job_id] for j in jobs]
+
+
+def _keyed(path: Path) -> Path:
+    """The plan file, cleaned of a partial last line (an interrupted append) before reuse."""
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        rows, _ = read_rows(path)
+        path.write_text("".join(row_line(r) for r in rows.values()))
+    return path

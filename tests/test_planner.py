@@ -1,0 +1,170 @@
+"""The deployment planner's parts: layouts and memory fit (with the reasons a layout is left
+out), the policy grid, the capacity bound (an upper bound on what any simulated run serves),
+the config.json model loader and GPUs given by datasheet numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastpp.sim.analytic import analytic_profile
+from fastpp.sim.hardware import calibration_note, get_gpu, is_calibrated, resolve_gpu
+from fastpp.sim.models import get_model, resolve_model
+from fastpp.sim.plan_bound import RequestLengths, capacity_bound
+from fastpp.sim.plan_candidates import (
+    DeploymentCandidate,
+    Layout,
+    PolicyGrid,
+    enumerate_layouts,
+    shape_problem,
+)
+from fastpp.sim.plan_job import binding_from_reason
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+
+DATA = Path(__file__).parent / "data"
+A100 = get_gpu("A100-40GB-PCIe")
+
+
+def test_layouts_of_32b_on_four_a100_40gb_fit_but_one_gpu_replicas():
+    fits, excluded = enumerate_layouts(get_model("Qwen2.5-32B"), A100, 4, min_kv_tokens=4609)
+    assert {f.layout.key for f in fits} == {"pp4", "tp4", "pp2tp2", "dp2pp2", "dp2tp2"}
+    assert [e.layout.key for e in excluded] == ["dp4"]
+    assert excluded[0].reason.startswith("weights do not fit: stage 0 (64 layers over tp 1)")
+    assert all(f.layout.num_gpus == 4 for f in fits)
+    pp4 = next(f for f in fits if f.layout.key == "pp4")
+    assert pp4.kv_capacity_tokens == analytic_profile("Qwen2.5-32B", A100, 4, 1).kv_capacity_tokens
+
+
+def test_a_kv_pool_smaller_than_the_p99_request_excludes_the_layout():
+    fits, excluded = enumerate_layouts(get_model("Qwen2.5-32B"), A100, 4, min_kv_tokens=100_000)
+    reasons = {e.layout.key: e.reason for e in excluded}
+    assert set(reasons) == {"dp4", "dp2pp2", "dp2tp2"}  # one-pipeline-of-two pools: ~37k tokens
+    assert "smaller than the workload's P99 request (100,000 tokens)" in reasons["dp2pp2"]
+    assert {f.layout.key for f in fits} == {"pp4", "tp4", "pp2tp2"}
+
+
+def test_shape_rules_name_the_split_that_fails():
+    llama8b = get_model("Llama-3.1-8B")
+    assert shape_problem(llama8b, tp=16, pp=1) == "tp 16 does not divide the 8 KV heads"
+    assert shape_problem(llama8b, tp=1, pp=64) == "pp 64 > 32 layers"
+    assert shape_problem(get_model("SmolLM2-135M"), tp=2, pp=1) == "tp 2 does not divide the 3 KV heads"
+    _, excluded = enumerate_layouts(llama8b, get_gpu("H100"), 64, min_kv_tokens=1)
+    assert any(e.reason == "pp 64 > 32 layers" for e in excluded)
+
+
+@pytest.mark.parametrize("gpus", [0, 3, 6, 12])
+def test_a_gpu_count_not_a_power_of_two_is_refused(gpus):
+    with pytest.raises(ValueError, match="power of two"):
+        enumerate_layouts(get_model("Qwen2.5-14B"), A100, gpus, 1)
+
+
+def test_the_policy_grid_and_its_narrowing():
+    pipe, single = Layout(1, 1, 4), Layout(4, 1, 1)
+    full = PolicyGrid().for_layout(pipe)
+    assert len(full) == 12 and "predictive+ds" in full and "static:256+ds" in full
+    assert PolicyGrid().for_layout(single) == ["static:256", "static:512", "static:1024",
+                                               "static:2048", "greedy", "predictive"]
+    assert PolicyGrid.parse("static:512,predictive,no-ds").for_layout(pipe) == ["static:512",
+                                                                                "predictive"]
+    assert PolicyGrid.parse("predictive,ds").for_layout(pipe) == ["predictive+ds"]
+    assert PolicyGrid.parse("static").statics == (256, 512, 1024, 2048)
+    assert PolicyGrid.parse("greedy+ds").for_layout(single) == []  # +ds needs pp > 1
+    with pytest.raises(ValueError, match="unknown entry 'fast'"):
+        PolicyGrid.parse("static:512,fast")
+    assert DeploymentCandidate(pipe, "static:512+ds").max_tokens() == 512
+    assert DeploymentCandidate(pipe, "predictive").max_tokens((128, 256)) == 256
+
+
+def test_binding_limits_read_from_probe_reasons():
+    assert binding_from_reason("P90 TTFT: 2400.00 ms > 2000 ms") == "TTFT"
+    assert binding_from_reason("P90 TPOT: 250.00 ms > 200 ms") == "TPOT"
+    assert binding_from_reason("P90 TTFT/TPOT: 24 of 600 requests ... (probe stopped early)") \
+        == "TTFT and TPOT"
+    assert binding_from_reason("queue not stationary: median TTFT ...") == "queue growth"
+
+
+# ---- the bound: no run serves more than it ----------------------------------------------------
+
+_LAYOUTS = [("Qwen2.5-14B", "A100-40GB-PCIe", 2, 1), ("Qwen2.5-14B", "A100-40GB-PCIe", 1, 2),
+            ("Qwen2.5-14B", "H100-SXM", 4, 1), ("Llama-3.1-8B", "A100-40GB-PCIe", 1, 1)]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=st.sampled_from(_LAYOUTS), prompt=st.integers(16, 1500), output=st.integers(1, 24),
+       chunk=st.sampled_from([128, 256, 512, 2048]), ds=st.booleans(),
+       rate=st.sampled_from([None, 20.0, 200.0]))
+def test_no_simulated_run_serves_more_than_the_capacity_bound(layout, prompt, output, chunk, ds,
+                                                               rate):
+    model, gpu, pp, tp = layout
+    workload = WorkloadConfig(name=f"random:{prompt}:{output}", rate=rate, num_requests=30)
+    policy = f"static:{chunk}" + ("+ds" if ds and pp > 1 else "")
+    run = run_simulation(workload, DeploymentConfig(model=model, gpu=gpu, pp=pp, tp=tp,
+                                                    policy=policy), record_iterations=False)
+    records = run.result.records
+    lengths = RequestLengths.of([(r.prompt_len, r.output_len) for r in records])
+    bound = capacity_bound(run.profile, lengths, chunk)
+    served = [r for r in records if r.finished_at is not None]
+    assert len(served) == len(records)
+    window = max(r.finished_at for r in served) - min(r.arrived_at for r in records)
+    assert len(served) / window <= bound.rate * (1 + 1e-9)
+    for s, busy in enumerate(run.result.stage_busy_s):  # each stage's work, resource by resource
+        name = f"stage {s}" if pp > 1 else ("TP group" if tp > 1 else "GPU")
+        assert len(served) / busy <= bound.replica_rates[name] * (1 + 1e-9)
+
+
+def test_the_bound_scales_with_replicas_and_names_its_bottleneck():
+    profile = analytic_profile("Qwen2.5-32B", A100, 4, 1)
+    lengths = RequestLengths.of([(1000, 200)] * 10)
+    one, two = capacity_bound(profile, lengths, 512), capacity_bound(profile, lengths, 512, dp=2)
+    assert two.rate == pytest.approx(2 * one.rate) and two.replica_rate == pytest.approx(one.rate)
+    assert one.bottleneck == "stage 3"  # the last stage adds the LM head and sampling
+    assert set(one.replica_rates) == {"stage 0", "stage 1", "stage 2", "stage 3", "host loop",
+                                      "KV pool"}
+    assert capacity_bound(profile, lengths, 2048).rate > capacity_bound(profile, lengths, 256).rate
+
+
+# ---- models from config.json, GPUs from datasheets --------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "known"), [
+    ("qwen2.5-14b-instruct", "Qwen2.5-14B"), ("qwen2.5-14b-instruct/config.json", "Qwen2.5-14B"),
+    ("smollm2-135m-instruct", "SmolLM2-135M"), ("smollm2-135m-instruct/config.json", "SmolLM2-135M"),
+])
+def test_a_hugging_face_config_gives_the_built_in_shape(path, known):
+    shape = resolve_model(str(DATA / path))
+    assert shape.name == path.split("/")[0]
+    assert dataclasses.replace(shape, name=known) == get_model(known)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not one"),
+    ({"num_local_experts": 8}, "mixture-of-experts"),
+    ({"num_hidden_layers": None}, "num_hidden_layers"),
+])
+def test_a_config_the_cost_model_cannot_describe_is_refused(tmp_path, change, message):
+    cfg = json.loads((DATA / "qwen2.5-14b-instruct" / "config.json").read_text())
+    cfg.update(change)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message):
+        resolve_model(str(tmp_path))
+
+
+def test_a_gpu_by_its_datasheet_is_uncalibrated():
+    gpu = resolve_gpu("L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48")
+    assert (gpu.name, gpu.family, gpu.interconnect) == ("L40S", "A100", "pcie4")
+    assert gpu.peak_bf16_flops == 362e12 and gpu.memory_bytes == 48 * 1024**3
+    assert not is_calibrated(gpu) and calibration_note(gpu).startswith("uncalibrated")
+    assert is_calibrated(resolve_gpu("h100")) and calibration_note(get_gpu("H100")).startswith(
+        "calibrated")
+    with pytest.raises(ValueError, match="missing memory_gib"):
+        resolve_gpu("X:bf16_tflops=1,hbm_gbps=2")
+    with pytest.raises(ValueError, match="unknown datasheet entry 'speed=3'"):
+        resolve_gpu("X:bf16_tflops=1,hbm_gbps=2,memory_gib=3,speed=3")
+    with pytest.raises(ValueError, match="unknown GPU 'B300'"):
+        resolve_gpu("B300")

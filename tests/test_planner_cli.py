@@ -1,0 +1,90 @@
+"""``fastpp plan`` end to end, kept to seconds: fixed 200-request probes (--no-steady), one
+seed, a coarse bracket, two candidates. Also the resumed plan and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fastpp.cli.app import app
+
+runner = CliRunner()
+SMALL = ["-m", "Qwen2.5-14B", "--gpus", "2", "--layouts", "pp2,tp2", "--policies",
+         "static:512,no-ds", "--seeds", "1", "-n", "200", "--no-steady", "--precision", "2",
+         "--executor", "serial"]
+
+
+def _plan(args: list[str]) -> tuple[int, str]:
+    result = runner.invoke(app, ["plan", *args])
+    return result.exit_code, result.output
+
+
+def test_a_small_plan_ranks_prunes_and_recommends(tmp_path):
+    code, out = _plan([*SMALL, "-o", str(tmp_path), "--json"])
+    assert code == 0, out
+    plan = json.loads(out)
+    by_label = {r["label"]: r for r in plan["results"]}
+    pp2, tp2 = by_label["pp2 static:512"], by_label["tp2 static:512"]
+    assert plan["best"] == "pp2 static:512" and pp2["status"] == "searched"
+    assert pp2["goodput"] > 0 and pp2["goodput_per_gpu"] == pytest.approx(pp2["goodput"] / 2)
+    assert pp2["binding"] and pp2["operating_point"]["p90_ttft_ms"] > 0
+    assert pp2["operating_point"]["replica_rate"] == pytest.approx(0.8 * pp2["goodput"])
+    # tp2's bound is below pp2's goodput: it cannot win, and costs no probe
+    assert tp2["status"] == "pruned" and tp2["num_probes"] == 0 and tp2["bound"] < pp2["goodput"]
+    assert plan["counts"] == {"searched": 1, "beaten": 0, "pruned": 1}
+    assert "--tp-size 1" in plan["commands"]["sglang"]
+    assert "--chunked-prefill-size 512" in plan["commands"]["sglang"]
+    assert "--max-num-batched-tokens 512" in plan["commands"]["vllm"]
+    assert "rate / dp" in plan["routing"]
+    assert (tmp_path / "plan.json").exists() and (tmp_path / "plan.jsonl").exists()
+
+    code, again = _plan([*SMALL, "-o", str(tmp_path), "--json"])  # resumed from plan.jsonl
+    assert code == 0, again
+    resumed = json.loads(again)
+    assert resumed["probes_run"] == 0
+    assert [r["goodput"] for r in resumed["results"]] == [r["goodput"] for r in plan["results"]]
+
+
+def test_the_printed_plan_has_the_table_and_the_commands(tmp_path):
+    code, out = _plan([*SMALL, "-o", str(tmp_path)])
+    assert code == 0, out
+    assert "recommended: pp2 static:512" in out and "fastpp serve --backend sglang" in out
+    assert "pruned" in out and "random routing" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-m", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
+    (["--gpu", "B300"], "unknown GPU 'B300'"),
+    (["--gpus", "3"], "power of two"),
+    (["--layouts", "pp8"], "--layouts: pp8 is not a layout of 4 GPUs"),
+    (["--policies", "fast"], "unknown entry 'fast'"),
+])
+def test_bad_input_is_a_clear_error(args, message):
+    code, out = _plan([*args, "-o", ""])
+    assert code == 2, out
+    assert message in " ".join(out.split()) and "Traceback" not in out
+
+
+def test_a_model_that_fits_no_layout_says_why(tmp_path):
+    code, out = _plan(["-m", "Qwen2.5-72B", "--gpus", "1", "-o", str(tmp_path)])
+    assert code == 1, out
+    text = " ".join(out.split())
+    assert "no feasible deployment" in text and "weights do not fit" in text
+
+
+def test_an_slo_nothing_meets_names_the_binding_limit(tmp_path):
+    code, out = _plan([*SMALL, "--layouts", "pp2", "--slo-tpot-ms", "5", "-o", str(tmp_path),
+                       "--json"])
+    assert code == 1, out
+    plan = json.loads(out)
+    assert plan["best"] is None
+    assert all(r["goodput"] == 0 for r in plan["results"] if r["status"] == "searched")
+    assert "TPOT" in plan["results"][0]["binding"]
+
+
+def test_gpu_list_shows_calibrated_parts():
+    code, out = _plan(["--gpu", "list"])
+    assert code == 0 and "A100-40GB-PCIe" in out and "calibrated" in out
+    assert "uncalibrated" in out  # how to give another GPU
