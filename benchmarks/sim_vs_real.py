@@ -115,7 +115,8 @@ def record_run(run_dir: Path, args: argparse.Namespace) -> None:
         model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         bench = [*FASTPP_COMMAND, "bench", "--base-url", srv.url, "-m", model, "-w", args.workload,
                  "-n", str(args.num_prompts), "-r", str(args.rate), "--arrival", "poisson",
-                 "--seed", str(args.seed), "-o", str(run_dir) + ".bench.jsonl", "-q"]
+                 "--seed", str(args.seed), "-o", str(run_dir) + ".bench.jsonl", "-q",
+                 "--warmup-requests", "0"]  # the recorded run holds exactly the workload's requests
         print(" ".join(bench[len(FASTPP_COMMAND):]), flush=True)
         t0 = time.monotonic()
         done = subprocess.run(bench, capture_output=True, text=True)

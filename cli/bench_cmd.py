@@ -2,7 +2,8 @@
 
 Options mirror ``sglang.benchmark.serving`` where one exists (``--backend``, ``--base-url`` or
 ``--host``/``--port``, ``--num-prompts``, ``--request-rate``, ``--max-concurrency``, ``--seed``,
-``--goodput ttft:MS tpot:MS``, ``--output-file``, ``--output-details``, ``--tag``); the workload
+``--goodput ttft:MS tpot:MS e2el:MS``, ``--warmup-requests``, ``--tokenizer``,
+``--extra-request-body``, ``--output-file``, ``--output-details``, ``--tag``); the workload
 options are ``fastpp simulate``'s. Defaults live in ``BenchConfig``; the default server is
 ``fastpp serve``'s (port 8000). A server started with ``--api-key`` gets ``OPENAI_API_KEY``.
 """
@@ -11,6 +12,7 @@ options are ``fastpp simulate``'s. Defaults live in ``BenchConfig``; the default
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -32,16 +34,17 @@ from fastpp.cli.options import (
 
 if TYPE_CHECKING:  # the bench package needs httpx: imported when the command runs
     from fastpp.backends.bench import BenchConfig, BenchResult
-    from fastpp.types import SLO
 
 _EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
 
 
 HELP = (
     "Benchmark an OpenAI-compatible server (FastPP, SGLang, vLLM) with a FastPP workload.\n\n"
-    "Prompts are random common words, about one token each (no --tokenizer yet); every request asks "
-    "for exactly its workload output length (max_tokens with ignore_eos). OPENAI_API_KEY, if set, is "
-    "sent as the bearer key. Ctrl-C stops the run, cancels what is in flight and still reports what finished."
+    "Prompts are random common words, about one token each, or exactly the workload's length with "
+    "--tokenizer; every request asks for exactly its workload output length (max_tokens with "
+    "ignore_eos). One untimed warm-up request goes first (--warmup-requests 0: none), as in "
+    "sglang.benchmark.serving. OPENAI_API_KEY, if set, is sent as the bearer key. Ctrl-C stops the "
+    "run, cancels what is in flight and still reports what finished."
 )
 
 
@@ -65,12 +68,15 @@ def bench(
     seed: Annotated[int | None, typer.Option(help="Workload and prompt seed. [default: 0]")] = None,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight at once. [default: no limit]")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Per-request limit, seconds; a request past it is aborted. [default: 300]")] = None,
-    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="SLO as sglang writes it: --goodput ttft:500 tpot:50 (ms).")] = None,
+    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs as sglang writes them, ms: --goodput ttft:500 tpot:50 e2el:2000 (any of the three); adds the Goodput section.")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms (instead of --goodput).")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms (instead of --goodput).")] = None,
     output_file: Annotated[Path | None, typer.Option("--output-file", "-o", help="Append the run as one JSON line (sglang's keys) to this file.")] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="A label written into the JSON line's tag key, as sglang's --tag.")] = None,
     output_details: Annotated[bool, typer.Option("--output-details", help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.")] = False,
+    warmup_requests: Annotated[int | None, typer.Option("--warmup-requests", help="Untimed requests before the run (copies of the first, at most 32 output tokens); 0: none. [default: 1]")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json, or a model folder holding one: exact prompt lengths and retokenized output counts. [default: none, one word per token]")] = None,
+    extra_request_body: Annotated[str | None, typer.Option("--extra-request-body", metavar="JSON", help='A JSON object merged into every request body, e.g. \'{"temperature": 0.7}\' (its keys win).')] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
     """Benchmark an OpenAI-compatible server; ``HELP`` is the user-facing text."""
@@ -88,7 +94,9 @@ def bench(
             request_rate=request_rate, arrival=arrival, cv=cv, replay=replay,
             replay_start_s=replay_start, replay_window_s=replay_window, replay_speed=replay_speed,
             data_dir=data_dir, seed=seed, max_concurrency=max_concurrency, timeout_s=timeout_s,
-            slo=_slo(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms), tag=tag,
+            tag=tag, warmup_requests=warmup_requests, tokenizer=tokenizer,
+            extra_request_body=_json_object(extra_request_body, "--extra-request-body"),
+            **_slos(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
         ))
     except ValueError as exc:
         fail(str(exc))
@@ -110,10 +118,11 @@ def _base_url(base_url: str | None, host: str | None, port: int | None, default:
     return f"http://{host or parts.hostname}:{port or parts.port}"
 
 
-def _slo(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | None,
-         slo_tpot_ms: float | None) -> SLO | None:
-    """The SLO from --goodput (its extra words too: sglang's ``--goodput ttft:500 tpot:50``
-    leaves ``tpot:50`` as a stray argument) or from --slo-ttft-ms/--slo-tpot-ms."""
+def _slos(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | None,
+          slo_tpot_ms: float | None) -> dict:
+    """``goodput`` (sglang's pairs, from --goodput and its extra words: ``--goodput ttft:500
+    tpot:50`` leaves ``tpot:50`` as a stray argument) or ``slo`` (--slo-ttft-ms/--slo-tpot-ms)
+    for BenchConfig; BenchConfig derives the other."""
     from fastpp.backends.bench.config import make_slo, parse_goodput
 
     if extra_args and goodput is None:
@@ -121,8 +130,25 @@ def _slo(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | 
     if goodput is not None:
         if slo_ttft_ms is not None or slo_tpot_ms is not None:
             fail("give --goodput or --slo-ttft-ms/--slo-tpot-ms, not both")
-        return parse_goodput([*goodput, *extra_args])
-    return make_slo(slo_ttft_ms, slo_tpot_ms)
+        try:
+            return {"goodput": parse_goodput([*goodput, *extra_args])}
+        except ValueError as exc:
+            fail(f"--goodput: {exc}")
+    slo = make_slo(slo_ttft_ms, slo_tpot_ms)
+    return {} if slo is None else {"slo": slo}
+
+
+def _json_object(text: str | None, option: str) -> dict | None:
+    """A JSON object option's value, failing with the option's name and the parser's message."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        fail(f"{option}: not valid JSON ({exc}): {text!r}")
+    if not isinstance(value, dict):
+        fail(f"{option} must be a JSON object ({{...}}), got {type(value).__name__}: {text!r}")
+    return value
 
 
 def _run(config: BenchConfig, *, quiet: bool) -> BenchResult:

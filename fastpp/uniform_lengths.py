@@ -1,7 +1,8 @@
 """``random:IN:OUT[:RATIO]``: uniform lengths as ``sglang.benchmark.serving --dataset-name random``
-draws them: prompt lengths uniform in [RATIO * IN, IN], outputs in [RATIO * OUT, OUT] (RATIO
-defaults to 0.5 here; sglang's ``--random-range-ratio`` default is 0.0). For servers whose context
-is too short for the trace-derived workloads, such as small models on CPU."""
+draws them: prompt lengths uniform in [max(1, RATIO * IN), IN], outputs in [max(1, RATIO * OUT),
+OUT]. RATIO defaults to 0.0, as sglang's ``--random-range-ratio`` (so ``random:256:64`` draws
+prompts of 1-256 tokens; ``random:256:64:0.5`` draws 128-256, ``random:256:64:1`` exactly 256).
+For servers whose context is too short for the trace-derived workloads, such as small models on CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PREFIX = "random:"
-DEFAULT_RANGE_RATIO = 0.5
+DEFAULT_RANGE_RATIO = 0.0  # sglang's --random-range-ratio default
 
 
 @dataclass(frozen=True, slots=True)

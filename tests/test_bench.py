@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import threading
@@ -23,6 +24,7 @@ from fastpp.backends.bench import (
     parse_goodput,
     run_bench,
     run_bench_async,
+    slo_from_goodput,
 )
 from fastpp.backends.bench.prompts import WORDS, synthetic_prompt
 from fastpp.cli.app import app
@@ -63,6 +65,8 @@ def reqs(n: int, prompt_len: int = 12, output_len: int = 4, gap_s: float = 0.0) 
 
 
 def bench(srv: FakeOpenAIServer, requests: list[Request], **config) -> object:
+    """A run without the warm-up request (so the server sees exactly ``requests``) unless asked."""
+    config.setdefault("warmup_requests", 0)
     return run_bench(BenchConfig(base_url=srv.url, **config), requests=requests)
 
 
@@ -135,7 +139,8 @@ def test_summary_and_jsonl_have_sglangs_keys_and_append(serve, tmp_path):
     assert first["random_input_len"] is None and first["total_output_tokens_retokenized"] is None
     assert first["goodput_slos_ms"] == {"ttft": 500.0, "tpot": 50.0}
     assert first["slo_attainment_by_metric"] == {"ttft": 1.0, "tpot": 1.0} and first["request_goodput"] > 0
-    assert first["request_rate"] is None  # inf is not JSON: written as null
+    assert first["request_rate"] == math.inf  # written Infinity, as sglang's json.dumps writes it
+    assert '"request_rate": Infinity' in out.read_text().splitlines()[0]
     assert first["server_info"]["version"] == "fake-0.1"
     assert first["slo_met"] is True and first["slo_attainment"] == 1.0
     assert first["num_prompts"] == 4 and first["interrupted"] is False
@@ -192,7 +197,9 @@ def test_no_server_and_no_model_is_a_clear_error():
         url = srv.url
     with pytest.raises(BenchError, match="no server answers at .*start one"):
         run_bench(BenchConfig(base_url=url), requests=reqs(1))
-    res = run_bench(BenchConfig(base_url=url, model="m"), requests=reqs(2))
+    with pytest.raises(BenchError, match=r"warm-up request failed \(ConnectError.*--warmup-requests 0"):
+        run_bench(BenchConfig(base_url=url, model="m"), requests=reqs(2))
+    res = run_bench(BenchConfig(base_url=url, model="m", warmup_requests=0), requests=reqs(2))
     assert all("ConnectError" in r.detail for r in res.records) and res.summary["completed"] == 0
 
 
@@ -212,7 +219,7 @@ def test_requests_are_sent_at_their_arrival_times(serve):
     srv = serve(ttft_s=0.005, itl_s=0.002)
     requests = reqs(5, gap_s=0.06)
     progress: list[tuple[int, int]] = []
-    res = run_bench(BenchConfig(base_url=srv.url), requests=requests,
+    res = run_bench(BenchConfig(base_url=srv.url, warmup_requests=0), requests=requests,
                     progress=lambda done, total: progress.append((done, total)))
     for req, rec in zip(requests, res.records, strict=True):
         assert 0 <= rec.arrived_at - req.arrived_at < 0.03
@@ -236,7 +243,8 @@ def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
         timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
         t0 = time.perf_counter()
         timer.start()
-        res = run_bench(BenchConfig(base_url=srv.url, max_concurrency=2), requests=reqs(6, output_len=60))
+        res = run_bench(BenchConfig(base_url=srv.url, max_concurrency=2, warmup_requests=0),
+                        requests=reqs(6, output_len=60))
         elapsed = time.perf_counter() - t0
         timer.join()
     assert elapsed < 1.0  # each request alone would take 1.2 s
@@ -258,7 +266,7 @@ def test_ctrl_c_between_arrivals_keeps_what_finished():
 
         killer = threading.Thread(target=interrupt_after_the_first_request)
         killer.start()
-        res = run_bench(BenchConfig(base_url=srv.url), requests=reqs(3, gap_s=10.0))
+        res = run_bench(BenchConfig(base_url=srv.url, warmup_requests=0), requests=reqs(3, gap_s=10.0))
         killer.join()
     assert res.is_interrupted and res.num_not_sent == 2
     assert res.summary["completed"] == 1 and res.records[0].finish_reason == FinishReason.LENGTH
@@ -296,13 +304,20 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 def test_goodput_parses_sglangs_form():
-    assert parse_goodput(["ttft:500", "tpot:50"]) == SLO(0.5, 0.05)
+    assert parse_goodput(["ttft:500", "tpot:50"]) == (("ttft", 500.0), ("tpot", 50.0))
     assert parse_goodput(["ttft:500 tpot:50"]) == parse_goodput(["ttft:500,tpot:50"])
-    assert parse_goodput(["tpot:40"]) == SLO(SLO().ttft_s, 0.04)
-    with pytest.raises(ValueError, match="ttft or tpot"):
-        parse_goodput(["e2el:1000"])
+    assert parse_goodput(["e2el:2000", "ttft:1", "ttft:500"]) == (("e2el", 2000.0), ("ttft", 500.0))
+    assert slo_from_goodput(parse_goodput(["tpot:40"])) == SLO(SLO().ttft_s, 0.04)
+    assert slo_from_goodput(parse_goodput(["e2el:1000"])) is None  # no FastPP counterpart
+    with pytest.raises(ValueError, match="one of ttft, tpot, e2el, got 'itl'"):
+        parse_goodput(["itl:10"])
     with pytest.raises(ValueError, match="look like"):
         parse_goodput(["ttft=500"])
+    with pytest.raises(ValueError, match="positive number of ms"):
+        parse_goodput(["ttft:inf"])
+    cfg = BenchConfig(goodput=parse_goodput(["ttft:500", "e2el:900"]))
+    assert cfg.slo == SLO(0.5, SLO().tpot_s) and cfg.goodput_slos_ms == {"ttft": 500.0, "e2el": 900.0}
+    assert BenchConfig(slo=SLO(0.2, 0.03)).goodput_slos_ms == {"ttft": 200.0, "tpot": 30.0}
 
 
 def test_prompts_have_one_word_per_token_and_differ_per_request():
@@ -319,7 +334,7 @@ def test_cli_end_to_end_writes_the_block_and_the_jsonl_line(serve, tmp_path):
     srv = serve(ttft_s=0.002, itl_s=0.001)
     out = tmp_path / "bench.jsonl"
     args = ["bench", "--base-url", srv.url, "-w", "cnn-dailymail-synthetic", "-n", "5", "-r", "50",
-            "--seed", "1", "--max-concurrency", "2", "--goodput", "ttft:500", "tpot:50",
+            "--seed", "1", "--max-concurrency", "2", "--goodput", "ttft:500", "tpot:50", "e2el:60000",
             "-o", str(out), "--output-details"]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.stdout + res.stderr
@@ -331,9 +346,15 @@ def test_cli_end_to_end_writes_the_block_and_the_jsonl_line(serve, tmp_path):
     assert set(record) >= SGLANG_KEYS | DETAIL_KEYS
     assert record["completed"] == 5 and record["max_concurrency"] == 2 and record["request_rate"] == 50
     assert record["slo_ttft_ms"] == 500 and record["slo_tpot_ms"] == 50
+    assert record["goodput_slos_ms"] == {"ttft": 500, "tpot": 50, "e2el": 60000}
+    assert "E2EL SLO attainment (%):" in res.stdout
     expected = BenchConfig(workload="cnn-dailymail-synthetic", num_prompts=5, request_rate=50, seed=1)
     assert record["output_lens"] == [r.output_len for r in expected.requests()]
-    assert sorted(b["max_tokens"] for b in srv.stats.bodies) == sorted(record["output_lens"])
+    warm_up, *timed = srv.stats.bodies  # the warm-up goes first: the first prompt, <= 32 tokens
+    assert warm_up["max_tokens"] == min(record["output_lens"][0], 32) and len(timed) == 5
+    first = expected.requests()[0]
+    assert warm_up["prompt"] == synthetic_prompt(first.prompt_len, 1, first.req_id)
+    assert sorted(b["max_tokens"] for b in timed) == sorted(record["output_lens"])
 
 
 def test_cli_rejects_bad_options_on_stderr(serve):
@@ -344,6 +365,16 @@ def test_cli_rejects_bad_options_on_stderr(serve):
     assert res.exit_code == 2 and "unexpected arguments: stray" in res.stderr
     res = runner.invoke(app, ["bench", "--goodput", "ttft:5", "--slo-tpot-ms", "5"])
     assert res.exit_code == 2 and "not both" in res.stderr
+    res = runner.invoke(app, ["bench", "--goodput", "ttft:5", "latency:9"])
+    assert res.exit_code == 2 and "--goodput: goodput key must be one of ttft, tpot, e2el" in res.stderr
+    res = runner.invoke(app, ["bench", "--extra-request-body", "{temperature: 1}"])
+    assert res.exit_code == 2 and "--extra-request-body: not valid JSON" in res.stderr
+    res = runner.invoke(app, ["bench", "--extra-request-body", "[1, 2]"])
+    assert res.exit_code == 2 and "--extra-request-body must be a JSON object" in res.stderr
+    res = runner.invoke(app, ["bench", "--extra-request-body", '{"stream": false}'])
+    assert res.exit_code == 2 and "cannot set stream" in res.stderr
+    res = runner.invoke(app, ["bench", "--warmup-requests", "-1"])
+    assert res.exit_code == 2 and "warmup_requests must be >= 0" in res.stderr
     res = runner.invoke(app, ["bench", "--base-url", "http://127.0.0.1:1", "--port", "2"])
     assert res.exit_code == 2 and "not both" in res.stderr
 
@@ -371,3 +402,156 @@ def test_per_second_peak_concurrency_counts_whole_second_buckets():
     failed.finish_reason = FinishReason.ABORTED
     assert per_second_peak_concurrency([*records, failed]) == 2  # only completed requests count
     assert per_second_peak_concurrency([]) == 0
+
+
+# ---- sglang parity: warm-up, goodput, console, JSONL order, extra body, tokenizer, ratio ---------
+
+# sglang.benchmark.serving's console labels (header, Goodput with ttft and e2el, then the latency
+# sections) in the order it prints them
+SGLANG_CONSOLE = [
+    "Backend:", "Traffic request rate:", "Max request concurrency:", "Successful requests:",
+    "Benchmark duration (s):", "Total input tokens:", "Total input text tokens:", "Total generated tokens:",
+    "Total generated tokens (retokenized):", "Request throughput (req/s):", "Input token throughput (tok/s):",
+    "Output token throughput (tok/s):", "Peak output token throughput (tok/s):", "Peak concurrent requests:",
+    "Total token throughput (tok/s):", "Concurrency:",
+    "SLOs (ms):", "Request goodput (req/s):", "SLO attainment (%):", "TTFT SLO attainment (%):",
+    "E2EL SLO attainment (%):",
+    *[f"{s} E2E Latency (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
+    *[f"{s} TTFT (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
+    *[f"{s} TPOT (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
+    *[f"{s} ITL (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")], "Max ITL (ms):",
+]
+SGLANG_SECTIONS = ["Goodput", "End-to-End Latency", "Time to First Token",
+                   "Time per Output Token (excl. 1st token)", "Inter-Token Latency"]
+# its JSONL result keys after server_info, in its order
+SGLANG_RESULTS = [
+    "duration", "completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
+    "total_output_tokens", "total_output_tokens_retokenized", "request_throughput", "input_throughput",
+    "output_throughput", "total_throughput",
+    *(f"{s}_{m}_ms" for m in ("e2e_latency", "ttft", "tpot", "itl")
+      for s in ("mean", "median", "std", "p90", "p95", "p99")),
+    "concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+    "goodput_slos_ms", "request_goodput", "slo_attainment", "slo_attainment_by_metric",
+]
+
+
+def test_a_warm_up_request_goes_first_and_is_not_counted(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    t0 = time.perf_counter()
+    res = bench(srv, [Request(0, 0.0, 9, 50), Request(1, 0.0, 5, 4)], warmup_requests=1)
+    assert time.perf_counter() - t0 >= 1.0  # sglang's one-second pause after the warm-up
+    warm_up, *timed = srv.stats.bodies
+    assert warm_up["max_tokens"] == 32 and len(warm_up["prompt"].split()) == 9  # first request, <= 32
+    assert sorted(b["max_tokens"] for b in timed) == [4, 50]
+    assert len(res.records) == 2 and res.summary["completed"] == 2
+    assert all(r.arrived_at >= 1.0 - 1e-3 or r.arrived_at < 0.05 for r in res.records)  # run clock
+    assert res.summary["duration"] < 1.0  # the warm-up and the pause are not in the timed run
+
+
+def test_a_failing_warm_up_stops_the_run_with_the_reason(serve):
+    srv = serve(fail_every=1)
+    with pytest.raises(BenchError, match=r"warm-up request failed \(HTTP 400: fake failure of request 1\)"):
+        bench(srv, reqs(3), warmup_requests=1)
+    assert srv.stats.num_requests == 1  # nothing timed was sent
+
+
+def test_goodput_is_sglangs_per_request_count_with_e2el(serve):
+    srv = serve(ttft_s=0.01, itl_s=0.02)
+    requests = [Request(0, 0.0, 5, 2), Request(1, 0.0, 5, 12)]  # E2E about 30 ms and 230 ms
+    res = bench(srv, requests, goodput=parse_goodput(["ttft:1000", "e2el:150"]))
+    g = res.goodput
+    assert g["goodput_slos_ms"] == {"ttft": 1000.0, "e2el": 150.0}
+    assert g["slo_attainment_by_metric"] == {"ttft": 1.0, "e2el": 0.5}
+    assert g["slo_attainment"] == 0.5 and g["request_goodput"] == pytest.approx(1 / res.summary["duration"])
+    text = format_result(res)
+    labels = [line[:40].strip() for line in text.splitlines() if not line.startswith(("-", "="))]
+    assert [lab for lab in labels if lab in SGLANG_CONSOLE] == SGLANG_CONSOLE
+    sections = [line.strip("-") for line in text.splitlines() if line.startswith("-")]
+    assert sections[: len(SGLANG_SECTIONS)] == SGLANG_SECTIONS
+    assert "SLOs (ms):                               ttft:1000 e2el:150" in text
+    assert "Traffic request rate:                    inf" in text
+    assert "Total generated tokens (retokenized):    n/a" in text  # no --tokenizer
+    assert "SLO met" in text  # FastPP's P90 verdict from the derived ttft SLO, after sglang's block
+
+
+def test_jsonl_keys_follow_sglangs_order(serve):
+    res = bench(serve(ttft_s=0.005, itl_s=0.002), reqs(2), goodput=parse_goodput(["tpot:50"]))
+    record = jsonl_record(res)
+    keys = list(record)
+    assert keys[: len(SGLANG_HEAD) + len(SGLANG_RESULTS)] == SGLANG_HEAD + SGLANG_RESULTS
+    assert record["total_input_text_tokens"] == record["total_input_tokens"] == 24
+    assert record["total_input_vision_tokens"] == 0 and record["accept_length"] is None
+    assert record["warmup_requests"] == 0 and record["extra_request_body"] is None
+
+
+def test_a_replay_writes_trace_as_its_rate(serve, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,12,3\n2023-11-16 18:15:46.7805900,8,2\n")
+    res = run_bench(BenchConfig(base_url=serve(ttft_s=0.002, itl_s=0.001).url, replay=str(trace),
+                                warmup_requests=0))
+    assert res.summary["completed"] == 2 and jsonl_record(res)["request_rate"] == "trace"
+    assert "Traffic request rate:                    trace" in format_result(res)
+
+
+def test_extra_request_body_is_merged_into_every_request_and_wins(serve):
+    srv = serve(ttft_s=0.005, itl_s=0.002)
+    extra = {"temperature": 0.7, "top_p": 0.9, "ignore_eos": False}
+    bench(srv, reqs(2), warmup_requests=1, extra_request_body=extra)
+    assert len(srv.stats.bodies) == 3  # the warm-up gets it too
+    for body in srv.stats.bodies:
+        assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["ignore_eos"] is False
+        assert body["stream"] is True
+    with pytest.raises(ValueError, match="cannot set prompt"):
+        BenchConfig(extra_request_body={"prompt": "x"})
+
+
+def word_tokenizer(folder):
+    """A real tokenizer.json: one token per common word (and 'tok', the fake's output), a BOS."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", "tok", *sorted(set(WORDS))])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A",
+                                                                  special_tokens=[("<s>", 1)])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_tokenizer_gives_exact_prompts_and_retokenized_outputs(serve, tmp_path):
+    srv = serve(ttft_s=0.005, itl_s=0.002, tokens_per_chunk=2)
+    folder = word_tokenizer(tmp_path / "model")
+    res = bench(srv, [Request(0, 0.0, 12, 5), Request(1, 0.0, 30, 4)], tokenizer=str(folder))
+    by_len = {b["max_tokens"]: b for b in srv.stats.bodies}
+    assert len(by_len[5]["prompt"].split()) == 11 and len(by_len[4]["prompt"].split()) == 29  # + BOS
+    assert [r.prompt_len for r in res.records] == [11, 29]  # sglang counts the text's tokens
+    assert res.summary["total_input_tokens"] == 40
+    assert res.summary["total_output_tokens_retokenized"] == 9 == res.summary["total_output_tokens"]
+    record = jsonl_record(res, details=True)
+    assert record["total_output_tokens_retokenized"] == 9 and record["tokenizer"] == str(folder)
+    assert [t.split() for t in record["generated_texts"]] == [["tok"] * 5, ["tok"] * 4]
+    assert "Total generated tokens (retokenized):    9" in format_result(res)
+    file_only = bench(srv, [Request(0, 0.0, 6, 2)], tokenizer=str(folder / "tokenizer.json"))
+    assert file_only.records[0].prompt_len == 5
+
+
+def test_a_missing_tokenizer_is_a_clear_error(serve, tmp_path):
+    srv = serve()
+    with pytest.raises(BenchError, match="--tokenizer .*has no tokenizer.json"):
+        bench(srv, reqs(1), tokenizer=str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{not a tokenizer")
+    with pytest.raises(BenchError, match="not a tokenizer the tokenizers library reads"):
+        bench(srv, reqs(1), tokenizer=str(tmp_path))
+    with pytest.raises(BenchError, match="neither a folder nor a tokenizer.json"):
+        bench(srv, reqs(1), tokenizer="Qwen/Qwen2-7B")  # a hub name: nothing is downloaded
+    assert srv.stats.num_requests == 0
+
+
+def test_random_range_ratio_defaults_to_sglangs_zero():
+    cfg = BenchConfig(workload="random:64:16", num_prompts=400)
+    assert cfg.random_lengths.range_ratio == 0.0
+    prompt_lens = [r.prompt_len for r in cfg.requests()]
+    assert min(prompt_lens) < 16 and max(prompt_lens) <= 64  # [1, 64], not [32, 64]
+    half = BenchConfig(workload="random:64:16:0.5", num_prompts=400).requests()
+    assert min(r.prompt_len for r in half) >= 32

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -59,6 +59,7 @@ class _Stream:
     """What one response stream said so far."""
 
     token_times: list[float]
+    texts: list[str] = field(default_factory=list)  # the generated text, chunk by chunk
     finish: str | None = None  # the last non-null finish_reason
     completion_tokens: int | None = None  # usage.completion_tokens, when reported
     prompt_tokens: int | None = None  # usage.prompt_tokens, when reported
@@ -83,8 +84,10 @@ class _Stream:
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
         choices = chunk.get("choices") or []
         if choices:  # n=1: only the first choice exists
-            if _delta_text(choices[0]):
+            text = _delta_text(choices[0])
+            if text:
                 self.token_times.append(now)
+                self.texts.append(text)
             self.finish = choices[0].get("finish_reason") or self.finish
 
 
@@ -98,10 +101,12 @@ class OpenAIClient:
     model: str
     timeout_s: float  # per request, send to end of stream
     clock: Callable[[], float]  # seconds since the bench start
+    extra_body: Mapping[str, Any] | None = None  # --extra-request-body: merged last, so it overrides
 
     def payload(self, prompt: str, output_len: int) -> dict[str, Any]:
         """The JSON body: exactly ``output_len`` tokens (``ignore_eos``, an SGLang and vLLM
-        extension), greedy, streamed with a final usage chunk."""
+        extension), greedy, streamed with a final usage chunk; then ``extra_body`` merged in
+        (its keys win, as sglang's ``--extra-request-body``)."""
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": output_len,
@@ -114,13 +119,16 @@ class OpenAIClient:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
+        if self.extra_body:
+            body.update(self.extra_body)
         return body
 
-    async def send(self, body: dict[str, Any], record: RequestRecord) -> int | None:
+    async def send(self, body: dict[str, Any], record: RequestRecord) -> tuple[int | None, str]:
         """Send ``body`` now and stream the answer into ``record`` (arrived_at = send time,
         token_times, first_token_at, num_generated, finished_at, finish_reason, detail).
 
-        Returns the server's ``usage.prompt_tokens`` (None if not reported or failed). HTTP
+        Returns the server's ``usage.prompt_tokens`` (None if not reported or failed) and the
+        generated text (what arrived, also of a failed request). HTTP
         errors, dropped connections, bad streams and timeouts end as ABORTED with the reason in
         ``detail``; a cancellation does too, and is then re-raised.
         """
@@ -138,13 +146,13 @@ class OpenAIClient:
             raise
         except TimeoutError:
             self._abort(record, stream, f"timed out after {self.timeout_s:g} s")
-            return None
+            return None, "".join(stream.texts)
         except httpx.HTTPError as exc:
             self._abort(record, stream, f"{type(exc).__name__}: {exc}")
-            return None
+            return None, "".join(stream.texts)
         except StreamError as exc:
             self._abort(record, stream, str(exc))
-            return None
+            return None, "".join(stream.texts)
         record.finished_at = self.clock()
         record.first_token_at = stream.token_times[0]
         record.num_generated = (
@@ -153,7 +161,7 @@ class OpenAIClient:
         # a server that omits finish_reason: full length means it stopped on max_tokens
         fallback = FinishReason.LENGTH if record.num_generated >= record.output_len else FinishReason.STOP
         record.finish_reason = _FINISH.get(stream.finish or "", fallback)
-        return stream.prompt_tokens
+        return stream.prompt_tokens, "".join(stream.texts)
 
     async def _stream(self, body: dict[str, Any], stream: _Stream) -> None:
         async with self.http.stream("POST", self.base_url + self.backend.path, json=body) as resp:
@@ -182,12 +190,18 @@ async def list_models(http: httpx.AsyncClient, base_url: str, timeout_s: float) 
     return [m["id"] for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
 
 
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # SGLang's current path, then its older one
+
+
 async def get_server_info(http: httpx.AsyncClient, base_url: str, timeout_s: float) -> dict[str, Any] | None:
-    """SGLang's GET /get_server_info as a dict, or None where the server has no such endpoint
-    (vLLM, most others) or it fails: the benchmark must not depend on it."""
-    try:
-        resp = await http.get(base_url + "/get_server_info", timeout=timeout_s)
-        info = resp.json() if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    """SGLang's GET /server_info (or the older /get_server_info) as a dict, or None where the
+    server has neither (vLLM, most others) or they fail: the benchmark must not depend on it."""
+    for path in SERVER_INFO_PATHS:
+        try:
+            resp = await http.get(base_url + path, timeout=timeout_s)
+            info = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            return info
+    return None

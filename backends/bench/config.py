@@ -3,15 +3,21 @@
 Units: seconds (``*_s``) for times, milliseconds only where a flag says ``ms`` (the SLO flags,
 as sglang's ``--goodput``). This module does no I/O and does not import httpx, so the CLI can
 validate options before the optional dependency is needed.
+
+Two SLO views, both optional: ``goodput`` is sglang's (per request: a request is good when it
+succeeded and met every given objective of ttft, tpot and e2el, in ms), ``slo`` is FastPP's
+(TTFT and TPOT; adds the P90 verdict and per-request attainment of ``fastpp simulate``). Giving
+one derives the other where it can (ttft/tpot pairs), so a run reports both.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from fastpp.types import SLO, Request
 from fastpp.uniform_lengths import UniformLengths
@@ -24,7 +30,10 @@ from fastpp.workloads import (
 )
 
 DEFAULT_NUM_PROMPTS = 1000  # sglang.benchmark.serving's --num-prompts default
-_GOODPUT_ITEM = re.compile(r"^(\w+):([0-9.eE+-]+)$")
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")  # sglang's --goodput metrics
+_GOODPUT_ITEM = re.compile(r"^(\w+):(\S+)$")
+# body fields the bench itself must own: it sends one text and reads an SSE stream
+_RESERVED_BODY_KEYS = ("stream", "prompt", "messages")
 
 
 class Backend(StrEnum):
@@ -64,8 +73,12 @@ class BenchConfig:
     seed: int = 0  # same default as `fastpp simulate`, so both see the same requests
     max_concurrency: int | None = None  # None: no client-side limit on requests in flight
     timeout_s: float = 300.0  # per request, from send to the end of its stream
-    slo: SLO | None = None  # adds the SLO section (attainment) to the summary
+    slo: SLO | None = None  # adds FastPP's SLO section (P90 verdict, attainment) to the summary
+    goodput: tuple[tuple[str, float], ...] = ()  # sglang's --goodput: (ttft|tpot|e2el, ms) pairs
     tag: str | None = None  # sglang's --tag: a free label written into the JSONL record
+    warmup_requests: int = 1  # sglang's --warmup-requests: untimed requests before the run (0: none)
+    tokenizer: str | None = None  # a tokenizer.json or a model folder holding one: exact token counts
+    extra_request_body: Mapping[str, Any] | None = None  # merged into every request body (overrides)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -88,6 +101,18 @@ class BenchConfig:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+        self._check_slos()
+        if self.extra_request_body is not None:
+            if not isinstance(self.extra_request_body, Mapping):
+                raise ValueError("extra_request_body must be a JSON object, got "
+                                 f"{type(self.extra_request_body).__name__}")
+            reserved = [k for k in _RESERVED_BODY_KEYS if k in self.extra_request_body]
+            if reserved:
+                raise ValueError(f"extra_request_body cannot set {', '.join(reserved)}: the bench "
+                                 "sends the workload's text and reads a stream")
+            object.__setattr__(self, "extra_request_body", dict(self.extra_request_body))
         if self.replay is not None:
             # a trace brings its own arrival times: a rate or arrival process would be ignored
             if math.isfinite(self.request_rate) or self.arrival != "poisson" or self.cv != 1.0:
@@ -96,6 +121,25 @@ class BenchConfig:
             UniformLengths.parse(self.workload)  # raises naming the bad part
         elif self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+
+    def _check_slos(self) -> None:
+        """Validate ``goodput`` and derive it from ``slo`` or the other way round."""
+        goodput = tuple((str(k), float(v)) for k, v in self.goodput)
+        for key, ms in goodput:
+            if key not in GOODPUT_KEYS:
+                raise ValueError(f"goodput key must be one of {', '.join(GOODPUT_KEYS)}, got {key!r}")
+            if not (math.isfinite(ms) and ms > 0):
+                raise ValueError(f"goodput {key} must be a positive number of ms, got {ms:g}")
+        if not goodput and self.slo is not None:
+            goodput = (("ttft", self.slo.ttft_s * 1e3), ("tpot", self.slo.tpot_s * 1e3))
+        object.__setattr__(self, "goodput", goodput)
+        if self.slo is None:
+            object.__setattr__(self, "slo", slo_from_goodput(goodput))
+
+    @property
+    def goodput_slos_ms(self) -> dict[str, float]:
+        """sglang's ``goodput_slos_ms``: the given objectives, in the order given."""
+        return dict(self.goodput)
 
     @property
     def dataset_name(self) -> str:
@@ -133,25 +177,38 @@ class BenchConfig:
         )
 
 
-def parse_goodput(items: Sequence[str]) -> SLO:
-    """An SLO from sglang's ``--goodput`` items, ``KEY:MS`` with KEY ttft or tpot.
+def parse_goodput(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """sglang's ``--goodput`` items, ``KEY:MS`` with KEY ttft, tpot or e2el, as (key, ms) pairs.
 
-    Items may also hold several pairs separated by spaces or commas ("ttft:500,tpot:50"). A
-    missing key takes the ``SLO`` dataclass default. sglang's ``e2el`` has no counterpart in
-    FastPP's SLO and is rejected, as is any other key.
+    Items may also hold several pairs separated by spaces or commas ("ttft:500,tpot:50"); a key
+    given twice keeps its last value (as sglang's ``dict(args.goodput)``). ValueError names the
+    bad item.
     """
     values_ms: dict[str, float] = {}
     for item in (p for raw in items for p in re.split(r"[\s,]+", raw.strip()) if p):
         match = _GOODPUT_ITEM.match(item)
         if match is None:
-            raise ValueError(f"goodput items look like ttft:500 or tpot:50 (ms), got {item!r}")
-        key, value = match.group(1).lower(), float(match.group(2))
-        if key not in ("ttft", "tpot"):
-            raise ValueError(f"goodput key must be ttft or tpot, got {key!r}")
+            raise ValueError(f"goodput items look like ttft:500, tpot:50 or e2el:2000 (ms), got {item!r}")
+        key = match.group(1).lower()
+        if key not in GOODPUT_KEYS:
+            raise ValueError(f"goodput key must be one of {', '.join(GOODPUT_KEYS)}, got {key!r} in {item!r}")
+        try:
+            value = float(match.group(2))
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"goodput {key} must be a positive number of ms, got {item!r}")
         values_ms[key] = value
     if not values_ms:
-        raise ValueError("goodput needs at least one of ttft:MS and tpot:MS")
-    return make_slo(values_ms.get("ttft"), values_ms.get("tpot"))
+        raise ValueError("goodput needs at least one of ttft:MS, tpot:MS and e2el:MS")
+    return tuple(values_ms.items())
+
+
+def slo_from_goodput(goodput: Sequence[tuple[str, float]]) -> SLO | None:
+    """FastPP's SLO from sglang's pairs: their ttft and tpot (a missing one takes ``SLO``'s
+    default); None when neither is given (e2el alone has no FastPP counterpart)."""
+    ms = dict(goodput)
+    return make_slo(ms.get("ttft"), ms.get("tpot"))
 
 
 def make_slo(ttft_ms: float | None, tpot_ms: float | None) -> SLO | None:

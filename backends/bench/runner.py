@@ -6,12 +6,17 @@ is the moment it was actually sent (sglang's convention: the concurrency wait is
 The run is bounded: every request has ``timeout_s``, and there are finitely many. A stop
 (Ctrl-C in :func:`run_bench`, or the ``stop`` event) cancels what is in flight or not yet sent;
 requests in flight end as ABORTED, unsent ones get no record, and the summary covers the rest.
+
+Before the timed run, ``warmup_requests`` copies of the first request (at most 32 output tokens,
+at the run's concurrency limit) are sent and not counted, then the bench waits one second, as
+``sglang.benchmark.serving`` does; if none of them succeeds the run stops with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -25,7 +30,9 @@ import httpx
 
 from fastpp.backends.bench.client import OpenAIClient, get_server_info, list_models
 from fastpp.backends.bench.config import BenchConfig
+from fastpp.backends.bench.goodput import sglang_goodput
 from fastpp.backends.bench.prompts import make_prompts
+from fastpp.backends.bench.tokens import BenchTokenizer, load_tokenizer
 from fastpp.metrics import summarize
 from fastpp.types import FinishReason, Request, RequestRecord
 
@@ -37,7 +44,10 @@ _SERVER_ONLY_KEYS = (
     "max_queueing_delay_ms",
 )
 _CONNECT_TIMEOUT_S = 10.0  # cap on one TCP connect, within the request's own timeout_s
-_SIDE_TIMEOUT_S = 10.0  # GET /v1/models and /get_server_info, before the run starts
+_COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
+_SIDE_TIMEOUT_S = 10.0  # GET /v1/models and /server_info, before the run starts
+WARMUP_MAX_TOKENS = 32  # sglang's warm-up output length cap
+WARMUP_PAUSE_S = 1.0  # sglang's pause between the warm-up and the timed run
 T = TypeVar("T")
 
 
@@ -67,8 +77,10 @@ class BenchResult:
     requests: list[Request]  # every planned request
     records: list[RequestRecord]  # the requests that were sent, in request order
     summary: dict[str, Any]  # fastpp.metrics.summarize keys (server-only ones dropped) + bench keys
-    server_info: dict[str, Any] | None  # GET /get_server_info, None where the server has none
+    server_info: dict[str, Any] | None  # GET /server_info, None where the server has none
     is_interrupted: bool  # stopped before every request was sent and answered
+    goodput: dict[str, Any] | None = None  # sglang's goodput keys when config.goodput is set
+    generated_texts: list[str] = field(default_factory=list)  # per sent record, in its order
 
     @property
     def num_not_sent(self) -> int:
@@ -124,9 +136,10 @@ async def run_bench_async(
     """The benchmark as a coroutine; setting ``stop`` cancels what is left (see module doc)."""
     try:
         reqs = list(config.requests() if requests is None else requests)
+        tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     except (ValueError, OSError) as exc:
         raise BenchError(str(exc)) from exc
-    prompts = make_prompts(reqs, config.seed)
+    reqs, prompts = _prompts(reqs, config.seed, tokenizer)
     stop = stop or asyncio.Event()
     clock = _Clock()
     timeout = httpx.Timeout(config.timeout_s, connect=min(_CONNECT_TIMEOUT_S, config.timeout_s))
@@ -138,13 +151,58 @@ async def run_bench_async(
     )
     async with httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth_headers()) as http:
         model, server_info = await _unless_stopped(_ask_server(http, config), stop)
-        client = OpenAIClient(http, config.base_url, config.backend, model, config.timeout_s, clock)
+        client = OpenAIClient(http, config.base_url, config.backend, model, config.timeout_s, clock,
+                              config.extra_request_body)
         bodies = [client.payload(p, r.output_len) for p, r in zip(prompts, reqs, strict=True)]
-        records, prompt_tokens = await _dispatch(client, reqs, bodies, config, clock, stop, progress)
+        if config.warmup_requests and reqs:
+            warm = client.payload(prompts[0], min(reqs[0].output_len, WARMUP_MAX_TOKENS))
+            await _unless_stopped(_warm_up(client, warm, config), stop)
+        records, replies = await _dispatch(client, reqs, bodies, config, clock, stop, progress)
         duration_s = clock()
     sent = [records[r.req_id] for r in reqs if r.req_id in records]
-    summary = _summary(config, sent, prompt_tokens, duration_s)
-    return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set())
+    texts = [replies.get(r.req_id, (None, ""))[1] for r in sent]
+    summary = _summary(config, sent, {k: v[0] for k, v in replies.items()}, duration_s)
+    summary["total_output_tokens_retokenized"] = _retokenized(sent, texts, tokenizer)
+    goodput = sglang_goodput(sent, config.goodput_slos_ms, duration_s) if config.goodput else None
+    return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set(), goodput, texts)
+
+
+def _prompts(reqs: list[Request], seed: int,
+             tokenizer: BenchTokenizer | None) -> tuple[list[Request], list[str]]:
+    """The prompt texts; with a tokenizer exact-length ones, and each request's ``prompt_len``
+    then the text's own token count (sglang's input count)."""
+    if tokenizer is None:
+        return reqs, make_prompts(reqs, seed)
+    prompts = [tokenizer.prompt(r.prompt_len, seed, r.req_id) for r in reqs]
+    counts = tokenizer.count_many(prompts)
+    return [dataclasses.replace(r, prompt_len=n) for r, n in zip(reqs, counts, strict=True)], prompts
+
+
+def _retokenized(records: list[RequestRecord], texts: list[str],
+                 tokenizer: BenchTokenizer | None) -> int | None:
+    """The completed requests' output text counted again by the tokenizer (None without one)."""
+    if tokenizer is None:
+        return None
+    done = [t for r, t in zip(records, texts, strict=True) if r.finish_reason in _COMPLETED]
+    return sum(tokenizer.count_many(done))
+
+
+async def _warm_up(client: OpenAIClient, body: dict[str, Any], config: BenchConfig) -> None:
+    """sglang's warm-up: ``config.warmup_requests`` copies of ``body`` at the run's concurrency
+    limit, then a pause; BenchError when none succeeds."""
+    sem = asyncio.Semaphore(config.max_concurrency or config.warmup_requests)
+    records = [RequestRecord(-1 - i, 0.0, 0, int(body.get("max_tokens") or 1))
+               for i in range(config.warmup_requests)]
+
+    async def one(record: RequestRecord) -> None:
+        async with sem:
+            await client.send(dict(body), record)
+
+    await asyncio.gather(*(one(r) for r in records))
+    if not any(r.finish_reason in _COMPLETED for r in records):
+        raise BenchError(f"the warm-up request failed ({records[0].detail}); check --model, --backend, "
+                         f"--extra-request-body and the server (or skip it: --warmup-requests 0)")
+    await asyncio.sleep(WARMUP_PAUSE_S)
 
 
 def auth_headers() -> dict[str, str]:
@@ -155,7 +213,7 @@ def auth_headers() -> dict[str, str]:
 
 
 async def _ask_server(http: httpx.AsyncClient, config: BenchConfig) -> tuple[str, dict[str, Any] | None]:
-    """The model to send (``config.model`` or the first listed) and GET /get_server_info."""
+    """The model to send (``config.model`` or the first listed) and GET /server_info."""
     model = config.model or await _first_model(http, config.base_url)
     return model, await get_server_info(http, config.base_url, timeout_s=_SIDE_TIMEOUT_S)
 
@@ -197,11 +255,11 @@ async def _dispatch(
     clock: _Clock,
     stop: asyncio.Event,
     progress: ProgressFn | None,
-) -> tuple[dict[int, RequestRecord], dict[int, int | None]]:
+) -> tuple[dict[int, RequestRecord], dict[int, tuple[int | None, str]]]:
     """Start each request at its arrival time; wait for all, or cancel them all on ``stop``."""
     sem = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     records: dict[int, RequestRecord] = {}
-    prompt_tokens: dict[int, int | None] = {}  # req_id -> the server's usage.prompt_tokens
+    replies: dict[int, tuple[int | None, str]] = {}  # req_id -> (usage.prompt_tokens, output text)
     num_ended = 0
 
     async def send(req: Request, body: dict[str, Any]) -> None:
@@ -209,7 +267,7 @@ async def _dispatch(
         record = RequestRecord(req.req_id, 0.0, req.prompt_len, req.output_len)
         records[req.req_id] = record
         try:
-            prompt_tokens[req.req_id] = await client.send(body, record)
+            replies[req.req_id] = await client.send(body, record)
         finally:
             num_ended += 1
             if progress is not None:
@@ -243,7 +301,7 @@ async def _dispatch(
         for res in results:  # a bug in the client, not a failed request: do not hide it
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 raise res
-    return records, prompt_tokens
+    return records, replies
 
 
 async def _stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
@@ -267,7 +325,9 @@ def _summary(
     )
     for key in _SERVER_ONLY_KEYS:
         summary.pop(key, None)
-    done = [r for r in records if r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)]
+    summary["total_input_text_tokens"] = summary["total_input_tokens"]  # sglang's; no images here
+    summary["total_input_vision_tokens"] = 0
+    done = [r for r in records if r.finish_reason in _COMPLETED]
     server_in = [prompt_tokens.get(r.req_id) for r in done]
     # the prompt as the server tokenized it (template and BOS included); None unless all reported
     summary["total_input_tokens_server"] = (
