@@ -26,16 +26,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
-from fastpp.backends.ports import free_port
 from fastpp.backends.torch.engine_config import EngineConfig, EngineDeadError
 from fastpp.backends.torch.engine_state import ActiveRequest, EngineCounters, EngineEvent, EngineSnapshot
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.sampling import SamplingParams
+from fastpp.backends.torch.stage_group import StageGroup, watch_progress
+from fastpp.backends.torch.stage_liveness import PING_INTERVAL_S, Liveness
 from fastpp.backends.torch.stage_procs import StageProcesses
 from fastpp.backends.torch.stage_runtime import (
     StageRunner,
@@ -47,7 +46,7 @@ from fastpp.backends.torch.stage_runtime import (
 )
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource
-from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_STOP, Channel
+from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_PING, KIND_STOP, Channel
 from fastpp.pipeline import PipelineDriver
 from fastpp.plan import MicroBatchPlan, RequestEnd
 from fastpp.policies import make_policies
@@ -87,7 +86,8 @@ class PipelineEngine:
                              f"{self.model_config.num_layers} layers")
         self._weights = weights  # stage 0's (loaded in start() when None)
         self.spec = StageSpec(source, config.num_stages, config.kv_blocks, config.block_size, config.dtype,
-                              config.threads, port=0, seed=config.seed, cores=stage_cores(config))
+                              config.threads, seed=config.seed, cores=stage_cores(config),
+                              stage_timeout_s=config.stage_timeout_s)
         self.scheduler_config = SchedulerConfig(
             num_slots=config.num_stages,
             kv_capacity_tokens=config.kv_blocks * config.block_size,
@@ -125,6 +125,11 @@ class PipelineEngine:
         self._submitted = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
+        self._stages: StageGroup | None = None
+        self._liveness = Liveness(config.num_stages)
+        self._launched_at: dict[int, float] = {}  # microbatch in flight -> time.monotonic() of launch
+        self._last_sent = 0.0  # time.monotonic() of the last message to stage 1
+        self._failure_reported = False
         self._stage0: StageRunner | None = None
         self._to_next: Channel | None = None
         self._thread: threading.Thread | None = None
@@ -139,21 +144,29 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> PipelineEngine:
-        """Spawn stages 1..P-1, load stage 0, connect the pipeline, start the engine thread."""
+        """Spawn stages 1..P-1, load stage 0, connect the pipeline, start the engine thread and
+        the watchdog. Whatever stops it half-way (an error, a stop signal) ends the stages."""
+        try:
+            self._start()
+        except BaseException:
+            if self._stages is not None:
+                self._stages.close(0.0, clean=False)
+            raise
+        return self
+
+    def _start(self) -> None:
         cfg = self.config
         torch.set_num_threads(cfg.threads)
         if cfg.num_stages > 1:
-            port = free_port()
-            self.spec = StageSpec(**{**{f: getattr(self.spec, f) for f in StageSpec.__slots__}, "port": port})
-            self._procs = StageProcesses(self.spec)
-            self._procs.spawn(cfg.load_timeout_s)
+            self._stages = StageGroup.spawn(self.spec, self._liveness, cfg.load_timeout_s)
+            self.spec, self._procs = self._stages.spec, self._stages.procs
+        log.info("loading stage 0 (%s)", self.source.served_name)
         weights = self._weights if self._weights is not None else self.source.load(self.spec.torch_dtype)
         self._stage0 = StageRunner(self.spec, 0, weights)
         self._weights = None  # stage 0 keeps only its own tensors
-        if cfg.num_stages > 1:
+        if self._stages is not None:
             assert self._procs is not None
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{self.spec.port}", rank=0,
-                                    world_size=cfg.num_stages, timeout=timedelta(days=7))
+            self._stages.connect()
             d = self.model_config.hidden_size
             self._to_next = Channel(1, FORWARD, d, self.spec.torch_dtype)
             from_last = Channel(cfg.num_stages - 1, BACKWARD)
@@ -162,9 +175,10 @@ class PipelineEngine:
             self._procs.watch(lambda msg: self._inbox.put(("dead", msg)))
         self._thread = threading.Thread(target=self._run, name="fastpp-engine", daemon=True)
         self._thread.start()
+        watch_progress(self._liveness, cfg.stage_timeout_s, cfg.num_stages, self._stopped,
+                       lambda: min(list(self._launched_at.values()), default=None), self.stall)
         log.info("engine started: %s on %d stage(s), %d KV blocks of %d tokens, policy %s",
                  self.source.served_name, cfg.num_stages, cfg.kv_blocks, cfg.block_size, cfg.policy)
-        return self
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort what is running, stop every stage, and wait for them. Safe to call twice."""
@@ -172,11 +186,31 @@ class PipelineEngine:
             self._closing = True
             self._inbox.put(("stop",))
             self._thread.join(timeout_s)
+        if self._stages is not None:
+            self._stages.close(timeout_s if self.error is None else 1.0, clean=self.error is None)
+
+    def kill_stages(self) -> None:
+        """SIGKILL the stage processes now (any thread; the server's exit without cleanup)."""
         if self._procs is not None:
-            self._procs.stopping()
-            self._procs.join(timeout_s if self.error is None else 1.0)
-        if self.config.num_stages > 1 and dist.is_initialized() and self.error is None:
-            dist.destroy_process_group()
+            self._procs.terminate()
+
+    def abort_all(self, reason: str) -> None:
+        """End every request now (any thread): each gets ``aborted`` with ``reason`` as detail."""
+        self._inbox.put(("abort_all", reason))
+
+    def stall(self, message: str) -> None:
+        """The pipeline stopped making progress (any thread; the watchdog calls it): fail the
+        engine with ``message``, and kill the stage processes, so that no thread stays blocked on
+        them and every open request ends with ``message``."""
+        if self.error is not None or self._stopped.is_set():
+            return
+        self.error = message
+        log.error("engine stopped: %s", message)
+        self._report_failure(message)
+        if self._procs is not None:
+            self._procs.kill()  # the watcher and the receiver see it; the engine thread fails
+        else:
+            self._inbox.put(("dead", message))
 
     def on_failure(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(message)`` (from an engine thread) if a stage dies or the engine fails."""
@@ -206,14 +240,14 @@ class PipelineEngine:
         n = len(prompt_ids)
         if n == 0:
             raise ValueError("prompt is empty")
+        limit = self.model_config.max_context
+        if n >= limit:  # before the scan below: a long list is refused at the cost of len()
+            raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
+                             "(prompt + at least one output token)")
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{vocab - 1}")
-        limit = self.model_config.max_context
-        if n >= limit:
-            raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
-                             "(prompt + at least one output token)")
         cfg = self.scheduler_config  # read-only config: safe from any thread
         page = cfg.page_size
         if -(-(n + 1) // page) * page > cfg.kv_capacity_tokens:
@@ -275,6 +309,8 @@ class PipelineEngine:
         try:
             while True:
                 kind, payload, _ = channel.recv()
+                if kind == KIND_PING:
+                    continue
                 self._inbox.put(("stopped", payload) if kind == KIND_STOP else ("result", payload))
                 if kind == KIND_STOP:
                     return
@@ -289,7 +325,10 @@ class PipelineEngine:
             self.spec.pin(0)  # this thread computes stage 0
             self._loop()
         except Exception as exc:  # the traceback goes to the log, never to a client
-            log.error("engine thread failed:\n%s", traceback.format_exc())
+            if self.error is None:
+                log.error("engine thread failed:\n%s", traceback.format_exc())
+            else:  # the stages were killed on purpose (stall): the pipeline's sockets broke
+                log.debug("engine thread ended by the failure:\n%s", traceback.format_exc())
             self._fail(f"engine thread failed: {brief_error(exc)}")
         finally:
             self.snapshot = self._snapshot()
@@ -299,8 +338,9 @@ class PipelineEngine:
         stop_sent = False
         while True:
             idle = not self._inflight and not self.scheduler.has_work
+            wait = PING_INTERVAL_S if self._to_next is not None else None
             try:
-                item = self._inbox.get(timeout=None if idle else 1.0)
+                item = self._inbox.get(timeout=wait if idle else 1.0)
             except queue.Empty:
                 item = None
             while item is not None:
@@ -315,6 +355,10 @@ class PipelineEngine:
                     self._closing = True
                     for rid in list(self._active):
                         self._abort(rid, "engine shut down")
+                elif kind == "abort_all":
+                    for rid in list(self._active):  # in flight, it ends on return: keep the reason
+                        self._end_as.setdefault(rid, ("aborted", FinishReason.ABORTED, item[1]))
+                        self._abort(rid, item[1])
                 else:
                     self._handle(item)
                 try:
@@ -331,7 +375,15 @@ class PipelineEngine:
             else:
                 while (plan := self._driver.next_plan()) is not None:
                     self._launch(plan)
+                self._ping_if_quiet()
             self.snapshot = self._snapshot()
+
+    def _ping_if_quiet(self) -> None:
+        """Send a ping down the pipeline if nothing went to stage 1 for PING_INTERVAL_S: every
+        receive in the pipeline then waits less than the collective timeout."""
+        if self._to_next is not None and time.monotonic() - self._last_sent >= PING_INTERVAL_S:
+            self._to_next.send(KIND_PING, {})
+            self._last_sent = time.monotonic()
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
@@ -391,7 +443,9 @@ class PipelineEngine:
         frees, self._frees_for_next = self._frees_for_next + list(plan.kv_frees), []
         meta = make_meta(plan.mb_id, layout, frees, allocs, rows, [])
         inputs = torch.tensor(ids, dtype=torch.int64)
-        out = run_or_fail(self._stage0, meta, inputs)
+        self._launched_at[plan.mb_id] = time.monotonic()
+        with self._liveness.step(0):
+            out = run_or_fail(self._stage0, meta, inputs)
         self._inflight[plan.mb_id] = (plan, layout.sample_req_ids)
         if self._to_next is None:  # a single stage: it is also the last
             self._inbox.put(("result", last_stage_result(meta, out, self._generator)))
@@ -399,9 +453,11 @@ class PipelineEngine:
             if meta.get("failed") is not None:  # the next stage expects hidden states of this shape
                 out = torch.zeros(len(ids), self.model_config.hidden_size, dtype=self.spec.torch_dtype)
             self._to_next.send(KIND_BATCH, meta, out)
+            self._last_sent = time.monotonic()
 
     def _complete(self, result: dict) -> None:
         plan, sample_ids = self._inflight.pop(result["mb"])
+        self._launched_at.pop(result["mb"], None)
         tokens = result["tokens"]
         failed = self._fail_requests(plan, sample_ids, result)
         active = self._active
@@ -470,8 +526,11 @@ class PipelineEngine:
         self._to_next.send(KIND_STOP, {"frees": frees, "free_blocks": free_blocks})
 
     def _fail(self, message: str) -> None:
-        self.error = message
-        log.error("engine stopped: %s", message)
+        if self.error is not None:  # the watchdog named the cause first (stall)
+            message = self.error
+        else:
+            self.error = message
+            log.error("engine stopped: %s", message)
         records = self._end_all_records(message)
         for rid, a in list(self._active.items()):
             a.on_event(EngineEvent(rid, (), "error", message))
@@ -481,6 +540,26 @@ class PipelineEngine:
                 self.recorded_requests.append(rec)
         self._active.clear()
         self._end_as.clear()
+        self._fail_queued(message)
+        self._report_failure(message)
+
+    def _fail_queued(self, message: str) -> None:
+        """End with an error the requests submitted but not yet taken from the inbox."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "add":
+                item[4](EngineEvent(item[1], (), "error", message))
+                self.counters.count_end("error", None)
+
+    def _report_failure(self, message: str) -> None:
+        """Tell the failure callbacks, once, whichever thread finds the failure first."""
+        with self._lock:
+            if self._failure_reported:
+                return
+            self._failure_reported = True
         for cb in self._failure_callbacks:
             try:
                 cb(message)

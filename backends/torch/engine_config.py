@@ -36,9 +36,14 @@ class EngineConfig:
     eos_token_id: int | None = None  # the tokenizer's; ends a request unless it sets ignore_eos
     record: bool = False  # keep every ended request's record and every IterationRecord (memory grows)
     load_timeout_s: float = 600.0
+    # a stage that stops beating or computes one microbatch this long is declared stalled: the
+    # engine fails (every open request ends with an error naming the stage)
+    stage_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("num_stages", "kv_blocks", "block_size", "threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.stage_timeout_s > 0:
+            raise ValueError(f"stage_timeout_s must be > 0, got {self.stage_timeout_s!r}")

@@ -1,4 +1,9 @@
-"""Stage processes 1..P-1: spawn them, wait until each has loaded, and watch for deaths."""
+"""Stage processes 1..P-1: spawn them, wait until each has loaded, tell them to connect, watch
+for deaths, and end them.
+
+They ignore SIGINT and SIGTERM (stage_liveness): they end on the pipeline's STOP message, or
+are killed (SIGKILL) when the engine gives up on them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+from fastpp.backends.torch.stage_liveness import Liveness, stop_signals_ignored_by_children
 from fastpp.backends.torch.stage_runtime import StageSpec, stage_main
 
 log = logging.getLogger(__name__)
@@ -21,9 +27,11 @@ class StageStartError(RuntimeError):
 class StageProcesses:
     """Processes of stages 1..P-1 (none when P = 1)."""
 
-    def __init__(self, spec: StageSpec) -> None:
+    def __init__(self, spec: StageSpec, liveness: Liveness) -> None:
         self.spec = spec
+        self.liveness = liveness
         self.procs: list[mp.process.BaseProcess] = []
+        self._conns: list = []  # to each stage, open until :meth:`connect`
         self._stopping = threading.Event()
 
     def spawn(self, load_timeout_s: float) -> None:
@@ -33,14 +41,18 @@ class StageProcesses:
         """
         ctx = mp.get_context("spawn")  # fork would copy stage 0's torch threads and locks
         conns = {}
+        t0 = time.monotonic()
         for rank in range(1, self.spec.num_stages):
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=stage_main, args=(rank, self.spec, child), name=f"fastpp-stage-{rank}",
-                               daemon=True)
-            proc.start()
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=stage_main, args=(rank, self.spec, child, self.liveness),
+                               name=f"fastpp-stage-{rank}", daemon=True)
+            with stop_signals_ignored_by_children():
+                proc.start()
             child.close()
             self.procs.append(proc)
+            self._conns.append(parent)
             conns[parent] = rank
+        log.info("loading stages 1..%d in %d process(es)", self.spec.num_stages - 1, len(self.procs))
         deadline = time.monotonic() + load_timeout_s
         waiting = dict(conns)
         sentinels = {p.sentinel: i + 1 for i, p in enumerate(self.procs)}
@@ -66,7 +78,14 @@ class StageProcesses:
                 if kind == "error":
                     self.terminate()
                     raise StageStartError(value)
-                del waiting[ready]
+                log.info("stage %d loaded (%.1f s)", waiting.pop(ready), time.monotonic() - t0)
+
+    def connect(self) -> None:
+        """Tell every stage to join the process group (stage 0 is about to)."""
+        for conn in self._conns:
+            conn.send(("connect",))
+            conn.close()
+        self._conns.clear()
 
     @staticmethod
     def _drain_error(conns: dict, rank: int) -> str:
@@ -108,16 +127,24 @@ class StageProcesses:
         self._stopping.set()
 
     def join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         for p in self.procs:
-            p.join(timeout_s)
+            p.join(max(0.0, deadline - time.monotonic()))
         self.terminate()
 
     def terminate(self) -> None:
+        """End every stage still running (they ignore SIGTERM: SIGKILL), expectedly."""
         self._stopping.set()
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every stage still running; unless :meth:`stopping` was said, the watcher reports
+        the deaths (the engine fails, naming why it killed them)."""
         for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-        for p in self.procs:
-            p.join(5)
             if p.is_alive():
                 p.kill()
+        for p in self.procs:
+            p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()

@@ -15,7 +15,6 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,15 +23,22 @@ import torch.distributed as dist
 from fastpp.backends.torch.layout import BatchLayout
 from fastpp.backends.torch.model import StageModel, split_layers
 from fastpp.backends.torch.sampling import FAILED_TOKEN, sample_rows
+from fastpp.backends.torch.stage_liveness import Liveness, collective_timeout, ignore_stop_signals
 from fastpp.backends.torch.weights import ModelWeights
 from fastpp.backends.torch.weights_source import WeightsSource
-from fastpp.backends.torch.wire import BACKWARD, FORWARD, KIND_BATCH, KIND_RESULT, KIND_STOP, Channel
+from fastpp.backends.torch.wire import (
+    BACKWARD,
+    FORWARD,
+    KIND_BATCH,
+    KIND_PING,
+    KIND_RESULT,
+    KIND_STOP,
+    Channel,
+)
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# p2p receives wait this long before gloo gives up; an idle server must not time out
-PROCESS_GROUP_TIMEOUT = timedelta(days=7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,8 @@ class StageSpec:
     block_size: int
     dtype: str = "float32"
     threads: int = 1  # intra-op threads per stage
-    port: int = 0  # rendezvous port on 127.0.0.1
+    store_path: str = ""  # the rendezvous file (torch.distributed FileStore: no socket to listen on)
+    stage_timeout_s: float = 30.0  # a stage that makes no progress this long is declared stalled
     seed: int = 0  # the sampler's seed for requests without one
     cores: tuple[int, ...] = ()  # the CPU core of each rank's computing thread (): unpinned
 
@@ -107,12 +114,15 @@ class StageRunner:
         return out
 
 
-def stage_main(rank: int, spec: StageSpec, conn: Any) -> None:
-    """Body of stage process ``rank`` >= 1: load, report ready on ``conn``, then serve microbatches.
+def stage_main(rank: int, spec: StageSpec, conn: Any, liveness: Liveness) -> None:
+    """Body of stage process ``rank`` >= 1: load, report ready on ``conn``, wait for the engine's
+    word to connect (it loads stage 0 first), then serve microbatches, beating on ``liveness``.
 
-    Exits 0 after a STOP message; on any error logs it and exits 1, which closes its sockets, so
-    its neighbours' receives fail too and the engine learns of the death.
+    Exits 0 after a STOP message, or if the engine went away before the word; on any error logs
+    it and exits 1, which closes its sockets, so its neighbours' receives fail too and the engine
+    learns of the death. SIGINT and SIGTERM are ignored (stage_liveness).
     """
+    ignore_stop_signals()
     logging.basicConfig(level=logging.INFO, format=f"[stage {rank}] %(levelname)s %(message)s")
     torch.set_num_threads(spec.threads)
     spec.pin(rank)
@@ -121,20 +131,26 @@ def stage_main(rank: int, spec: StageSpec, conn: Any) -> None:
     except Exception as exc:  # report why, then die: the engine prints it
         conn.send(("error", f"stage {rank} failed to load: {exc!r}\n{traceback.format_exc()}"))
         os._exit(1)
+    liveness.start_beating(rank)
     conn.send(("ready", rank))
+    try:
+        conn.recv()  # ("connect",): stage 0 has loaded too
+    except (EOFError, OSError):
+        os._exit(0)  # the engine stopped while loading
     conn.close()
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
-                                world_size=spec.num_stages, timeout=PROCESS_GROUP_TIMEOUT)
-        serve_stage(runner, spec)
+        dist.init_process_group("gloo", init_method=f"file://{spec.store_path}", rank=rank,
+                                world_size=spec.num_stages, timeout=collective_timeout(spec.stage_timeout_s))
+        serve_stage(runner, spec, liveness)
         dist.destroy_process_group()
     except Exception:
         log.error("stage %d stopped on an error:\n%s", rank, traceback.format_exc())
         os._exit(1)
 
 
-def serve_stage(runner: StageRunner, spec: StageSpec) -> None:
-    """Receive, compute, pass on, until STOP. The last stage samples and returns tokens to stage 0."""
+def serve_stage(runner: StageRunner, spec: StageSpec, liveness: Liveness) -> None:
+    """Receive, compute, pass on, until STOP. The last stage samples and returns tokens to stage 0;
+    a ping goes on (from the last stage, back to stage 0) as it came."""
     hidden_size = runner.model.config.hidden_size
     inbox = Channel(runner.rank - 1, FORWARD, hidden_size, spec.torch_dtype)
     outbox = Channel(0, BACKWARD) if runner.is_last else \
@@ -148,10 +164,15 @@ def serve_stage(runner: StageRunner, spec: StageSpec) -> None:
             outbox.send(KIND_STOP, meta)
             outbox.flush()
             return
+        if kind == KIND_PING:
+            outbox.send(KIND_PING, meta)
+            continue
         assert hidden is not None
-        out = run_or_fail(runner, meta, hidden)
-        if runner.is_last:
-            outbox.send(KIND_RESULT, last_stage_result(meta, out, generator))
+        with liveness.step(runner.rank):
+            out = run_or_fail(runner, meta, hidden)
+            result = last_stage_result(meta, out, generator) if runner.is_last else None
+        if result is not None:
+            outbox.send(KIND_RESULT, result)
         else:
             outbox.send(KIND_BATCH, meta, out)
 

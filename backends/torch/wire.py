@@ -22,6 +22,7 @@ import torch.distributed as dist
 KIND_BATCH = 1  # stage s -> s+1: a microbatch's metadata and hidden states
 KIND_RESULT = 2  # last stage -> stage 0: sampled tokens and stage timings
 KIND_STOP = 3  # shut down; travels the pipeline and comes back to stage 0 as a RESULT-direction STOP
+KIND_PING = 4  # nothing to do; travels like STOP, so an idle pipeline's receives do not time out
 
 
 @dataclass(frozen=True, slots=True)
