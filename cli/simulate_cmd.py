@@ -23,6 +23,7 @@ from fastpp.cli.options import (
     ReplayWindowOpt,
     WorkloadOpt,
 )
+from fastpp.cli.profile_conflict import check_profile_against
 from fastpp.cli.render import summary_table
 
 
@@ -85,7 +86,7 @@ def simulate(
         requests = wl.requests()
     except (ValueError, OSError) as exc:
         fail(str(exc))
-    _check_profile_against(profile, model, gpu, deployments[0])
+    check_profile_against(profile, model, gpu, deployments[0])
     _check_table_format(table_format)
     out = _out_dir(out, overwrite)
     _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time, table_format)
@@ -107,32 +108,6 @@ def _out_dir(out: Path | None, overwrite: bool) -> Path:
         return claim_out_dir(out, overwrite=overwrite)
     except (RunDirError, OSError) as exc:
         fail(str(exc))
-
-
-def _check_profile_against(profile: str | None, model: str | None, gpu: str | None, dep) -> None:
-    """A --profile fixes model and GPU: a -m or --gpu that names another is an error naming both
-    (not silently ignored)."""
-    if profile is None or (model is None and gpu is None):
-        return
-    from fastpp.sim.hardware import resolve_gpu
-    from fastpp.sim.models import resolve_model
-
-    loaded = dep.load_profile()
-    conflicts = []
-    for flag, given_name, resolve, actual in (("-m/--model", model, resolve_model, loaded.model.name),
-                                              ("--gpu", gpu, resolve_gpu, loaded.gpu)):
-        if given_name is None:
-            continue
-        try:
-            name = resolve(given_name).name
-        except (ValueError, KeyError):
-            name = given_name
-        if name.lower() != str(actual).lower() and given_name.lower() != str(actual).lower():
-            conflicts.append(f"{flag} {given_name} (the profile's is {actual})")
-    if conflicts:
-        fail(f"--profile {profile} is {loaded.model.name} on {loaded.gpu}; it conflicts with "
-             f"{' and '.join(conflicts)}: drop {' and '.join(c.split()[0] for c in conflicts)}, "
-             f"or pass a profile measured for that model and GPU")
 
 
 def _check_table_format(table_format: str) -> None:
