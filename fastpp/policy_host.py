@@ -234,6 +234,12 @@ class PolicyHost:
         self.counters.restores += len(plan.restore_ids)
 
     # ------------------------------------------------------------------ stage records and returns
+    @staticmethod
+    def launched(mb_id: int, slot: int, features: BatchFeatures, budget: int, reason: str) -> Head:
+        """A microbatch of ``slot`` went out carrying ``features`` under budget C = ``budget``
+        (the engine's own reading of what it scheduled): the head its stage records share."""
+        return features.head(mb_id, slot, budget, reason)
+
     @property
     def observes(self) -> bool:
         """Whether the policies use stage records (an executor may skip building them)."""

@@ -320,7 +320,7 @@ class SGLangAdapter:
         seq = self.num_launches
         self.num_launches += 1
         chunk, reason, adder_budget = self._slot_budget.get(mb_id, (None, "", None))
-        head = features.head(seq, mb_id, chunk or 0, reason)
+        head = self.host.launched(seq, mb_id, features, chunk or 0, reason)
         if self.records is not None:
             entry = {"rank": self.pp_rank, "mb": seq, "slot": mb_id, "decision": self.num_decisions,
                      "chunk": chunk, "adder_chunk_budget": adder_budget,

@@ -239,7 +239,7 @@ class Adapter:
             chunks.append((engine.num_computed_tokens - n, n, completes))
             RequestLog.scheduled(t.rec, now)
         features = BatchFeatures.of([t.ctx_len for t in decodes], chunks)
-        head = features.head(decision.seq, decision.slot, decision.budget, decision.reason)
+        head = self.host.launched(decision.seq, decision.slot, features, decision.budget, decision.reason)
         batch = LaunchedBatch(decision, output, now, decodes, prefill, features, head)
         self.counters.steps += 1
         if features.num_tokens == 0:

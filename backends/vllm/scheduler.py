@@ -155,8 +155,8 @@ class FastPPScheduler(Scheduler):
         if self._fastpp_recorder is not None:
             unfinished = [t.rec for t in self.fastpp.tracked.values()]
             self._fastpp_recorder.close(unfinished)
-        log.info("fastpp scheduler counters: %s, policy failures %d", self.fastpp.counters,
-                 self.fastpp.policies.num_failures)
+        log.info("fastpp scheduler counters: %s, %s, policy failures %d", self.fastpp.counters,
+                 self.fastpp.host.counters, self.fastpp.policies.num_failures)
 
 
 def _log_like_vllm() -> None:
