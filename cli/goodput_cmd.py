@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
+from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
 
 
 def goodput(
@@ -32,22 +33,36 @@ def goodput(
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Profile to search on instead of the analytic model: a JSON file (from `fastpp profile`), or a shipped profile's name; it fixes pp and tp (-d may name policies on its shape).")] = None,
+    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots, batch-queue (vLLM) or blocking-launch (as `fastpp simulate`). [default: free-slots]")] = None,
+    chunk_candidates: ChunkCandidatesOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
     from fastpp.run_files import json_safe, write_json
+    from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.sim.goodput import slo_goodput
-    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_deployment, parse_deployment
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_deployment, deployments_for
 
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     if seeds < 1:
         fail(f"--seeds must be >= 1, got {seeds}")
     if first_seed < 0:
         fail(f"--first-seed must be >= 0, got {first_seed}")
+    if attainment is not None and not 0 < attainment <= 1:  # NaN included
+        fail(f"--attainment must be in (0, 1] (a share of requests), got {attainment}")
     try:
-        wl = WorkloadConfig(**given(WorkloadConfig, name=workload))
-        base = DeploymentConfig(**given(DeploymentConfig, model=model, gpu=gpu, policy=policy), slo=slo)
-        deployments = [base.with_parallel(*parse_deployment(d)) for d in (deploy or ["pp4"])]
-    except ValueError as exc:
+        wl = WorkloadConfig(**given(WorkloadConfig, name=workload, data_dir=data_dir))
+        base = DeploymentConfig(**given(
+            DeploymentConfig, model=model, gpu=gpu, policy=policy, profile_path=profile,
+            host_loop=host_loop,
+            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+        ), slo=slo)
+        deployments = deployments_for(base, deploy or (None if profile else ["pp4"]))
+        if profile is not None:  # the file's own shape, in labels and results
+            shape = base.load_profile()
+            deployments = [d.with_parallel(shape.pp, shape.tp, d.policy) for d in deployments]
+    except (ValueError, OSError) as exc:
         fail(str(exc))
     for dep in deployments:  # a bad policy or shape fails now, not after an earlier search
         try:
@@ -82,7 +97,7 @@ def goodput(
                     wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
                     num_requests=num_requests, precision=precision or 0.1,
                     low=low, high=high, criterion="p90" if attainment is None else "attainment",
-                    attainment=attainment or 0.9, require_steady=steady,
+                    attainment=0.9 if attainment is None else attainment, require_steady=steady,
                     progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
                 )
         except ValueError as exc:
