@@ -84,12 +84,48 @@ def loaded_scheduler(policy, slo=None, n_waiting=40, prompt=200):
 
 
 def test_low_load_gets_the_smallest_chunk_that_keeps_up():
-    policy = policy_for()
+    # without the tile floor (any time per token counts as efficient): the smallest candidate
+    policy = policy_for(tile_tolerance=1e9)
     sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=20)
     clock.t = 0.01
     sched.view.now = clock.t
     assert policy.choose(sched.view) == CANDS[0]
     assert policy.last.reason == "optimal"
+
+
+def test_no_chunk_below_the_efficient_tile_while_prompts_wait():
+    policy = policy_for()
+    predict = policy.predictor.predict_one
+    per_token = {c: predict(c, 0, 0, 0) / c for c in CANDS}
+    tile = CANDS[policy.tile_index(CANDS)]
+    # the floor is derived from the cost model: the smallest C within 1.25x of the largest's
+    # time per token, and every smaller one is above that
+    assert per_token[tile] <= 1.25 * per_token[CANDS[-1]]
+    assert all(per_token[c] > 1.25 * per_token[CANDS[-1]] for c in CANDS if c < tile)
+    assert CANDS[0] < tile < CANDS[-1]
+    sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=20)
+    clock.t = sched.view.now = 0.01
+    assert policy.choose(sched.view) == tile and policy.last.reason == "optimal"
+    # the floor is a floor, not a cap: a late backlog still takes the largest TPOT-safe chunk
+    sched, clock = loaded_scheduler(policy)
+    clock.t = sched.view.now = 1.95
+    assert policy.choose(sched.view) == CANDS[-1]
+    # and when the tile itself breaks TPOT, a smaller TPOT-safe chunk is used (not "infeasible")
+    tight = policy_for()
+    budget = tight.config.tpot_coeff
+    beat_tile = predict(tile, 0, 0, 0)
+    slo_tpot = (2 * 0.9 * beat_tile + tight.config.round_overhead_s) / budget
+    sched, clock = loaded_scheduler(tight, slo=SLO(2.0, slo_tpot))
+    clock.t = sched.view.now = 1.95
+    chunk = tight.choose(sched.view)
+    assert chunk < tile and tight.last.reason == "best-effort"
+    # with the A100 cost model the floor is 256 tokens for both paper models
+    from fastpp.sim.run import DeploymentConfig
+    for model in ("Qwen2.5-32B", "Qwen2.5-14B"):
+        profile = DeploymentConfig(model=model).load_profile()
+        real = PredictiveChunkPolicy.from_profile(profile)
+        cands = tuple(range(128, 2049, 128))
+        assert cands[real.tile_index(cands)] == 256
 
 
 def test_late_backlog_takes_the_largest_tpot_safe_chunk():
@@ -183,3 +219,53 @@ def test_inflow_counts_a_replay_that_starts_at_time_zero():
     # once the run is older than the window, the window divides
     clock.t = sched.view.now = 10.2
     assert policy._inflow(sched.view, 10.2) == 400 / policy.config.window_s  # t=0 left it
+
+
+class _KVOnly:
+    """The three view fields KVTrend reads."""
+
+    def __init__(self, now, total, free):
+        self.now, self.kv_total_tokens, self.kv_free_tokens = now, total, free
+
+
+def test_kv_trend_measures_share_and_slope_over_its_window():
+    from fastpp.policies.rules import KVTrend
+
+    trend = KVTrend(window_s=5.0)
+    trend.update(_KVOnly(0.0, 1000, 900))
+    assert trend.share == 0.1 and trend.slope == 0.0  # one sample: no slope yet
+    for t in range(1, 11):  # 2% of the pool per second
+        trend.update(_KVOnly(float(t), 1000, 900 - 20 * t))
+    assert abs(trend.share - 0.3) < 1e-12 and abs(trend.slope - 0.02) < 1e-12
+    assert abs(trend.projected(10.0) - 0.5) < 1e-12
+    assert trend.kv_bound(0.49, 10.0) and not trend.kv_bound(0.51, 10.0)
+    trend.update(_KVOnly(11.0, 1000, 950))  # draining: projection never below the present
+    assert trend.projected(10.0) == trend.share
+
+
+def test_kv_aware_rule_switches_the_catch_up_tpot_budget():
+    """A late backlog takes the largest TPOT-safe chunk; while the KV pool fills (projected
+    share over kv_bound_share) the TPOT budget is kv_bound_tpot_coeff x SLO instead of
+    tpot_coeff x SLO, so the catch-up chunk is smaller and the reason says kv-bound."""
+    def late_choice(used_shares, slo):
+        policy = policy_for()
+        sched, clock = loaded_scheduler(policy, slo=slo)
+        pool = sched._kv.pool
+        for t, share in used_shares:  # fill the pool by hand, as admitted requests would
+            pool.used = int(share * pool.capacity)
+            clock.t = sched.view.now = t
+            chunk = policy.choose(sched.view)
+        return chunk, policy
+
+    top, p0 = late_choice([(1.95, 0.0)], SLO(2.0, 0.2))  # loose: the largest candidate
+    assert top == CANDS[-1]
+    # an SLO TPOT at which the largest candidate's round takes exactly 1.0 x SLO: inside the
+    # roomy budget (1.05 x SLO), outside the KV-bound one (0.9 x SLO)
+    slo = SLO(2.0, 2 * p0.last.beat_s + p0.config.round_overhead_s)
+    roomy, p1 = late_choice([(1.0, 0.5), (1.95, 0.5)], slo)  # half full, flat: room
+    filling, p2 = late_choice([(1.0, 0.5), (1.95, 0.7)], slo)  # rising 0.21/s: bound
+    assert roomy == CANDS[-1]
+    assert p1.last.reason == "best-effort" and p2.last.reason == "best-effort: kv-bound"
+    assert filling < roomy
+    for p, coeff in ((p1, p1.config.tpot_coeff), (p2, p2.config.kv_bound_tpot_coeff)):
+        assert 2 * p.last.beat_s + p.config.round_overhead_s <= coeff * slo.tpot_s

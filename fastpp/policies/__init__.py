@@ -16,12 +16,14 @@ from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, Static
 from fastpp.policies.delay import DelayConfig, DelayScheduler
 from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
+from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.policies.upstream import UpstreamChunkConfig, UpstreamChunkPolicy, build_upstream
 from fastpp.profile import Profile
 from fastpp.scheduler_config import SchedulerConfig
 
 __all__ = [
     "ChunkPolicy", "DecodeBalancer", "NoBalancer", "StaticChunkPolicy", "POLICIES", "BALANCERS",
+    "SlackConfig", "SlackPolicy",
     "PolicyInfo", "PolicyContext", "make_policies", "make_chunk_policy", "make_balancer",
 ]
 
@@ -83,6 +85,10 @@ POLICIES: dict[str, PolicyInfo] = {
     "upstream": PolicyInfo(
         build_upstream, "SGLang 0.5.23 --enable-dynamic-chunking baseline", "static chunk tokens"
     ),
+    "slack": PolicyInfo(
+        lambda arg, ctx: SlackPolicy.from_profile(ctx.require_profile("slack")),
+        "chunk budget and decode membership against per-request SLO slack (docs/POLICIES.md)",
+    ),
 }
 
 BALANCERS: dict[str, PolicyInfo] = {
@@ -104,7 +110,12 @@ def make_policies(
     if not parts[0]:
         raise ValueError(f"empty policy spec {spec!r}")
     chunk_policy = _build(POLICIES, "chunk policy", parts[0], ctx)
-    balancer = _build(BALANCERS, "balancer", parts[1], ctx) if len(parts) > 1 else NoBalancer()
+    if len(parts) > 1:
+        balancer = _build(BALANCERS, "balancer", parts[1], ctx)
+    elif isinstance(chunk_policy, DecodeBalancer):  # one policy deciding both (slack)
+        balancer = chunk_policy
+    else:
+        balancer = NoBalancer()
     if len(parts) > 2:
         raise ValueError(f"policy spec {spec!r} has more than one '+'")
     return chunk_policy, balancer  # type: ignore[return-value]

@@ -11,9 +11,11 @@ For each candidate C, in ascending order (lazily: stop as soon as the answer is 
 * beat(C) = the predicted time of the BOTTLENECK microbatch of those D_p (the beat is set by
   the slowest one, and the online update learns from the slowest stage of each microbatch:
   the two use the same quantity, unlike the reference's mean-vs-max);
-* TPOT bound: D_p * beat(C) + round_overhead_s <= tpot_coeff * SLO TPOT;
-* capacity(C) = sum over the D_p microbatches of (C - their decodes) / (D_p * beat(C)): the
-  prompt tokens per second the pipeline sustains in steady state with chunk C;
+* TPOT bound: D_p * beat(C) + round_overhead_s <= coeff * SLO TPOT, with coeff = tpot_coeff
+  while the KV pool has room and kv_bound_tpot_coeff while it is filling (below);
+* capacity(C) = sum over the D_p microbatches of (C - their decodes) / (D_p * beat(C) +
+  round_overhead_s): the prompt tokens per second the pipeline sustains in steady state with
+  chunk C, a slot round being D_p beats plus the round's host, token-return and link time;
 * required rate = (prompt tokens arrived in the last window_s) / window + (prompt tokens of
   requests waiting longer than stale_ratio * SLO TTFT) / (their remaining TTFT budget),
   infinite when that budget is under one SLO TPOT (catch up as fast as TPOT allows).
@@ -22,17 +24,39 @@ The answer: the smallest C meeting both ("optimal"); else the largest TPOT-safe 
 ("best-effort"); else the smallest candidate ("infeasible": no SLO guarantee). Under KV pressure
 the smallest candidate above every slot's decode count ("kv-pressure"). The chosen C is always a
 candidate above the launching slot's decode count (when such a candidate exists).
+
+Two rules beyond the paper's:
+
+* Tile floor: while prompts wait, the scan starts at the efficient tile (``rules.
+  efficient_tile_index``: the smallest candidate whose predicted time per token is within
+  ``tile_tolerance`` of the largest candidate's; 256 on A100 for Qwen2.5-14B and 32B, where
+  128 tokens cost 57-99% more per token). A smaller C only runs when the floor itself breaks
+  TPOT. The budget is an upper bound, so with a short queue the floor costs nothing.
+* KV-aware TPOT budget: in steady state the pool fills with the decodes of admitted requests,
+  and their residency is their output length times TPOT. Spending the whole TPOT budget on
+  catching up a backlog then lengthens every request's stay and fills the pool faster, which
+  ends in KV pressure and retractions. So the budget is ``tpot_coeff`` (the reference's 1.05)
+  while the pool has room, and the tighter ``kv_bound_tpot_coeff`` once its used share,
+  projected ``kv_horizon_s`` ahead on the trend measured over ``kv_trend_window_s``
+  (``rules.KVTrend``), reaches ``kv_bound_share``. The reason then says ``kv-bound``.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from fastpp._mypyc import mypyc_attr
-from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
+from fastpp.policies.rules import (
+    KVTrend,
+    efficient_tile_index,
+    first_above,
+    kv_pressure_index,
+    under_kv_pressure,
+)
 from fastpp.predictor import ALPPredictor, LatencyPredictor
 from fastpp.profile import Profile
 from fastpp.types import IterationRecord, pickle_by_constructor
@@ -53,14 +77,26 @@ class PredictiveConfig:
     kv_free_watermark: float = 0.10  # below this free KV fraction: drain mode
     round_overhead_s: float = 0.0  # per slot round, beyond D_p beats (host, token return, links)
     learn: bool = True  # update the predictor online from each microbatch's bottleneck stage
+    tile_tolerance: float = 1.25  # efficient tile: time per token within this of the largest C's
+    kv_bound_tpot_coeff: float = 0.9  # TPOT bound while the KV pool is filling
+    kv_bound_share: float = 0.8  # ... i.e. its projected used share reaches this
+    kv_horizon_s: float = 10.0  # projection horizon of the KV trend
+    kv_trend_window_s: float = 5.0  # the trend is measured over this window
 
     def __post_init__(self) -> None:
-        for name in ("tpot_coeff", "throughput_coeff", "window_s"):
+        for name in ("tpot_coeff", "throughput_coeff", "window_s", "kv_bound_tpot_coeff",
+                     "kv_trend_window_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("stale_ratio", "kv_free_watermark"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not self.tile_tolerance >= 1:
+            raise ValueError(f"tile_tolerance must be >= 1, got {self.tile_tolerance!r}")
+        if not 0 < self.kv_bound_share <= 1:
+            raise ValueError(f"kv_bound_share must be in (0, 1], got {self.kv_bound_share!r}")
+        if self.kv_horizon_s < 0:
+            raise ValueError(f"kv_horizon_s must be >= 0, got {self.kv_horizon_s!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
 
@@ -152,6 +188,8 @@ class PredictiveChunkPolicy:
         self._window: deque[tuple[float, int]] = deque()  # arrivals in the inflow window
         self._window_tokens = 0
         self._arrivals_seen = 0
+        self.kv = KVTrend(self.config.kv_trend_window_s)
+        self._tile: tuple[tuple[int, ...], int] | None = None  # (candidates, floor index)
 
     @classmethod
     def from_profile(cls, profile: Profile, config: PredictiveConfig | None = None,
@@ -178,20 +216,58 @@ class PredictiveChunkPolicy:
         first = first_above(cands, n_dec)  # the decode guard
         if first is None:
             return self._done(cands[-1], "guard: decodes exceed every candidate")
+        self.kv.update(view)
         if under_kv_pressure(view, cfg.kv_free_watermark):
             return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
 
         required = self._required_rate(view) * cfg.throughput_coeff
-        stream = self._stream(view, d_p * cands[-1])
+        kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
+        tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
+        floor = max(first, self.tile_index(cands))
+        def meets(capacity: float, round_s: float) -> bool:
+            return capacity >= required
+
+        found = self._scan(view, cands, floor, len(cands), meets, tpot_budget)
+        if found[0] < 0 and floor > first:  # even the tile breaks TPOT: try below it
+            found = self._scan(view, cands, first, floor, meets, tpot_budget)
+        k, capacity, beat, met = found
+        tag = ": kv-bound" if kv_bound else ""
+        if met:
+            return self._done(cands[k], "optimal" + tag, required, capacity, beat)
+        if k >= 0:
+            return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
+        return self._done(cands[first], "infeasible" + tag, required)
+
+    def tile_index(self, cands: tuple[int, ...]) -> int:
+        """Index of the efficient tile among ``cands`` (computed once per candidate set, from
+        the predictor's time of a microbatch of c prompt tokens)."""
+        if self._tile is None or self._tile[0] != cands:
+            predict = self.predictor.predict_one
+            index = efficient_tile_index(cands, lambda c: predict(c, 0, 0, 0),
+                                         self.config.tile_tolerance)
+            self._tile = (cands, index)
+        return self._tile[1]
+
+    def _scan(self, view: PolicyView, cands: tuple[int, ...], start: int, stop: int,
+              meets: Callable[[float, float], bool],
+              tpot_budget: float) -> tuple[int, float, float, bool]:
+        """Candidates [start, stop) in ascending order: (index, capacity, beat, met) of the
+        first whose (capacity, round time) ``meets`` the load, else of the largest TPOT-safe
+        one (met False), else (-1, 0, 0, False). The round time is D_p beats plus the round
+        overhead; TPOT-safe: D_p beats within ``tpot_budget``."""
+        cfg = self.config
+        slot, d_p = view.slot, view.num_slots
+        stream = self._stream(view, d_p * cands[stop - 1])
         slots = [(slot + j) % d_p for j in range(d_p)]
         decs = [view.num_running(s) for s in slots]
         ctxs = [view.sum_decode_ctx(s) for s in slots]
         predict = self.predictor.predict_one
-        tpot_budget = cfg.tpot_coeff * view.slo.tpot_s - cfg.round_overhead_s
+        overhead = cfg.round_overhead_s
         safe, safe_capacity, safe_beat = -1, 0.0, 0.0
-        for k in range(first, len(cands)):
+        for k in range(start, stop):
             c = cands[k]
             beat = 0.0
             prefill = 0
@@ -206,13 +282,11 @@ class PredictiveChunkPolicy:
                     beat = t
             if d_p * beat > tpot_budget:
                 break  # larger chunks only take longer
-            capacity = prefill / (d_p * beat)
+            capacity = prefill / (d_p * beat + overhead)
             safe, safe_capacity, safe_beat = k, capacity, beat
-            if capacity >= required:
-                return self._done(c, "optimal", required, capacity, beat)
-        if safe >= 0:
-            return self._done(cands[safe], "best-effort", required, safe_capacity, safe_beat)
-        return self._done(cands[first], "infeasible", required)
+            if meets(capacity, d_p * beat + overhead):
+                return k, capacity, beat, True
+        return safe, safe_capacity, safe_beat, False
 
     def _required_rate(self, view: PolicyView) -> float:
         """Prompt tokens per second the pipeline must prefill: inflow plus catch-up."""

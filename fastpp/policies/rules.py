@@ -7,11 +7,20 @@
   retractions. A policy then shrinks C to the smallest candidate above the largest decode count
   of any slot: every decode still gets its token, prefill nearly stops, finishing requests free
   KV. A heuristic, not an out-of-memory guarantee (the scheduler retracts when memory runs out).
+* The efficient tile: the smallest candidate whose predicted time per token is within a
+  tolerance of the largest candidate's (``efficient_tile_index``). On a GPU, 128 tokens cost
+  about as much as 256 (tile and wave quantisation), so a chunk below that wastes pipeline time
+  while prompts wait.
+* The KV trend (``KVTrend``): the share of the KV pool in use and its rate of change, measured
+  from the view at each decision over a sliding window; ``kv_bound`` says whether the pool is
+  filling (its share projected over a horizon reaches a limit).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,3 +52,54 @@ def max_running(view: PolicyView) -> int:
 def kv_pressure_index(view: PolicyView, candidates: tuple[int, ...]) -> int:
     """Index of the pressure chunk: the smallest candidate above every slot's decode count."""
     return index_above(candidates, max_running(view))
+
+
+def efficient_tile_index(candidates: tuple[int, ...], time_of: Callable[[int], float],
+                         tolerance: float) -> int:
+    """Index of the smallest candidate c whose time per token ``time_of(c) / c`` is at most
+    ``tolerance`` x the largest candidate's: below it a microbatch pays for tokens it does not
+    carry. ``time_of`` is a latency prediction of a microbatch of c prompt tokens."""
+    best = time_of(candidates[-1]) / candidates[-1]
+    for i, c in enumerate(candidates):
+        if time_of(c) / c <= tolerance * best:
+            return i
+    return len(candidates) - 1
+
+
+class KVTrend:
+    """The KV pool's used share and its slope (share per second) over the last ``window_s``,
+    from one sample per decision (``update``). Deterministic: it reads only ``view.now`` and
+    the view's KV counts."""
+
+    __slots__ = ("window_s", "_samples", "share", "slope")
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError(f"KV trend window must be > 0 s, got {window_s!r}")
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+        self.share = 0.0  # used share of the pool at the last update
+        self.slope = 0.0  # share per second over the window (0 until it spans a tenth of it)
+
+    def update(self, view: PolicyView) -> None:
+        total = view.kv_total_tokens
+        share = (total - view.kv_free_tokens) / total if total > 0 else 0.0
+        now, samples = view.now, self._samples
+        if samples and samples[-1][0] >= now:
+            samples[-1] = (samples[-1][0], share)  # one sample per instant: the latest
+        else:
+            samples.append((now, share))
+        while len(samples) > 2 and samples[1][0] <= now - self.window_s:
+            samples.popleft()
+        t0, s0 = samples[0]
+        span = now - t0
+        self.share = share
+        self.slope = (share - s0) / span if span >= 0.1 * self.window_s else 0.0
+
+    def projected(self, horizon_s: float) -> float:
+        """The used share ``horizon_s`` from now if the trend holds (never below the present)."""
+        return self.share + max(0.0, self.slope) * horizon_s
+
+    def kv_bound(self, limit: float, horizon_s: float) -> bool:
+        """True when the pool is, or within ``horizon_s`` will be, at least ``limit`` full."""
+        return self.projected(horizon_s) >= limit

@@ -1,0 +1,256 @@
+"""SlackPolicy: the chunk budget and the decode membership of each microbatch, chosen together
+against every request's own SLO slack (docs/POLICIES.md, "slack").
+
+One object is both the chunk policy and the decode balancer (``make_policies("slack")`` uses
+it for both). It builds on the predictive controller (fastpp/policies/predictive.py): the same
+ALP predictor, packing the next D_p microbatches, the tile floor and the KV trend; what it
+changes is what the load and the TPOT budget are measured against.
+
+TTFT slack (the chunk's lower bound). A waiting request i has slack s_i = arrival_i + SLO TTFT
+- now and, FCFS, A_i prompt tokens at or ahead of it (the continuing chunk included). A chunk C
+whose slot round takes R(C) (D_p beats + the round overhead) and prefills K(C) tokens per second
+meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets the deadline of every
+request that can still make it (s_i > R(C); a request already past that point misses whatever C
+is, so it does not drive the chunk up) and K(C) covers the prompt-token inflow. The first
+``max_walk`` waiting requests are checked.
+
+TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
+(``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
+j, first seen decoding at t_j with g_j tokens, can take a next gap of up to
+b_j = SLO TPOT x (generated - g_j + 1) - (now - t_j) and keep its TPOT since then within the SLO:
+its banked slack. When no TPOT-safe C keeps up, catch-up may stretch the round up to the
+``bank_quantile`` of b_j over every slot's requests (so that fewer than that share of them is
+pushed over its pace), at most ``catchup_tpot_ratio`` x SLO TPOT, and only while the KV pool has
+room: with the pool filling, a longer round only keeps requests resident longer.
+
+Decode membership (the balancer). A decode-only microbatch just above a tile boundary (at most
+``park_excess_ratio`` of a tile above a multiple of the tile step) costs nearly a whole tile
+more; its excess requests with the most banked slack (at least ``min_park_bank_rounds`` slot
+rounds) sit out: they are parked. Parked requests come back, into the launching slot, as soon
+as their banked slack falls under that many rounds, after ``max_park_slo_ratio`` x SLO TPOT
+parked, or when the slot has room below its tile boundary. Nothing is parked while prompts
+wait with KV to admit them: then the chunk budget, not the decode count, sets the
+microbatch's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from math import inf
+from typing import ClassVar
+
+from fastpp.plan import NO_BALANCE, BalancePlan
+from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
+from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
+from fastpp.predictor import LatencyPredictor
+from fastpp.profile import Profile
+from fastpp.types import IterationRecord
+from fastpp.view import PolicyView
+
+_PRUNE_EVERY = 4096  # decisions between prunings of the first-sighting table
+
+
+@dataclass(frozen=True, slots=True)
+class SlackConfig:
+    """Knobs of the slack policy (module docstring); ``predictive`` holds the shared ones."""
+
+    predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
+    max_walk: int = 64  # waiting requests whose TTFT deadlines are checked
+    bank_quantile: float = 0.05  # catch-up stretches the round to this quantile of b_j ...
+    catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
+    park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
+    min_park_bank_rounds: float = 2.0  # a request sits out only with this many rounds banked
+    max_park_slo_ratio: float = 1.0  # parked at most this x SLO TPOT
+
+    def __post_init__(self) -> None:
+        if self.max_walk < 1:
+            raise ValueError(f"max_walk must be >= 1, got {self.max_walk!r}")
+        if not 0 <= self.bank_quantile < 1:
+            raise ValueError(f"bank_quantile must be in [0, 1), got {self.bank_quantile!r}")
+        if not self.catchup_tpot_ratio >= 1:
+            raise ValueError(f"catchup_tpot_ratio must be >= 1, got {self.catchup_tpot_ratio!r}")
+        if not 0 <= self.park_excess_ratio < 1:
+            raise ValueError(f"park_excess_ratio must be in [0, 1), got {self.park_excess_ratio!r}")
+        for name in ("min_park_bank_rounds", "max_park_slo_ratio"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+class SlackPolicy(PredictiveChunkPolicy):
+    """Chunk budget and decode membership against per-request SLO slack (module docstring)."""
+
+    observes: ClassVar[bool] = True
+
+    def __init__(self, predictor: LatencyPredictor, config: SlackConfig | None = None,
+                 candidates: tuple[int, ...] | None = None) -> None:
+        self.slack = config or SlackConfig()
+        super().__init__(predictor, self.slack.predictive, candidates)
+        self._seen: dict[int, tuple[float, int]] = {}  # req_id -> (first seen decoding, tokens)
+        self._slot_bank: dict[int, float] = {}  # slot -> bank quantile when it last launched
+        self._banks: dict[int, float] = {}  # the launching slot's b_j, by request
+        self._tracked: tuple[float, int] | None = None  # (now, slot) of the last tracking
+        self._decisions = 0
+        self._last_rec: IterationRecord | None = None
+        self.num_parks = self.num_restores = 0
+
+    @classmethod
+    def from_profile(cls, profile: Profile, config: SlackConfig | None = None,  # type: ignore[override]
+                     candidates: tuple[int, ...] | None = None) -> SlackPolicy:
+        """A policy for ``profile``'s deployment: its ALP predictor and round overhead, as
+        ``PredictiveChunkPolicy.from_profile`` sets them."""
+        cfg = config or SlackConfig()
+        base = PredictiveChunkPolicy.from_profile(profile, cfg.predictive, candidates)
+        policy = cls(base.predictor, replace(cfg, predictive=base.config), candidates)
+        policy._num_stages = profile.pp
+        return policy
+
+    # ------------------------------------------------------------------ chunk budget
+    def choose(self, view: PolicyView) -> int:
+        cfg, scfg = self.config, self.slack
+        cands = self.candidates or view.chunk_candidates
+        self._num_stages = self._num_stages or view.num_slots
+        first = first_above(cands, view.num_running(view.slot))
+        if first is None:
+            return self._done(cands[-1], "guard: decodes exceed every candidate")
+        self._track(view)
+        self.kv.update(view)
+        if under_kv_pressure(view, cfg.kv_free_watermark):
+            return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
+        if view.num_waiting == 0 and view.chunked is None:
+            return self._done(cands[first], "idle: no prompt waiting")
+
+        inflow = self._inflow(view, view.now) * cfg.throughput_coeff
+        deadlines = self._deadlines(view)
+        slo_tpot = view.slo.tpot_s
+
+        def meets(capacity: float, round_s: float) -> bool:
+            if capacity < inflow:
+                return False
+            for ahead, slack in deadlines:
+                if slack > round_s and ahead > capacity * (slack - round_s):
+                    return False
+            return True
+
+        kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
+        budget = coeff * slo_tpot - cfg.round_overhead_s
+        floor = max(first, self.tile_index(cands))
+        found = self._scan(view, cands, floor, len(cands), meets, budget)
+        if found[0] < 0 and floor > first:
+            found = self._scan(view, cands, first, floor, meets, budget)
+        reason = ""
+        if not found[3] and found[0] >= 0 and not kv_bound:
+            bank = min(self._slot_bank.values(), default=inf)
+            stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
+            if stretch > budget:
+                wider = self._scan(view, cands, found[0], len(cands), meets, stretch)
+                if wider[0] > found[0]:
+                    found, reason = wider, ": catch-up on banked slack"
+        k, capacity, beat, met = found
+        tag = reason or (": kv-bound" if kv_bound else "")
+        if met:
+            return self._done(cands[k], "optimal" + tag, inflow, capacity, beat)
+        if k >= 0:
+            return self._done(cands[k], "best-effort" + tag, inflow, capacity, beat)
+        return self._done(cands[first], "infeasible" + tag, inflow)
+
+    def _deadlines(self, view: PolicyView) -> list[tuple[int, float]]:
+        """(prompt tokens at or ahead of it, TTFT slack in s) of the first ``max_walk`` waiting
+        requests, FCFS, the continuing chunk first."""
+        now, ttft = view.now, view.slo.ttft_s
+        out: list[tuple[int, float]] = []
+        ahead = 0
+        chunked = view.chunked
+        if chunked is not None:
+            ahead = chunked.remaining_prefill
+            out.append((ahead, chunked.arrived_at + ttft - now))
+        for r in islice(view.iter_waiting(), self.slack.max_walk):
+            ahead += r.remaining_prefill
+            out.append((ahead, r.arrived_at + ttft - now))
+        return out
+
+    # ------------------------------------------------------------------ TPOT slack
+    def _track(self, view: PolicyView) -> None:
+        """First sightings and banked slack b_j of the launching slot's decodes (once per
+        decision instant and slot); the slot's bank quantile is kept for the catch-up rule."""
+        now, slot = view.now, view.slot
+        if self._tracked == (now, slot):
+            return
+        self._tracked = (now, slot)
+        seen, slo_tpot = self._seen, view.slo.tpot_s
+        banks: dict[int, float] = {}
+        for r in view.iter_running(slot):
+            entry = seen.get(r.req_id)
+            if entry is None:
+                entry = seen[r.req_id] = (now, r.num_generated)
+            banks[r.req_id] = slo_tpot * (r.num_generated - entry[1] + 1) - (now - entry[0])
+        self._banks = banks
+        if banks:
+            values = sorted(banks.values())
+            self._slot_bank[slot] = values[int(self.slack.bank_quantile * len(values))]
+        else:
+            self._slot_bank.pop(slot, None)
+        self._decisions += 1
+        if self._decisions % _PRUNE_EVERY == 0:
+            live = {r.req_id for s in range(view.num_slots) for r in view.iter_running(s)}
+            live.update(r.req_id for r in view.iter_parked())
+            self._seen = {i: v for i, v in seen.items() if i in live}
+
+    def _bank_of(self, view: PolicyView, req_id: int, generated: int) -> float:
+        entry = self._seen.get(req_id)
+        if entry is None:
+            return 0.0  # never seen decoding: no slack known
+        return view.slo.tpot_s * (generated - entry[1] + 1) - (view.now - entry[0])
+
+    # ------------------------------------------------------------------ decode membership
+    def plan(self, view: PolicyView, slot: int) -> BalancePlan:
+        """Park the launching slot's excess over a tile boundary, restore parked requests whose
+        slack ran low or that have room (module docstring)."""
+        scfg = self.slack
+        self._track(view)
+        running = view.num_running(slot)
+        unit = view.token_step if view.token_step > 0 else 128
+        round_s = self._round_estimate(view)
+        need = scfg.min_park_bank_rounds * round_s
+        restore: list[int] = []
+        if view.num_parked:
+            deadline = view.now - scfg.max_park_slo_ratio * view.slo.tpot_s
+            room = (-running) % unit if running else unit  # up to the next tile boundary
+            for r in view.iter_parked():  # longest parked first
+                due = (r.parked_at is not None and r.parked_at <= deadline) or \
+                    self._bank_of(view, r.req_id, r.num_generated) < need
+                if due or len(restore) < room:
+                    restore.append(r.req_id)
+        park: list[int] = []
+        excess = (running + len(restore)) % unit
+        if (not restore and running > unit and 0 < excess <= scfg.park_excess_ratio * unit
+                and not self._prefill_pressure(view)):
+            rich = sorted(((b, i) for i, b in self._banks.items() if b >= need), reverse=True)
+            if len(rich) >= excess:
+                park = [i for _, i in rich[:excess]]
+        if not park and not restore:
+            return NO_BALANCE
+        self.num_parks += len(park)
+        self.num_restores += len(restore)
+        return BalancePlan(tuple(park), tuple(restore),
+                           f"slack: park {len(park)}, restore {len(restore)}")
+
+    def _round_estimate(self, view: PolicyView) -> float:
+        """The last slot round (a token gap sample), else the SLO TPOT."""
+        gaps = view.recent_token_gap
+        return gaps[-1][1] if gaps else view.slo.tpot_s
+
+    def _prefill_pressure(self, view: PolicyView) -> bool:
+        if view.num_waiting == 0 and view.chunked is None:
+            return False
+        return not under_kv_pressure(view, self.config.kv_free_watermark)
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, rec: IterationRecord) -> None:
+        """Learn once per record, though the executor hands it to this object twice (as the
+        chunk policy and as the balancer)."""
+        if rec is self._last_rec:
+            return
+        self._last_rec = rec
+        super().observe(rec)

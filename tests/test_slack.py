@@ -1,0 +1,133 @@
+"""SlackPolicy: deadlines that can still be met set the chunk, banked TPOT slack pays for
+catch-up only while the KV pool has room, and decode-only slots just above a tile boundary
+park their richest decodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FakeClock, make_profile, make_scheduler
+from fastpp.policies import make_policies
+from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
+from fastpp.policies.slack import SlackConfig, SlackPolicy
+from fastpp.scheduler_config import SchedulerConfig
+from fastpp.types import SLO, Request
+
+CANDS = (16, 32, 64, 128, 256, 512)
+
+
+def slack_for(pp=2, **cfg) -> SlackPolicy:
+    return SlackPolicy.from_profile(make_profile(pp=pp), SlackConfig(**cfg), CANDS)
+
+
+DEFAULT_SLO = SLO(2.0, 0.2)
+
+
+def queued(policy, arrivals, prompt=200, slo=DEFAULT_SLO, kv=100_000, **cfg):
+    clock = FakeClock()
+    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=kv,
+                           chunk_candidates=CANDS, slo=slo, token_step=16, **cfg)
+    for i, t in enumerate(arrivals):
+        sched.add_request(Request(i, t, prompt, 50))
+    return sched, clock
+
+
+def test_the_registry_builds_one_object_for_both_roles():
+    profile = make_profile(pp=2)
+    cfg = SchedulerConfig(num_slots=2, kv_capacity_tokens=8192, token_step=16)
+    chunk, balancer = make_policies("slack", cfg, profile)
+    assert isinstance(chunk, SlackPolicy) and balancer is chunk
+    chunk, balancer = make_policies("slack+ds", cfg, profile)
+    assert balancer is not chunk
+
+
+def test_a_request_past_its_deadline_does_not_drive_the_chunk_up():
+    # one request 2.5 s old (its TTFT is lost whatever C is) ahead of fresh ones
+    arrivals = [0.0] + [2.4] * 3
+    slack = slack_for()
+    sched, clock = queued(slack, arrivals)
+    clock.t = sched.view.now = 2.5
+    got = slack.choose(sched.view)
+    predictive = PredictiveChunkPolicy.from_profile(make_profile(pp=2), PredictiveConfig(), CANDS)
+    sched2, clock2 = queued(predictive, arrivals)
+    clock2.t = sched2.view.now = 2.5
+    assert predictive.choose(sched2.view) == CANDS[-1]  # its backlog is late: as fast as TPOT allows
+    assert got < CANDS[-1] and slack.last.reason == "optimal"
+    # and with the request still in time, the same queue needs the deadline's capacity
+    sched3, clock3 = queued(slack_for(), [1.9] + [2.4] * 3)
+    clock3.t = sched3.view.now = 2.5
+    assert sched3.chunk_policy.choose(sched3.view) >= got
+
+
+def test_deadlines_are_cumulative_fcfs_prompt_tokens_and_slack():
+    slack = slack_for()
+    sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
+    clock.t = sched.view.now = 1.5
+    assert slack._deadlines(sched.view) == [(100, 0.5), (200, 1.0), (300, 1.5)]
+
+
+def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_restores_them():
+    policy = slack_for()
+    clock = FakeClock()
+    sched = make_scheduler(clock, policy, policy, num_slots=2, kv_capacity_tokens=100_000,
+                           chunk_candidates=CANDS, token_step=16, default_chunk=512,
+                           max_context=4096)
+    for i in range(36):  # 8-token prompts, 16 per 128-token microbatch: slots of 20 and 16
+        sched.add_request(Request(i, 0.0, 8, 400))
+    sizes = []
+    for _ in range(60):
+        for slot in range(2):
+            plan = sched.schedule(slot)
+            if plan is not None:
+                if not plan.prefill:
+                    sizes.append(len(plan.decode_req_ids))
+                clock.t += 0.01
+                sched.update(plan)
+        for r in sched.view.iter_parked():  # nobody parked longer than the bound and a round
+            assert clock.t - r.parked_at <= policy.slack.max_park_slo_ratio * 0.2 + 0.05
+    assert policy.num_parks > 0 and policy.num_restores > 0
+    # decode-only microbatches of 20 became 16 (a tile) most of the time, none was emptied
+    assert sizes.count(16) > sizes.count(20) and min(sizes) > 0
+
+
+def test_catch_up_spends_banked_slack_only_while_the_kv_pool_has_room():
+    """A backlog that no TPOT-safe chunk clears in time, with every running request far ahead
+    of its pace: catch-up may stretch the round (a larger chunk than the TPOT-safe one); once
+    the pool is filling, it may not."""
+    def late_backlog(filling):
+        policy = slack_for(catchup_tpot_ratio=3.0, bank_quantile=0.0)
+        sched, clock = queued(policy, [0.0] * 40, prompt=2000, slo=SLO(2.0, 0.012))
+        policy._slot_bank = {0: 1.0, 1: 1.0}  # 1 s banked: far more than any round
+        pool = sched._kv.pool
+        for t, share in ((1.0, 0.5), (1.5, 0.7 if filling else 0.5)):
+            pool.used = int(share * pool.capacity)
+            clock.t = sched.view.now = t
+            chunk = policy.choose(sched.view)
+        return chunk, policy.last.reason
+
+    tpot_safe = PredictiveChunkPolicy.from_profile(make_profile(pp=2), PredictiveConfig(), CANDS)
+    sched, clock = queued(tpot_safe, [0.0] * 40, prompt=2000, slo=SLO(2.0, 0.012))
+    clock.t = sched.view.now = 1.5
+    safe = tpot_safe.choose(sched.view)
+    roomy, why = late_backlog(filling=False)
+    assert roomy > safe and "catch-up on banked slack" in why
+    bound, why = late_backlog(filling=True)
+    assert bound <= safe and "kv-bound" in why
+
+
+def test_observe_learns_once_though_the_record_comes_twice():
+    from fastpp.types import IterationRecord
+
+    policy = slack_for(pp=1)
+    rec = IterationRecord(0, 0, 0, 0.0, 0.03, 100, 100, 0, 0, 10_000, 0, 128)
+    before = policy.predictor.n_updates_
+    policy.observe(rec)
+    policy.observe(rec)  # the same record, as the balancer
+    assert policy.predictor.n_updates_ == before + 1
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="bank_quantile"):
+        SlackConfig(bank_quantile=1.0)
+    with pytest.raises(ValueError, match="catchup_tpot_ratio"):
+        SlackConfig(catchup_tpot_ratio=0.5)
