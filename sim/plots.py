@@ -328,10 +328,16 @@ def latency_vs_rate(
     styles = _styles(systems)
     with _figure((9.0, 3.8), 1, 2) as (fig, axs):
         panels = ((axs[0, 0], ttft_key, slo_ttft_ms, "TTFT"), (axs[0, 1], tpot_key, slo_tpot_ms, "TPOT"))
+        by_panel = {key: _series(rows, x, key, series) for _, key, _, _ in panels}
+        same = _same_as({s: np.concatenate([np.concatenate(lines[s]) if s in lines else [np.nan]
+                                            for lines in by_panel.values()]) for s in systems})
         for ax, key, slo, name in panels:
-            lines = _series(rows, x, key, series)
-            same = _same_as({s: np.concatenate([xs, ys]) for s, (xs, ys) in lines.items()})
-            for s, (xs, ys) in lines.items():
+            here = {s: t for s, t in _same_as({s: np.concatenate(v) for s, v in by_panel[key].items()}
+                                               ).items() if s not in same}
+            if here:  # coinciding in this panel only: said above it, off the data
+                note = "lines coincide: " + "; ".join(f"{s} = {t}" for s, t in here.items())
+                ax.set_title(textwrap.fill(note, 80), loc="left", fontsize=7, color="0.4")
+            for s, (xs, ys) in by_panel[key].items():
                 style = styles[s]
                 finite = np.where(np.isfinite(ys), ys, np.nan)
                 label = (s or "all") + (f" (= {same[s]})" if s in same else "")
@@ -683,11 +689,17 @@ def attainment_vs_slo_scale(
     nrows = math.ceil(len(panels) / ncols)
     with _figure((1.0 + 3.2 * ncols, 0.9 + 2.9 * nrows), nrows, ncols) as (fig, axs):
         flat = list(axs.flat)
+        whole = {p: _series([r for r in rows if not panel_by or str(r.get(panel_by) or "") == p],
+                            x, metric, series) for p in panels}
+        same = _same_as({s: np.concatenate([np.concatenate(lines[s]) if s in lines else [np.nan]
+                                            for lines in whole.values()]) for s in systems})
         for ax, panel in zip(flat, panels, strict=False):
             group = [r for r in rows if not panel_by or str(r.get(panel_by) or "") == panel]
-            for s, (xs, ys) in _series(group, x, metric, series).items():
+            lines = _series(group, x, metric, series)
+            for s, (xs, ys) in lines.items():
                 ax.plot(xs, ys * 100 if is_share else ys, markersize=4, **styles[s],
-                        label=s or "all", clip_on=False)  # zeros on the axis
+                        label=(s or "all") + (f" (= {same[s]})" if s in same else ""),
+                        clip_on=False)  # zeros on the axis
             ax.invert_xaxis()
             ax.set_xlabel("SLO scale")
             if panel:

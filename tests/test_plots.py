@@ -288,3 +288,12 @@ def test_tick_labels_stay_short_and_legends_sit_outside_the_axes(tmp_path):
                                log_x=True, formats=("svg",))
     text = svg.read_text()
     assert "same as pp4 static:512" in text and "100000" not in text
+
+
+def test_coinciding_series_are_named_in_the_legend_or_above_the_panel(tmp_path):
+    rows = [r for r in sweep_rows() if r["slo_scale"] == 1.0 and r["workload"] == "sharegpt"]
+    rows += [dict(r, policy="static:512b") for r in rows if r["policy"] == "static:512"]
+    (svg,) = plots.latency_vs_rate(rows, tmp_path / "rate", log_ttft=True, formats=("svg",))
+    text = svg.read_text()
+    assert "pp4 static:512b (= pp4 static:512)" in text  # equal in both panels: in the legend
+    assert "lines coincide: pp4 static:512 = tp4 static:2048" in text  # TPOT panel only
