@@ -114,7 +114,7 @@ def entries(folder: Path | None = None) -> list[CacheEntry]:
     found = [_entry(p, is_legacy=False) for p in _files(folder) if _ENTRY_RE.match(p.name)]
     if folder == _ROOT / "weights":  # the old scheme wrote straight into ~/.cache/fastpp
         found += [_entry(p, is_legacy=True) for p in _files(_ROOT) if _LEGACY_RE.match(p.name)]
-    return sorted(found, key=lambda e: e.used_at)
+    return sorted((e for e in found if e is not None), key=lambda e: e.used_at)
 
 
 def trim(keep: Path | None = None, folder: Path | None = None, limit_bytes: int | None = None) -> list[Path]:
@@ -145,7 +145,7 @@ def clear(folder: Path | None = None) -> tuple[int, int]:
             e.path.unlink()
             num, freed = num + 1, freed + e.size_bytes
     now = time.time()  # a writer's tmp file is left alone unless it is long abandoned
-    stale = [p for p in _files(folder) if ".tmp" in p.suffix and now - p.stat().st_mtime > _STALE_TMP_S]
+    stale = [p for p in _files(folder) if ".tmp" in p.suffix and now - _mtime(p) > _STALE_TMP_S]
     for leftover in (folder / _HASHES, *stale):
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
@@ -165,9 +165,20 @@ def write_atomically(entry: Path, save) -> None:
             tmp.unlink()
 
 
-def _entry(path: Path, *, is_legacy: bool) -> CacheEntry:
-    st = path.stat()
+def _entry(path: Path, *, is_legacy: bool) -> CacheEntry | None:
+    """The entry, or None when another process removed the file meanwhile."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
     return CacheEntry(path, st.st_size, st.st_mtime, is_legacy)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return time.time()
 
 
 def _files(folder: Path) -> Iterator[Path]:

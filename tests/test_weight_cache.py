@@ -132,3 +132,13 @@ def test_cli_shows_and_clears_with_confirmation(root):
     assert weight_cache.entries() == []
     bad = runner.invoke(app, ["cache", "purge"])
     assert bad.exit_code == 2 and "show or clear" in bad.stderr
+
+
+def test_clear_leaves_a_writer_in_progress_alone(root, tmp_path):
+    folder = root / "weights"
+    weight_cache.entry_path(write(tmp_path / "m.gguf", b"abc"))  # writes the hash sidecar
+    write(folder / f"m-{'0' * 16}-v1.pt", b"x" * 10)
+    fresh = write(folder / f"n-{'1' * 16}-v1.tmp123", b"half")  # another process is saving
+    dead = write(folder / f"o-{'2' * 16}-v1.tmp456", b"half", mtime_s=1_000)  # its writer died
+    assert weight_cache.clear() == (1, 10)
+    assert fresh.is_file() and not dead.exists() and not (folder / "hashes.json").exists()
