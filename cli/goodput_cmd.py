@@ -69,6 +69,9 @@ def goodput(
             check_deployment(dep)
         except ValueError as exc:
             fail(f"{dep.label}: {exc}")
+    from fastpp.cli.profile_conflict import check_profile_against, model_and_gpu
+
+    check_profile_against(profile, model, gpu, deployments[0])
     if plot is not None:
         writable_dir(plot, "--plot")
     if not steady and not as_json:
@@ -102,7 +105,8 @@ def goodput(
                 )
         except ValueError as exc:
             fail(f"{dep.label}: {exc}")
-        results.append({"deployment": dep.label, "policy": dep.policy, "model": dep.model, "gpu": dep.gpu,
+        dep_model, dep_gpu = model_and_gpu(dep)  # the profile's, when there is one
+        results.append({"deployment": dep.label, "policy": dep.policy, "model": dep_model, "gpu": dep_gpu,
                         "workload": wl.name, "slo_ttft_ms": slo.ttft_s * 1e3,
                         "slo_tpot_ms": slo.tpot_s * 1e3, "protocol": protocol, **res.to_dict()})
         if not as_json:

@@ -174,6 +174,10 @@ def test_a_profile_with_a_conflicting_model_or_gpu_is_an_error_naming_both(tmp_p
     res = invoke("simulate", "--profile", str(path), "-m", "Qwen2.5-14B", "-n", "5", "--json",
                  "-o", str(tmp_path / "b"))
     assert res.exit_code == 0, res.output  # the same model is no conflict
+    res = invoke("goodput", "--profile", str(path), "--gpu", "H100", "-n", "20")
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--gpu H100 (the profile's is A100-40GB-PCIe)" in text
+    assert "searching" not in text
 
 
 def test_workloads_and_policies_listings():
