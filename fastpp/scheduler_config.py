@@ -7,6 +7,17 @@ from dataclasses import dataclass, field
 from fastpp.types import SLO
 
 DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(128, 2049, 128))
+# What ``static`` (no :N) runs, and every policy's fallback chunk, in every executor: the one
+# source of the default. An engine with a batch limit of its own (vLLM's
+# max_num_batched_tokens, SGLang's --chunked-prefill-size) runs at most that (``static_chunk``).
+DEFAULT_STATIC_CHUNK = 2048
+
+
+def static_chunk(chunk: int | None = None, *, limit: int | None = None) -> int:
+    """The static chunk an executor runs: ``chunk`` if the user set one, else
+    DEFAULT_STATIC_CHUNK; never above the engine's own ``limit`` (tokens per batch)."""
+    value = DEFAULT_STATIC_CHUNK if chunk is None else chunk
+    return value if limit is None else min(value, limit)
 ADMISSION_RESERVES = ("all", "slot")
 RETRACTIONS = ("newest_front", "fewest_output_back")
 MAX_CHUNK_CANDIDATES = 4096  # a policy looks at each candidate: more is memory and time, no use
@@ -44,7 +55,7 @@ class SchedulerConfig:
     page_size: int = 1  # KV allocation unit in tokens (SGLang's default is 1)
     max_context: int = 32768  # model context: a longer prompt is rejected
     chunk_candidates: tuple[int, ...] = DEFAULT_CANDIDATES  # what dynamic policies pick from
-    default_chunk: int = 2048  # the static chunk; also the fallback when a policy raises
+    default_chunk: int = DEFAULT_STATIC_CHUNK  # the static chunk; also the fallback when a policy raises
     # Share of the running requests' remaining output tokens kept free when admitting a new
     # request (SGLang's new_token_ratio at its floor of 0.1): fewer retractions later.
     new_token_ratio: float = 0.1

@@ -55,7 +55,7 @@ from fastpp.policy_host import PolicyHost
 from fastpp.policy_host_records import RequestLog
 from fastpp.profile import DTYPE_BYTES, ModelShape
 from fastpp.run_setup import RunSetup
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig
+from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, static_chunk
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.sglang")
@@ -143,7 +143,7 @@ class SGLangAdapter:
         self.config = SchedulerConfig(
             num_slots=sched.pp_loop_size, kv_capacity_tokens=int(sched.max_total_num_tokens),
             page_size=self.page_size, max_context=int(sched.model_config.context_len),
-            chunk_candidates=tuple(candidates), default_chunk=top, token_step=token_step,
+            chunk_candidates=tuple(candidates), default_chunk=static_chunk(limit=top), token_step=token_step,
             slo=self.settings.slo)
         from fastpp.policies import make_policies
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastpp.backends.sglang.settings import PluginSettings
+from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK
 from fastpp.types import SLO
 
 SGLANG_VERSION = "0.5.23"
@@ -181,8 +182,8 @@ def _default_ceiling(spec: LaunchSpec) -> int | None:
     if spec.chunk_candidates:
         return max(spec.chunk_candidates)
     name, _, arg = spec.policy.split("+")[0].partition(":")
-    if name == "static" and arg.isdigit():
-        return int(arg)
+    if name == "static":  # static without :N runs fastpp's one default static chunk
+        return int(arg) if arg.isdigit() else DEFAULT_STATIC_CHUNK
     return None
 
 

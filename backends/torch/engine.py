@@ -93,8 +93,7 @@ class PipelineEngine:
             kv_capacity_tokens=config.kv_blocks * config.block_size,
             page_size=config.block_size,
             max_context=self.model_config.max_context,
-            chunk_candidates=config.chunk_candidates,
-            default_chunk=256,
+            chunk_candidates=config.chunk_candidates,  # (static: SchedulerConfig's one default)
             max_running_requests=config.max_running_requests,
             new_token_ratio=config.new_token_ratio,
             token_step=config.profile.token_step if config.profile is not None else 0,

@@ -3,8 +3,9 @@
 vLLM builds the scheduler itself (``--scheduler-cls``), so it cannot take our arguments. The
 launcher puts one JSON object in the environment variable ``FASTPP_VLLM_SCHEDULER``; vLLM's
 API server hands its environment down to the engine core, where ``FastPPScheduler`` reads it.
-Without the variable the scheduler runs ``static`` at vLLM's own ``max_num_batched_tokens``
-and no balancer: stock vLLM's behaviour (see docs/engines/vllm.md).
+Without the variable the scheduler runs ``static`` (fastpp's one default static chunk,
+``DEFAULT_STATIC_CHUNK``, at most vLLM's ``max_num_batched_tokens``) and no balancer: stock
+vLLM's scheduling under that budget (see docs/engines/vllm.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from fastpp.policies import make_policies
 from fastpp.profile import Profile
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, parse_chunk_candidates
+from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, parse_chunk_candidates, static_chunk
 from fastpp.types import SLO
 
 ENV_VAR = "FASTPP_VLLM_SCHEDULER"
@@ -38,7 +39,9 @@ class VllmSchedulerSettings:
     # What dynamic chunk policies pick from; None = 128..2048 step 128 capped at vLLM's
     # max_num_batched_tokens. Stored as the text the user gave (START:STOP:STEP or a list).
     chunk_candidates: str | None = None
-    default_chunk: int | None = None  # the static chunk and fallback; None = max_num_batched_tokens
+    # the static chunk and fallback; None = DEFAULT_STATIC_CHUNK, as in every executor (at most
+    # vLLM's max_num_batched_tokens either way)
+    default_chunk: int | None = None
     token_step: int = 0  # tile step in tokens for the decode balancer; 0 = unknown (it assumes 128)
     profile: str | None = None  # profile JSON, for policies that predict latency
     record_dir: str | None = None  # where the run folder is written (see recorder.py)
@@ -112,5 +115,5 @@ class VllmSchedulerSettings:
         return SchedulerConfig(
             num_slots=num_slots, kv_capacity_tokens=kv_total_tokens, page_size=page_size,
             max_context=max_context, chunk_candidates=candidates,
-            default_chunk=min(self.default_chunk or max_budget, max_budget),
+            default_chunk=static_chunk(self.default_chunk, limit=max_budget),
             max_running_requests=max_running, token_step=self.token_step, slo=self.slo)

@@ -19,7 +19,7 @@ from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
 from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.policies.upstream import UpstreamChunkConfig, UpstreamChunkPolicy, build_upstream
 from fastpp.profile import Profile
-from fastpp.scheduler_config import SchedulerConfig
+from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK, SchedulerConfig
 
 __all__ = [
     "ChunkPolicy", "DecodeBalancer", "NoBalancer", "StaticChunkPolicy", "POLICIES", "BALANCERS",
@@ -73,7 +73,8 @@ def _predictive(arg: str | None, ctx: PolicyContext) -> object:
 
 
 POLICIES: dict[str, PolicyInfo] = {
-    "static": PolicyInfo(_static, "fixed chunk size (SGLang --chunked-prefill-size)", "tokens"),
+    "static": PolicyInfo(_static, "fixed chunk size (SGLang --chunked-prefill-size)",
+                         f"tokens (default {DEFAULT_STATIC_CHUNK} in every executor)"),
     "greedy": PolicyInfo(
         lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=arg or "mean")),
         "feedback controller (PAPER.md 3.1)",
@@ -146,7 +147,7 @@ def make_chunk_policy(
     *,
     profile: Profile | None = None,
     config: GreedyConfig | PredictiveConfig | UpstreamChunkConfig | None = None,
-    default_chunk: int = 2048,
+    default_chunk: int = DEFAULT_STATIC_CHUNK,
 ) -> ChunkPolicy:
     """One chunk policy, by name or from its typed config.
 
@@ -185,7 +186,7 @@ def make_balancer(spec: str = "ds", *, config: DelayConfig | None = None) -> Dec
     ``DelayConfig`` for every knob. Raises ValueError naming a bad name, argument or config."""
     name, _, arg = spec.partition(":")
     if config is None:
-        return _build(BALANCERS, "balancer", spec, _context(None, 2048))  # type: ignore[return-value]
+        return _build(BALANCERS, "balancer", spec, _context(None, DEFAULT_STATIC_CHUNK))  # type: ignore[return-value]
     if name != "ds" or arg:
         raise ValueError(f"a DelayConfig goes with 'ds' and no argument, got {spec!r}")
     if not isinstance(config, DelayConfig):
