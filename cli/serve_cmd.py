@@ -44,15 +44,30 @@ def serve(
     seed: Annotated[int | None, typer.Option(help="Seed of random weights and of sampling without a request seed. [default: 0]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="FASTPP_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/* (the openai client sends its OPENAI_API_KEY so); /health and /metrics stay open. [default: none, no key needed]")] = None,
-    record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run.")] = None,
+    record_dir: Annotated[Path | None, typer.Option(help="On exit, write every request (requests.jsonl), every stage iteration (iterations.csv), a Perfetto timeline (timeline.json) and summary.json here. Memory grows with the run. Checked before loading: a writable folder without an earlier run.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="torch: let --record-dir replace an earlier run in that folder.")] = False,
+    shutdown_timeout: Annotated[float | None, typer.Option(help="torch: on SIGINT/SIGTERM, seconds open requests get to finish before they are ended with an error (a second signal exits at once). [default: 5]")] = None,
+    stage_timeout: Annotated[float | None, typer.Option(help="torch: seconds a stage may go without a heartbeat or spend on one microbatch before the server fails every open request naming it, and exits 1. [default: 30]")] = None,
+    max_body_bytes: Annotated[int | None, typer.Option(help="torch: larger request bodies get 413, unread. [default: 4194304]")] = None,
+    read_timeout: Annotated[float | None, typer.Option(help="torch: seconds a request's headers and body may take to arrive; slower connections are closed. [default: 30]")] = None,
+    keep_alive: Annotated[float | None, typer.Option(help="torch: seconds an idle kept-alive connection stays open. [default: 5]")] = None,
+    max_connections: Annotated[int | None, typer.Option(help="torch: open connections at most; past it the longest-idle one is closed. [default: 1024]")] = None,
     engine_python: Annotated[str | None, typer.Option(help="sglang / vllm: the interpreter of the engine's environment. [default: $FASTPP_SGLANG_PYTHON / $FASTPP_VLLM_PYTHON, else the venv scripts/engines/setup_*.sh builds]")] = None,
     token_step: Annotated[int | None, typer.Option(help="sglang / vllm: tile step in tokens for delay scheduling. [default: the profile's, else 0]")] = None,
 ) -> None:
     """Serve a model with pipeline parallelism over CPU processes, OpenAI-compatible API.
 
     Endpoints: /v1/completions, /v1/chat/completions (stream with SSE, usage), /v1/models,
-    /health, /metrics (Prometheus). With --api-key, /v1/* needs the key. Ctrl-C stops it.
+    /health, /metrics (Prometheus). With --api-key, /v1/* needs the key. Ctrl-C or SIGTERM
+    stops it: new requests get 503, open ones get --shutdown-timeout to finish, exit code 0.
     """
+    server_only = {"--overwrite": overwrite or None, "--shutdown-timeout": shutdown_timeout,
+                   "--stage-timeout": stage_timeout, "--max-body-bytes": max_body_bytes,
+                   "--read-timeout": read_timeout, "--keep-alive": keep_alive,
+                   "--max-connections": max_connections}
+    if backend != "torch" and any(v is not None for v in server_only.values()):
+        named = [flag for flag, value in server_only.items() if value is not None]
+        fail(f"{', '.join(named)} apply to --backend torch only")
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     key_args = ["--api-key", api_key] if api_key and backend != "torch" else []  # both engines take it
@@ -88,6 +103,17 @@ def serve(
     if engine_python is not None or token_step is not None:
         fail("--engine-python and --token-step apply to --backend sglang or vllm only")
     try:
+        from fastpp.backends.openai_server.serve_config import ServeConfig
+
+        serve_config = ServeConfig(**given(
+            ServeConfig, host=host, port=port, max_queue=max_queue, api_key=api_key, record_dir=record_dir,
+            overwrite=overwrite, log_level=log_level, shutdown_timeout_s=shutdown_timeout,
+            max_body_bytes=max_body_bytes, read_timeout_s=read_timeout, keep_alive_s=keep_alive,
+            max_connections=max_connections))  # checked (port, record dir) before loading
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    try:
         from fastpp.backends.openai_server.runner import run_server
         from fastpp.backends.torch.engine import EngineConfig
         from fastpp.backends.torch.weights_source import WeightsSource
@@ -110,17 +136,13 @@ def serve(
             EngineConfig, num_stages=pp, kv_blocks=kv_blocks, block_size=block_size, policy=policy, slo=slo,
             chunk_candidates=candidates,
             profile=loaded, max_running_requests=max_running_requests, dtype=dtype, threads=threads, seed=seed,
-            pin_cores=pin_cores, record=True if record_dir is not None else None))
+            pin_cores=pin_cores, record=True if record_dir is not None else None,
+            stage_timeout_s=stage_timeout))
     except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+        fail(str(exc).replace("stage_timeout_s", "--stage-timeout"))
         return
-    if max_queue < 1:
-        fail(f"--max-queue must be >= 1, got {max_queue}")
-    if api_key is not None and not api_key.strip():
-        fail("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
     try:
-        code = run_server(source, config, host=host, port=port, max_queue=max_queue, log_level=log_level,
-                          record_dir=record_dir, api_key=api_key)
+        code = run_server(source, config, serve_config)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         hint = " (pass --profile FILE, measured by `fastpp profile --backend torch`)" \
             if profile is None and "needs the deployment's profile" in str(exc) else ""

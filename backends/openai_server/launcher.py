@@ -23,17 +23,21 @@ FASTPP_COMMAND = (sys.executable, "-c",
 class ServerProcess:
     """``with ServerProcess([...extra args]) as srv:`` -> ``srv.url``; logs in ``srv.log()``."""
 
-    def __init__(self, *args: str, start_timeout_s: float = 180.0) -> None:
+    def __init__(self, *args: str, start_timeout_s: float = 180.0, new_session: bool = False) -> None:
+        """``new_session``: its own session and process group (:meth:`signal_group` signals them
+        all, as a terminal's Ctrl-C does, without reaching the caller)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [*FASTPP_COMMAND, "serve", "--port", str(self.port), *args]
         self.start_timeout_s = start_timeout_s
         self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (lives with the server)
         self.proc: subprocess.Popen | None = None
+        self.new_session = new_session
 
     def __enter__(self) -> ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=self.new_session)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -62,6 +66,11 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the server's whole process group (needs ``new_session``)."""
+        assert self.proc is not None and self.new_session
+        os.killpg(self.proc.pid, sig)
 
     def log(self) -> str:
         self._log.flush()

@@ -1,7 +1,8 @@
 """Start the engine and the HTTP server together; stop both, whichever fails first.
 
-If a stage process dies, the engine fails every open request with an error, the server logs
-which stage died and why, stops accepting connections and returns exit code 1: no hang.
+If a stage process dies or stalls, the engine fails every open request with an error, the
+server logs which stage and why, stops accepting connections and returns exit code 1: no hang.
+On SIGINT or SIGTERM it drains and returns 0 (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 import uvicorn
 
 from fastpp.backends.openai_server.app import ServerState, create_app
+from fastpp.backends.openai_server.connections import guarded_protocol
+from fastpp.backends.openai_server.lifecycle import DrainingServer, StopRequested, StopSignals, drain
+from fastpp.backends.openai_server.serve_config import ServeConfig
 from fastpp.backends.torch.engine import EngineConfig, PipelineEngine
 from fastpp.backends.torch.model import split_layers
 from fastpp.backends.torch.text import load_text
@@ -24,47 +28,88 @@ from fastpp.run_setup import SETUP_KEY, RunSetup
 
 log = logging.getLogger("fastpp.serve")
 
-GRACEFUL_SHUTDOWN_S = 5
+CLOSE_WAIT_S = 3  # uvicorn: how long responses still going may take once the server closes
 
 
-def run_server(source: WeightsSource, config: EngineConfig, host: str = "127.0.0.1", port: int = 8000,
-               max_queue: int = 256, log_level: str = "info", record_dir: Path | None = None,
-               api_key: str | None = None) -> int:
-    """Serve until interrupted (exit code 0) or until the engine fails (exit code 1).
+def run_server(source: WeightsSource, config: EngineConfig, serve: ServeConfig | None = None) -> int:
+    """Serve until a stop signal (exit code 0) or until the engine fails (exit code 1).
 
-    With ``record_dir`` (and ``config.record``), the run is written there once the engine has
-    stopped, in the simulator's run-folder format (:func:`write_recorded_run`). With ``api_key``,
-    /v1/* needs ``Authorization: Bearer <api_key>``."""
-    tokenizer, template = load_text(source)
-    engine = PipelineEngine(source, replace(config, eos_token_id=tokenizer.eos_token_id))
-    engine.start()
-    state = ServerState(engine, tokenizer, template, source.served_name, max_queue, api_key=api_key)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    The checks that need no model (``serve.check()``) run first and raise ``ValueError``. With
+    ``serve.record_dir`` (and ``config.record``), the run is written there once the engine has
+    stopped, in the simulator's run-folder format (:func:`write_recorded_run`)."""
+    serve = serve or ServeConfig()
+    max_connections = serve.check()
+    signals = StopSignals()
+    signals.install()
+    try:
+        return _load_and_serve(source, config, serve, max_connections, signals)
+    finally:
+        signals.restore()
+
+
+def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeConfig, max_connections: int,
+                    signals: StopSignals) -> int:
+    engine: PipelineEngine | None = None
+    try:
+        log.info("loading %s: tokenizer", source.served_name)
+        tokenizer, template = load_text(source)
+        engine = PipelineEngine(source, replace(config, eos_token_id=tokenizer.eos_token_id))
+        signals.on_exit_now = engine.kill_stages
+        engine.start()
+        signals.serving = True  # from now on a signal drains
+    except StopRequested:
+        if engine is not None:
+            engine.shutdown(timeout_s=1.0)
+        log.info("stopped before serving (%s)", signals.name)
+        return 0
+    state = ServerState(engine, tokenizer, template, source.served_name, serve.max_queue,
+                        api_key=serve.api_key, max_body_bytes=serve.max_body_bytes,
+                        read_timeout_s=serve.read_timeout_s)
+    forced = False
+
+    async def drain_on_signal() -> None:
+        nonlocal forced
+        forced = await drain(state, engine, serve.shutdown_timeout_s, signals.name)
+
+    uv_config = uvicorn.Config(create_app(state), host=serve.host, port=serve.port, log_level=serve.log_level,
+                               http=guarded_protocol(serve.read_timeout_s, max_connections),
+                               timeout_keep_alive=serve.keep_alive_s,  # type: ignore[arg-type]
+                               timeout_graceful_shutdown=CLOSE_WAIT_S, lifespan="off")
+    if serve.log_level == "info":  # uvicorn's start and stop lines: ours say it
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    server = DrainingServer(uv_config, signals, drain_on_signal)
 
     def on_failure(message: str) -> None:
         log.error("stopping the server: %s", message)
+        state.draining = True
         server.should_exit = True
 
     engine.on_failure(on_failure)
-    log.info("serving %s on http://%s:%d (%d stage(s), policy %s%s)", source.served_name, host, port,
-             config.num_stages, config.policy, ", API key required on /v1" if api_key else "")
+    log.info("serving %s on http://%s:%d (%d stage(s), policy %s%s); Ctrl-C stops it", source.served_name,
+             serve.host, serve.port, config.num_stages, config.policy,
+             ", API key required on /v1" if serve.api_key else "")
     try:
         server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
-        pass
     finally:
+        signals.serving, signals.stopping = False, True  # a signal from here on exits at once
         state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
-        engine.shutdown()
-        if engine.final_free_blocks is not None:
-            log.info("free KV blocks per stage at shutdown: %s of %d", engine.final_free_blocks,
-                     config.kv_blocks)
-        if record_dir is not None:
-            write_recorded_run(engine, record_dir)
-    if engine.error is not None:
+        engine.shutdown(timeout_s=10.0)
+        if serve.record_dir is not None:
+            write_recorded_run(engine, serve.record_dir)
+        _log_stopped(engine, config, signals, forced)
+    failed = engine.error is not None and not forced
+    if failed:
         log.error("engine failed: %s", engine.error)
         return 1
     return 0
+
+
+def _log_stopped(engine: PipelineEngine, config: EngineConfig, signals: StopSignals, forced: bool) -> None:
+    kv = (f"free KV blocks per stage at shutdown: {engine.final_free_blocks} of {config.kv_blocks}"
+          if engine.final_free_blocks is not None else "stage KV not reported (the pipeline failed)")
+    how = f"on {signals.name}" if signals.name else "after an engine failure"
+    extra = "; the stage processes were killed (they did not hand back their work)" if forced else ""
+    log.info("stopped %s: %s%s", how, kv, extra)
 
 
 def write_recorded_run(engine: PipelineEngine, out: Path) -> None:
