@@ -43,17 +43,21 @@ def cache(
             used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.used_at))
             note = "  (legacy, mtime-keyed: never read; removed by clear)" if e.is_legacy else ""
             typer.echo(f"  {e.size_bytes / _MB:9.1f} MB  {used}  {e.path}{note}")
-        typer.echo(f"total {total / _MB:.1f} MB in {len(found)} entries")
+        typer.echo(f"total {total / _MB:.1f} MB in {_entries(len(found))}")
         return
     if not found:
         typer.echo(f"weight cache {folder} is already empty")
         return
     if not yes:
         if not sys.stdin.isatty():
-            fail(f"cache clear would remove {len(found)} entries ({total / _MB:.1f} MB); "
+            fail(f"cache clear would remove {_entries(len(found))} ({total / _MB:.1f} MB); "
                  "pass --yes to confirm")
-        if not typer.confirm(f"remove {len(found)} entries ({total / _MB:.1f} MB) from {folder}?"):
+        if not typer.confirm(f"remove {_entries(len(found))} ({total / _MB:.1f} MB) from {folder}?"):
             typer.echo("nothing removed")
             return
     num, freed = weight_cache.clear(folder)
-    typer.echo(f"removed {num} entries ({freed / _MB:.1f} MB) from {folder}")
+    typer.echo(f"removed {_entries(num)} ({freed / _MB:.1f} MB) from {folder}")
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"
