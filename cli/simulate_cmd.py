@@ -166,5 +166,5 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
             console.print(f"[yellow]{r.deployment.label}: {note}[/]")
     tables = "requests.parquet, iterations.parquet" if table_format == "parquet" else "requests.jsonl, iterations.csv"
     files = f"summary.json, {tables}" + (", timeline.json for Perfetto" if timeline else "")
-    console.print(f"outputs in {out}/: summary.json, and one folder per deployment ({files})",
-                  markup=False, highlight=False)
+    console.print(f"outputs in {out}/: summary.json, and one folder per deployment ({files}); "
+                  f"figures: fastpp plot {out}", markup=False, highlight=False)
