@@ -67,7 +67,7 @@ def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--workload", "-w", default="random:256:64")
+    ap.add_argument("--workload", "-w", default="random:256:64:0.5")
     ap.add_argument("--rate", "-r", type=float, default=0.5)
     ap.add_argument("--num-prompts", "-n", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)

@@ -74,7 +74,7 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--workload", "-w", default="random:96:16")
+    ap.add_argument("--workload", "-w", default="random:96:16:0.5")
     ap.add_argument("-n", "--num-prompts", type=int, default=8)
     ap.add_argument("--rate", default="inf")
     ap.add_argument("--runs", type=int, default=2)

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="serve this backend and record RUN_DIR")
     rec.add_argument("--policy", default="static", help="the served policy (default static: the engine's own "
                      "budget, which for vLLM schedules what stock vLLM does)")
-    rec.add_argument("-w", "--workload", default="random:256:64", help="fastpp bench workload")
+    rec.add_argument("-w", "--workload", default="random:256:64:0.5", help="fastpp bench workload")
     rec.add_argument("-n", "--num-prompts", type=int, default=60)
     rec.add_argument("-r", "--rate", type=float, default=0.5, help="Poisson arrivals, req/s")
     rec.add_argument("--seed", type=int, default=0)

@@ -170,7 +170,7 @@ def main() -> None:
     p.add_argument("--loads", nargs="+", default=["bursty", "poisson"], choices=["bursty", "poisson"])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("-n", "--num-prompts", type=int, default=16)
-    p.add_argument("-w", "--workload", default="random:64:64")
+    p.add_argument("-w", "--workload", default="random:64:64:0.5")
     p.add_argument("--burst-rate", type=float, default=float("inf"))
     p.add_argument("--burst-cv", type=float, default=4.0)
     p.add_argument("--poisson-rate", default="auto", help="req/s, or auto (see the docstring)")
