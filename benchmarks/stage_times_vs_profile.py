@@ -1,7 +1,7 @@
 """Measured stage times of a real run against what its profile predicts for the same microbatches.
 
     fastpp serve --model smollm2 --pp 2 --record-dir runs/real    # then load it, e.g.
-    fastpp bench --port 8000 -w random:256:64:0.5 -n 30 -r 0.5           # and stop the server (Ctrl-C)
+    fastpp bench --port 8000 -w random:256:64:0.5 -n 30 -r 0.5       # and stop the server (Ctrl-C)
     python benchmarks/stage_times_vs_profile.py runs/real profiles/cpu_smollm2-135m_pp2.json
 
 Reads ``iterations.csv`` (one row per stage per microbatch, measured by the engine) and prints,
