@@ -73,7 +73,9 @@ JSON = {"Content-Type": "application/json"}
 BAD = [{"prompt": 5}, {"prompt": "a", "max_tokens": -1}, {"prompt": "a" * 700}, {"prompt": "a", "top_p": "x"},
        [1, 2], {"prompt": "a", "top_p": 0}, {"prompt": "a", "top_p": 0, "stream": True},
        {"prompt": "x" * 200_000}, {"prompt": "a", "max_tokens": 600}, {"prompt": "a", "best_of": 2},
-       {"prompt": "a", "response_format": {"type": "json_object"}}, {"prompt": "a", "tool_choice": "auto"}]
+       {"prompt": "a", "response_format": {"type": "json_object"}}, {"prompt": "a", "tool_choice": "auto"},
+       {"prompt": "a", "max_tokens": 400}, {"prompt": "a", "temperature": 1e-38, "max_tokens": 0},
+       {"prompt": "a", "stop_token_ids": list(range(2000))}]
 RAW_BAD = [b"{oops", b'{"prompt": "\\ud800"}', b'{"prompt": "a", "x": ' + b"[" * 3000 + b"]" * 3000 + b"}"]
 
 
@@ -110,18 +112,26 @@ async def stream_burst(url: str, rng: random.Random, tally: Counter) -> None:
     tally["burst_200"] += codes.count(200)
 
 
+def long_output(rng: random.Random) -> tuple[str, int]:
+    """A prompt and the longest output the KV pool holds after it, at most 200 (a longer
+    max_tokens is refused: the engine would have to cap it)."""
+    text = prompt(rng)
+    return text, min(200, KV_BLOCKS * 4 - len(text) + 1)
+
+
 async def disconnecting(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -> None:
+    text, n = long_output(rng)
     if rng.random() < 0.3:  # non-streamed: give up waiting
         try:
             r = await client.post("/v1/completions", timeout=rng.uniform(0.05, 0.5),
-                                  json={"prompt": prompt(rng), "max_tokens": 200, "ignore_eos": True})
+                                  json={"prompt": text, "max_tokens": n, "ignore_eos": True})
         except httpx.TimeoutException:
             tally["disconnected"] += 1
             return
         assert r.status_code in (200, 503), r.text  # it finished (or was refused) before the timeout
         tally["503" if r.status_code == 503 else "completed"] += 1
         return
-    body = {"prompt": prompt(rng), "max_tokens": 200, "ignore_eos": True, "stream": True}
+    body = {"prompt": text, "max_tokens": n, "ignore_eos": True, "stream": True}
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code == 503:
             tally["503"] += 1

@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fastpp.backends.openai_server.generation import ClientDisconnected, Delta, Generation
+from fastpp.backends.openai_server.generation import ClientDisconnected, Delta, Generation, fit_output_budget
 from fastpp.backends.openai_server.guard import RequestGuard
 from fastpp.backends.openai_server.metrics import make_registry, render
 from fastpp.backends.openai_server.protocol import (
@@ -189,17 +189,18 @@ async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param
 
 
 def _max_tokens(state: ServerState, req: GenerationRequest, prompt_len: int) -> int:
-    """The output budget: as asked, refused if prompt + it exceed the context; when not asked,
-    DEFAULT_MAX_TOKENS within what the context leaves."""
+    """The output budget: as asked, refused if prompt + it exceed the context or the KV pool
+    (before the queue check: a request that can never run is a 400 under any load); when not
+    asked, DEFAULT_MAX_TOKENS within what both leave."""
     limit = state.engine.model_config.max_context
     room = limit - prompt_len
     if req.max_tokens is None:
-        return max(1, min(DEFAULT_MAX_TOKENS, room))
+        return fit_output_budget(state.engine, req, prompt_len, max(1, min(DEFAULT_MAX_TOKENS, room)))
     if req.max_tokens > room:
         raise APIError(400, f"'{req.max_tokens_param}': {req.max_tokens} output tokens after a prompt of "
                        f"{prompt_len} tokens exceed the context of {limit} tokens (at most {room})",
                        param=req.max_tokens_param, code="context_length_exceeded")
-    return req.max_tokens
+    return fit_output_budget(state.engine, req, prompt_len, req.max_tokens)
 
 
 async def _respond(state: ServerState, request: Request, req: GenerationRequest, ids: list[int],
