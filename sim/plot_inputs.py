@@ -4,9 +4,10 @@ Scenario: ``fastpp plot`` (and notebooks) get a path and must know what it holds
 objects that wrote it. Three recognised inputs, found by their file layout, not their names:
 
 - runs: a run folder (``fastpp.run_files``: ``summary.json``, ``requests.jsonl`` of
-  ``RequestRecord.to_dict`` rows, ``iterations.csv``), written by ``fastpp serve --record-dir``
-  or an engine plugin, or a ``fastpp simulate`` folder holding one run folder per deployment
-  (and a ``summary.json`` listing their summaries in order);
+  ``RequestRecord.to_dict`` rows, ``iterations.csv``; or their ``.parquet`` forms), written by
+  ``fastpp serve --record-dir`` or an engine plugin, or a ``fastpp simulate`` folder holding
+  one run folder per deployment (and a ``summary.json`` listing their summaries in order), or a
+  folder of several such (``runs/simulate``: :func:`select_runs` picks the newest);
 - a sweep table: ``results.jsonl`` or ``results.csv`` (one row per grid point: axis columns such
   as workload, policy, deployment, rate, slo_scale and metric columns such as goodput,
   p90_ttft_ms), or a folder holding one;
@@ -244,8 +245,39 @@ def load_goodput_json(path: str | Path) -> list[dict[str, Any]]:
     return results
 
 
+REQUEST_TABLES = ("requests.jsonl", "requests.parquet")  # text or ``--table-format parquet``
+
+
 def _is_run(path: Path) -> bool:
-    return (path / "summary.json").is_file() and (path / "requests.jsonl").is_file()
+    return (path / "summary.json").is_file() and any((path / n).is_file() for n in REQUEST_TABLES)
+
+
+def _read_requests(run: Path) -> list[dict[str, Any]]:
+    if (run / "requests.jsonl").is_file():
+        return _read_jsonl(run / "requests.jsonl")
+    return _parquet(run / "requests.parquet").to_pylist()
+
+
+def _read_iterations(run: Path) -> Columns:
+    if (run / "iterations.csv").is_file():
+        return read_columns(run / "iterations.csv", PLOT_ITERATION_COLUMNS)
+    if (run / "iterations.parquet").is_file():
+        table = _parquet(run / "iterations.parquet")
+        return {n: table.column(n).to_numpy().astype(float) for n in PLOT_ITERATION_COLUMNS
+                if n in table.column_names}
+    return {}
+
+
+def _parquet(path: Path) -> Any:
+    """A Parquet table (pyarrow, the ``fastpp[parquet]`` extra); PlotInputError naming the file."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise PlotInputError(f"{path}: Parquet tables need pyarrow: pip install 'fastpp[parquet]'") from None
+    try:
+        return pq.read_table(path)
+    except Exception as exc:  # pyarrow raises its own error types for a damaged file
+        raise PlotInputError(f"{path}: not a Parquet table: {exc}") from None
 
 
 def _summary_list(path: Path) -> list[dict[str, Any]] | None:
@@ -313,10 +345,7 @@ def load_run_dir(path: str | Path, notes: list[str] | None = None) -> list[RunDa
             notes.append(f"{path}: skipped {', '.join(stale)}: not in its summary.json (left by "
                          f"another run)")
         dirs = sorted(listed, key=lambda d: (order.index(summaries[d]), d.name))
-    runs = [RunData(d.name, summaries[d], _read_jsonl(d / "requests.jsonl"),
-                    read_columns(d / "iterations.csv", PLOT_ITERATION_COLUMNS)
-                    if (d / "iterations.csv").is_file() else {})
-            for d in dirs]
+    runs = [RunData(d.name, summaries[d], _read_requests(d), _read_iterations(d)) for d in dirs]
     if not runs:  # only summary.json: the summaries still plot as rows
         runs = [RunData(system_label(s) or f"run{i}", s) for i, s in enumerate(order)]
     return runs

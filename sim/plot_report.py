@@ -144,7 +144,7 @@ def plot_results(
 
 def _why_empty(source: str) -> str:
     if source == "run_dir":
-        return "no run folder with requests.jsonl or iterations.csv"
+        return "no run folder with requests.jsonl/.parquet or iterations.csv/.parquet"
     if source == "sweep":
         return ("no goodput values, no varying rate with p90_ttft_ms / p90_tpot_ms, and no "
                 "varying slo_scale with slo_attainment or goodput")

@@ -297,3 +297,17 @@ def test_coinciding_series_are_named_in_the_legend_or_above_the_panel(tmp_path):
     text = svg.read_text()
     assert "pp4 static:512b (= pp4 static:512)" in text  # equal in both panels: in the legend
     assert "lines coincide: pp4 static:512 = tp4 static:2048" in text  # TPOT panel only
+
+
+def test_a_parquet_run_plots_as_its_text_form_does(tmp_path):
+    pytest.importorskip("pyarrow")
+    for fmt in ("text", "parquet"):
+        res = invoke("simulate", "-n", "20", "-d", "pp2", "--table-format", fmt, "--no-timeline",
+                     "-o", str(tmp_path / fmt))
+        assert res.exit_code == 0, res.output
+    text, parquet = (load_run_dir(tmp_path / f) for f in ("text", "parquet"))
+    assert text[0].requests == parquet[0].requests
+    assert all((text[0].iterations[k] == parquet[0].iterations[k]).all() for k in text[0].iterations)
+    res = invoke("plot", str(tmp_path / "parquet"), "-k", "timeline")
+    assert res.exit_code == 0, res.output
+    assert flat(res.stdout).split()[0].endswith("timeline_pp2-static-2048.png")
