@@ -60,8 +60,9 @@ class Scheduler:
         self._signals = self.host.signals
         self._log = self.host.records
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.view = self.host.view = SchedulerView(config, self._queue, self._slots, self._kv.pool,
-                                                   self._signals, self._in_flight)
+        self.view = SchedulerView(config, self._queue, self._slots, self._kv.pool, self._signals,
+                                  self._in_flight)
+        self.host.view = self.view
         self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
         self._records = self._log.by_id  # until forget(): every request ever added
         self._retracted: list[int] = []  # since the last plan
