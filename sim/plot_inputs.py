@@ -53,10 +53,11 @@ class RunData:
     summary: dict[str, Any]
     requests: list[dict[str, Any]] = field(default_factory=list)  # RequestRecord.to_dict rows
     iterations: Columns = field(default_factory=dict)  # IterationRecord columns (read_columns)
+    name: str = ""  # the label to show, when the summary's system label is not enough
 
     @property
     def label(self) -> str:
-        return system_label(self.summary) or self.run_id
+        return self.name or system_label(self.summary) or self.run_id
 
 
 # ---- cells and rows ------------------------------------------------------------------------------

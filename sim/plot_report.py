@@ -119,7 +119,7 @@ def plot_results(
     slo = (slo_ttft_ms, slo_tpot_ms)
     wanted = allowed if kind == "auto" else (kind,)
     if source == "run_dir":
-        runs = load_run_dir(where, notes)
+        runs = _distinct_labels(load_run_dir(where, notes))
         for note in notes:
             figures.log(note)
         figures.log(f"plotting {where}: {_describe_runs(runs)}")
@@ -173,6 +173,20 @@ def _context(rows: Sequence[Row], skip: Sequence[str] = ()) -> str:
     ttft, tpot = (None if "slo" in skip else _common(rows, k) for k in ("slo_ttft_ms", "slo_tpot_ms"))
     slo = f"SLO {_fmt(ttft)}/{_fmt(tpot)} ms TTFT/TPOT" if ttft is not None and tpot is not None else ""
     return ", ".join(str(s) for s in (where, workload, policy, slo) if s)
+
+
+def _distinct_labels(runs: list[RunData]) -> list[RunData]:
+    """The runs, each labelled so no two share a label: recorded run folders plotted side by
+    side may differ in model, GPU or workload (added to the label where they do), or only in
+    their folder (added last)."""
+    summaries = [r.summary for r in runs]
+    differ = [k for k in ("model", "gpu", "workload") if varies(summaries, k)]
+    labelled = [r if not differ else RunData(r.run_id, r.summary, r.requests, r.iterations,
+                                             " ".join([r.label, *(str(r.summary.get(k)) for k in differ)]))
+                for r in runs]
+    counts = {lbl: [r.label for r in labelled].count(lbl) for lbl in {r.label for r in labelled}}
+    return [r if counts[r.label] == 1 else RunData(r.run_id, r.summary, r.requests, r.iterations,
+                                                   f"{r.label} ({r.run_id})") for r in labelled]
 
 
 def _describe_runs(runs: Sequence[RunData]) -> str:

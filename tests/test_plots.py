@@ -311,3 +311,16 @@ def test_a_parquet_run_plots_as_its_text_form_does(tmp_path):
     res = invoke("plot", str(tmp_path / "parquet"), "-k", "timeline")
     assert res.exit_code == 0, res.output
     assert flat(res.stdout).split()[0].endswith("timeline_pp2-static-2048.png")
+
+
+def test_run_folders_side_by_side_get_labels_that_tell_them_apart(tmp_path):
+    for model in ("Qwen2.5-14B", "Qwen2.5-32B"):
+        assert invoke("simulate", "-n", "10", "-d", "pp2", "-m", model, "--no-timeline",
+                      "-o", str(tmp_path / model)).exit_code == 0
+    recorded = tmp_path / "recorded"  # bare run folders, as `fastpp serve --record-dir` leaves them
+    recorded.mkdir()
+    for model in ("Qwen2.5-14B", "Qwen2.5-32B"):
+        (tmp_path / model / "pp2-static-2048").rename(recorded / model)
+    res = invoke("plot", str(recorded), "-k", "cdf")
+    assert res.exit_code == 0, res.output
+    assert "2 run(s): pp2 static:2048 Qwen2.5-14B, pp2 static:2048 Qwen2.5-32B" in flat(res.stderr)
