@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,7 +58,7 @@ def record_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(record_dir):
     args = (*TINY, "--pp", "2", "--record-dir", str(record_dir), "--max-queue", "64",
-            "--shutdown-timeout", "2", "--read-timeout", str(READ_TIMEOUT_S),
+            "--shutdown-timeout", "3", "--read-timeout", str(READ_TIMEOUT_S),
             "--max-connections", str(MAX_CONNECTIONS), "--max-body-bytes", str(MAX_BODY))
     with ServerProcess(*args, new_session=True) as srv:
         yield srv
@@ -230,14 +231,23 @@ def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(serve
     tally = Tally()
     seen: dict = {}
 
+    def long_stream() -> None:  # open when the signal comes: the drain lasts while it runs
+        body = {"prompt": [1, 2, 3], "max_tokens": 505, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            fate_of_stream([line[6:] for line in r.iter_lines() if line.startswith("data: ")], tally)
+
     def ctrl_c() -> None:
+        streaming = threading.Thread(target=long_stream)
+        streaming.start()
+        time.sleep(0.2)
         server.signal_group(signal.SIGINT)
-        time.sleep(0.3)
+        time.sleep(0.15)
         tally.stop_new = True
         seen["health"] = httpx.get(server.url + "/health", timeout=10)
         seen["new"] = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2},
                                  timeout=10)
         seen["metrics"] = server.metrics()  # nothing new is admitted: the final received count
+        streaming.join()
 
     asyncio.run(load(server.url, 30.0, tally, seed=2, during=(2.0, ctrl_c)))
     assert server.proc is not None
