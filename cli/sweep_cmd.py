@@ -20,6 +20,7 @@ import typer
 from rich.table import Table
 
 from fastpp.cli.common import console, err_console, fail
+from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
 
 if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
     from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
@@ -57,6 +58,10 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")] = Path("runs/sweep"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the result rows as JSON.")] = False,
     plot: Annotated[bool, typer.Option("--plot", help="Also draw the figures (PNG and SVG) into OUT/plots.")] = False,
+    profile: Annotated[str | None, typer.Option(help="Sweep on this profile instead of the analytic model (a JSON file or a shipped profile's name); it fixes the model, GPU, pp and tp.")] = None,
+    host_loop: Annotated[str | None, typer.Option("--host-loop", help="free-slots, batch-queue (vLLM) or blocking-launch, as `fastpp simulate`. [default: free-slots]")] = None,
+    chunk_candidates: ChunkCandidatesOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
@@ -70,7 +75,8 @@ def sweep(
             "slo_scale": _split(slo_scale, float, "--slo-scale"), "metric": metric,
             "best_static": best_static or None, "seeds": seeds, "num_requests": num_requests,
             "precision": precision, "steady": steady, "slo_ttft_ms": slo_ttft_ms,
-            "slo_tpot_ms": slo_tpot_ms,
+            "slo_tpot_ms": slo_tpot_ms, "profile": profile, "host_loop": host_loop,
+            "chunk_candidates": chunk_candidates, "data_dir": data_dir,
         }.items() if v is not None})
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
         plan = plan_sweep(grid_from_mapping(values), out)

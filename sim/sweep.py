@@ -348,13 +348,14 @@ def _validate(points: Sequence[SweepPoint]) -> None:
     for name in dict.fromkeys(p.workload for p in points):
         if WORKLOADS[name].needs_data_dir:
             WORKLOADS[name].make_sampler(None)
-    profiles: dict[tuple[str, str, int, int], Any] = {}
-    checked: set[tuple[str, str, int, int, str]] = set()
+    profiles: dict[tuple, Any] = {}
+    checked: set[tuple] = set()
     for p in points:
-        key = (p.model, p.gpu, p.pp, p.tp)
+        key = (p.model, p.gpu, p.pp, p.tp, p.profile)
         try:
             if key not in profiles:
-                profiles[key] = analytic_profile(*key)
+                profiles[key] = (analytic_profile(*key[:4]) if p.profile is None
+                                 else p.deployment_config().load_profile())
             if key + (p.policy,) not in checked:
                 build_scheduler(profiles[key], p.deployment_config())
                 checked.add(key + (p.policy,))

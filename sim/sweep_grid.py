@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from fastpp.policies import BALANCERS, POLICIES
+from fastpp.profile import load_profile
+from fastpp.profile_names import resolve_profile
+from fastpp.scheduler_config import parse_chunk_candidates
+from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.hardware import get_gpu
 from fastpp.sim.models import get_model
@@ -70,6 +74,11 @@ class SweepPoint:
     precision: float | None  # goodput bracket width, req/s; None for simulate
     slo: SLO = field(default_factory=SLO)  # base SLO, before ``slo_scale``
     steady: bool = True  # goodput: require a stationary queue (False: the SLO test alone)
+    # as `fastpp simulate`'s options; at their defaults they leave the point's id unchanged
+    profile: str | None = None  # a profile file or shipped name (fixes model, GPU, pp, tp)
+    host_loop: str = "free-slots"
+    chunk_candidates: tuple[int, ...] | None = None
+    data_dir: str | None = None
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -84,6 +93,10 @@ class SweepPoint:
         ident = self.axes(with_id=False)
         if self.steady:  # the default leaves the ids of points made before the flag unchanged
             del ident["steady"]
+        for name, default in _SIMULATE_OPTIONS.items():
+            value = getattr(self, name)
+            if value != default:
+                ident[name] = list(value) if isinstance(value, tuple) else value
         if self.metric == "goodput":  # a new goodput method must not reuse the old one's rows
             ident["goodput_method"] = GOODPUT_METHOD
         object.__setattr__(self, "point_id", _hash(ident))
@@ -112,13 +125,15 @@ class SweepPoint:
     def workload_config(self) -> WorkloadConfig:
         """The workload this point simulates (goodput probes replace rate and seed)."""
         return replace(_WORKLOAD_DEFAULT, name=self.workload, rate=self.rate,
-                       seed=self.seeds[0],
+                       seed=self.seeds[0], data_dir=self.data_dir,
                        num_requests=self.num_requests or _WORKLOAD_DEFAULT.num_requests)
 
     def deployment_config(self) -> DeploymentConfig:
         """The deployment this point simulates, its SLO scaled by ``slo_scale``."""
         return DeploymentConfig(model=self.model, gpu=self.gpu, pp=self.pp, tp=self.tp,
-                                policy=self.policy, slo=self.slo.scaled(self.slo_scale))
+                                policy=self.policy, slo=self.slo.scaled(self.slo_scale),
+                                profile_path=self.profile, host_loop=self.host_loop,
+                                chunk_candidates=self.chunk_candidates)
 
     def describe(self) -> str:
         """One line for messages: ``pp2 static:512 Qwen2.5-14B/A100-40GB-PCIe ...``."""
@@ -172,6 +187,10 @@ class SweepGrid:
     precision: float | None = None  # goodput bracket, req/s; default: slo_goodput's
     slo: SLO = field(default_factory=SLO)  # base SLO that ``slo_scales`` multiply
     steady: bool = True  # goodput searches require a stationary queue (False: SLO test alone)
+    profile: str | None = None  # simulate this profile (its model, GPU, pp and tp) instead
+    host_loop: str = "free-slots"  # free-slots | batch-queue | blocking-launch
+    chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies choose from
+    data_dir: str | None = None  # folder with the real traces
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -213,6 +232,10 @@ class SweepGrid:
             raise ValueError(f"steady must be true or false, got {self.steady!r}")
         if self.metric == "simulate" and not self.steady:
             raise ValueError("steady applies to metrics 'goodput' and 'best-static' only")
+        if self.host_loop not in HOST_LOOPS:
+            raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
+        if self.profile is not None and (self.models is not None or self.gpus is not None):
+            raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:
             raise ValueError("policies: best-static searches static chunks; give candidates "
                              "with chunks instead of policies")
@@ -252,20 +275,28 @@ class SweepGrid:
         precision = None if precision is None else float(precision)
         seed_sets = (tuple(seeds),) if goodput else tuple((s,) for s in seeds)
         default_deploy = f"pp{_DEPLOY_DEFAULT.pp}tp{_DEPLOY_DEFAULT.tp}"
+        names = lambda model, gpu: (get_model(model).name, get_gpu(gpu).name)  # noqa: E731
+        models, gpus = self.models, self.gpus
+        if self.profile is not None:  # the file says what it is
+            prof = load_profile(resolve_profile(self.profile))
+            models, gpus, default_deploy = (prof.model.name,), (prof.gpu,), f"pp{prof.pp}tp{prof.tp}"
+            names = lambda model, gpu: (model, gpu)  # noqa: E731
+        extra = {"profile": self.profile, "host_loop": self.host_loop,
+                 "chunk_candidates": self.chunk_candidates, "data_dir": self.data_dir}
 
         points: list[SweepPoint] = []
         targets: list[BestStaticTarget] = []
         for workload in self.workloads or (_WORKLOAD_DEFAULT.name,):
-            for model in self.models or (_DEPLOY_DEFAULT.model,):
-                for gpu in self.gpus or (_DEPLOY_DEFAULT.gpu,):
+            for model in models or (_DEPLOY_DEFAULT.model,):
+                for gpu in gpus or (_DEPLOY_DEFAULT.gpu,):
                     for deploy in self.deployments or (default_deploy,):
                         pp, tp, own = parse_deployment(deploy)
                         for scale in self.slo_scales or (1.0,):
                             group = [
                                 SweepPoint("goodput" if goodput else "simulate", workload,
-                                           get_model(model).name, get_gpu(gpu).name, pp, tp,
+                                           *names(model, gpu), pp, tp,
                                            policy, float(scale), rate, seed_set, num_requests,
-                                           precision, self.slo, self.steady)
+                                           precision, self.slo, self.steady, **extra)
                                 for policy in ((own,) if own else policies)
                                 for rate in rates for seed_set in seed_sets
                             ]
@@ -280,6 +311,10 @@ class SweepGrid:
         return points, targets
 
 
+# SweepPoint's simulate options and their defaults (a default stays out of the point's id).
+_SIMULATE_OPTIONS = {"profile": None, "host_loop": "free-slots", "chunk_candidates": None,
+                     "data_dir": None}
+
 _AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates",
          "slo_scales", "seeds")
 
@@ -288,7 +323,9 @@ GRID_KEYS = {"workload": "workloads", "model": "models", "gpu": "gpus", "deploy"
              "policy": "policies", "chunk": "chunks", "rate": "rates", "slo_scale": "slo_scales",
              "metric": "metric", "seeds": "seeds", "num_requests": "num_requests",
              "precision": "precision", "steady": "steady", "best_static": "best_static",
-             "slo_ttft_ms": "slo_ttft_ms", "slo_tpot_ms": "slo_tpot_ms"}
+             "slo_ttft_ms": "slo_ttft_ms", "slo_tpot_ms": "slo_tpot_ms", "profile": "profile",
+             "host_loop": "host_loop", "chunk_candidates": "chunk_candidates",
+             "data_dir": "data_dir"}
 
 
 def check_policy_name(spec: str) -> None:
@@ -327,6 +364,11 @@ def grid_from_mapping(values: dict[str, Any]) -> SweepGrid:
             kwargs[name] = tuple(value) if isinstance(value, list | tuple) else (value,)
         elif name not in ("best_static", "slo_ttft_ms", "slo_tpot_ms", "seeds"):
             kwargs[name] = value
+    candidates = kwargs.get("chunk_candidates")
+    if isinstance(candidates, str):
+        kwargs["chunk_candidates"] = parse_chunk_candidates(candidates)
+    elif candidates is not None:
+        kwargs["chunk_candidates"] = tuple(candidates)
     if values.get("best_static"):
         if values.get("metric", "best-static") != "best-static":
             raise ValueError(f"best_static conflicts with metric {values['metric']!r}")
