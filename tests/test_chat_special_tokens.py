@@ -5,6 +5,7 @@ exactly as their rendered text does."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -26,7 +27,8 @@ CONVERSATIONS = [
 ]
 
 
-def smollm2() -> LibTokenizer:
+@functools.cache
+def smollm2() -> LibTokenizer:  # loaded once: reading the GGUF takes seconds
     try:
         from fastpp.backends.torch.gguf_weights import smollm2_gguf_path
 
