@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastpp.sim.plan_result import CandidateResult, DeploymentPlan
-from fastpp.sim.plots import FORMATS, _figure, _save
+from fastpp.sim.plot_style import FORMATS
+from fastpp.sim.plot_style import figure as _figure
+from fastpp.sim.plot_style import save as _save
 
 STATUS_COLORS = {"searched": "#4C72B0", "beaten": "#BBBBBB", "pruned": "#DDDDDD"}
 BEST_COLOR = "#55A868"
