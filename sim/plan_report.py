@@ -45,7 +45,9 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
     if limit is not None and len(plan.results) > limit:
         table.add_row("", f"... {len(plan.results) - limit} more (--all, --json)", *[""] * 11)
     table.caption = (f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
-                     f"KV pool) would be 100% busy; share = goodput / bound. TTFT, TPOT, E2E: "
+                     f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
+                     f"below the best goodput, so it cannot win (no probe); beaten: failed one "
+                     f"probe at the best goodput (the limit it failed on). TTFT, TPOT, E2E: "
                      f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
                      f"searched to {plan.precision:g} req/s per replica, seeds "
                      f"{','.join(map(str, plan.seeds))} pooled. {ROUTING_NOTE}.")
@@ -121,9 +123,9 @@ def _goodput(r: CandidateResult) -> str:
 
 def _binding(r: CandidateResult) -> str:
     if r.status == "pruned":
-        return f"pruned: bound < best ({r.bound.bottleneck})"
+        return f"pruned ({r.bound.bottleneck} bound)"
     if r.status == "beaten":
-        return f"beaten: {r.binding} fails at best's rate"
+        return f"beaten ({r.binding})"
     return r.binding or "-"
 
 

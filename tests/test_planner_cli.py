@@ -88,3 +88,35 @@ def test_gpu_list_shows_calibrated_parts():
     code, out = _plan(["--gpu", "list"])
     assert code == 0 and "A100-40GB-PCIe" in out and "calibrated" in out
     assert "uncalibrated" in out  # how to give another GPU
+
+
+# ---- the simulate options `fastpp goodput` and `fastpp sweep` gained ----------------------------
+
+
+def test_goodput_takes_a_profile_host_loop_and_chunk_candidates():
+    result = runner.invoke(app, ["goodput", "--profile", "cpu_smollm2-135m_pp2", "-w",
+                                 "sharegpt-synthetic", "-p", "predictive", "--no-steady", "-n",
+                                 "40", "--seeds", "1", "--precision", "1", "--low", "0.25",
+                                 "--high", "1", "--host-loop", "blocking-launch",
+                                 "--chunk-candidates", "64:512:64", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output[result.output.index("["):])
+    assert rows[0]["deployment"] == "pp2" and rows[0]["policy"] == "predictive"
+    bad = runner.invoke(app, ["goodput", "--host-loop", "sideways", "-n", "10"])
+    assert bad.exit_code == 2 and "host loop must be one of" in bad.output
+
+
+def test_sweep_grids_take_the_simulate_options_without_changing_default_ids():
+    from fastpp.sim.sweep_grid import SweepGrid, grid_from_mapping
+
+    plain = SweepGrid(metric="simulate", rates=(1.0,)).expand()[0][0]
+    same = SweepGrid(metric="simulate", rates=(1.0,), host_loop="free-slots").expand()[0][0]
+    other = SweepGrid(metric="simulate", rates=(1.0,), host_loop="batch-queue").expand()[0][0]
+    assert plain.point_id == same.point_id != other.point_id
+    grid = grid_from_mapping({"profile": "cpu_smollm2-135m_pp2", "chunk_candidates": "64:256:64",
+                              "rate": [0.5]})
+    point = grid.expand()[0][0]
+    assert (point.pp, point.gpu, point.chunk_candidates) == (2, "CPU", (64, 128, 192, 256))
+    assert point.deployment_config().profile_path == "cpu_smollm2-135m_pp2"
+    with pytest.raises(ValueError, match="profile fixes the model and GPU"):
+        grid_from_mapping({"profile": "cpu_smollm2-135m_pp2", "model": "Qwen2.5-14B"})
