@@ -108,12 +108,21 @@ def _report(result, config, model_path, out, plot, as_json, show_all, known_gpu)
     from fastpp.run_files import json_safe, write_json
     from fastpp.sim.models import HF_REPOS
     from fastpp.sim.plan_report import excluded_table, ranked_table, serve_commands, verdict
+    from fastpp.sim.sweep_grid import static_chunk
 
     best = result.best
     path = model_path or HF_REPOS.get(result.model) or (config.model if not config.profiles else "MODEL")
     profile = config.profiles[0] if len(config.profiles) == 1 else None
     data = result.to_dict()
     if best is not None:
+        if profile is None and static_chunk(best.candidate.policy) is None and out is not None:
+            # a dynamic policy reads the deployment's costs: the profile the plan simulated
+            from fastpp.profile import save_profile
+            from fastpp.sim.planner import replica_profile
+
+            prof = replica_profile(config, best.candidate.layout)
+            profile = str(out / f"{prof.name}.json")
+            save_profile(prof, profile)
         data["commands"] = serve_commands(result, best, path, profile)
     if out is not None:
         write_json(data, out / "plan.json")

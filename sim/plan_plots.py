@@ -60,11 +60,14 @@ def goodput_vs_bound(plan: DeploymentPlan, stem: Path, title: str,
         top = max([r.bound.rate for r in rows] + [1e-9])
         ax.plot([0, top], [0, top], color="0.5", linestyle="--", linewidth=1,
                 label="goodput = bound")
+        spots: dict[tuple[float, float], list[str]] = {}  # candidates on one point share a label
         for r in rows:
             ax.scatter([r.bound.rate], [r.goodput], s=18,
                        color=BEST_COLOR if r is plan.best else STATUS_COLORS["searched"])
-            ax.annotate(r.label, (r.bound.rate, r.goodput or 0.0), fontsize=6,
-                        xytext=(3, 2), textcoords="offset points")
+            spots.setdefault((round(r.bound.rate, 2), round(r.goodput or 0.0, 2)), []).append(r.label)
+        for (x, y), labels in spots.items():
+            ax.annotate("\n".join(labels), (x, y), fontsize=6, xytext=(-4, 2),
+                        textcoords="offset points", ha="right", va="bottom")
         ax.set_xlabel("bubble-free capacity bound, req/s")
         ax.set_ylabel("goodput, req/s")
         ax.legend(loc="upper left")

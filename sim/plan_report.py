@@ -43,7 +43,7 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
                       _f(r.bound_share, "{:.0%}"), _binding(r), *_latency(r), str(r.num_probes),
                       style=style)
     if limit is not None and len(plan.results) > limit:
-        table.add_row("", f"... {len(plan.results) - limit} more (--all, --json)", *[""] * 11)
+        table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * 10)
     table.caption = (f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
                      f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
                      f"below the best goodput, so it cannot win (no probe); beaten: failed one "

@@ -51,7 +51,8 @@ from fastpp.sim.plan_exec import JobRunner, make_runner
 from fastpp.sim.plan_job import CandidateJob, SearchSettings
 from fastpp.sim.plan_result import CandidateResult, DeploymentPlan
 
-__all__ = ["CandidateResult", "DeploymentPlan", "PlanConfig", "plan_deployment", "sample_lengths"]
+__all__ = ["CandidateResult", "DeploymentPlan", "PlanConfig", "plan_deployment", "replica_profile",
+           "sample_lengths"]
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
@@ -185,6 +186,19 @@ def _layouts(config: PlanConfig, p99: int) -> tuple[list[_Layout], list[LayoutEx
         dep = _replica(config, lay, model=model.name, gpu=gpu.name)
         out.append(_Layout(fit, prof, dep, None if by_name else json.dumps(prof.to_dict())))
     return out, excluded, model, gpu, "analytic"
+
+
+def replica_profile(config: PlanConfig, layout: Layout) -> Profile:
+    """The profile one replica of ``layout`` runs on: the measured profile of that shape, or the
+    analytic one of the config's model and GPU (what the plan's searches simulated)."""
+    for name in config.profiles:
+        prof = load_profile(resolve_profile(name))
+        if (prof.pp, prof.tp) == (layout.pp, layout.tp):
+            return prof
+    if config.profiles:
+        raise ValueError(f"no profile given for {layout.replica_label}")
+    return analytic_profile(resolve_model(config.model), resolve_gpu(config.gpu), layout.pp,
+                            layout.tp, interconnect=config.interconnect)
 
 
 def _replica(config: PlanConfig, layout: Layout, profile_path: str | None = None,
