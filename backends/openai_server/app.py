@@ -122,9 +122,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(request: Request) -> Response:
         req, messages = await _parse(state, request, parse_chat)
         _check_model(state, req)
-        pieces = state.template.pieces(messages)  # user text never becomes special tokens
+        try:
+            pieces = state.template.pieces(messages)  # user text never becomes special tokens
+        except ValueError as exc:  # the model's chat template refused the conversation
+            raise APIError(400, str(exc), param="messages") from None
+        add = state.template.add_special_tokens
         ids = await _tokenize(state, req, "".join(text for text, _ in pieces), "messages",
-                              lambda: state.tokenizer.encode_chat(pieces))
+                              lambda: state.tokenizer.encode_chat(pieces, add))
         return await _respond(state, request, req, ids, chat=True)
 
     return app

@@ -1,8 +1,11 @@
 """Tokenizers and chat templates the server uses, behind one small interface.
 
-SmolLM2 (and Qwen2) chat models use ChatML; random-weight configs use raw bytes as token ids and
-a plain ``role: content`` template, so every code path of the server runs without a download.
-Real tokenizers are the ``tokenizers`` library's (``tokenizer.LibTokenizer``).
+A model's chat prompt comes from its own chat template (Jinja, rendered as transformers renders
+it: ``chat_template.JinjaChatTemplate``): a Hugging Face directory's ``chat_template.jinja`` or
+``tokenizer_config.json``, SmolLM2's GGUF metadata. A directory without one gets ChatML when its
+vocabulary has ``<|im_start|>``; random-weight configs use raw bytes as token ids and a plain
+``role: content`` template, so every code path of the server runs without a download. Real
+tokenizers are the ``tokenizers`` library's (``tokenizer.LibTokenizer``).
 
 A chat prompt goes from the template to the tokenizer as pieces (``ChatTemplate.pieces``): the
 template's own markers, which may become special tokens, and the messages' text, which never
@@ -12,11 +15,17 @@ does (a user's ``<|im_end|>`` stays text: no forged turns).
 from __future__ import annotations
 
 import codecs
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fastpp.backends.torch.weights_source import WeightsSource
+
+if TYPE_CHECKING:
+    from fastpp.backends.torch.chat_template import JinjaChatTemplate
+
+log = logging.getLogger(__name__)
 
 
 class TextDecoder(Protocol):
@@ -36,9 +45,11 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]], add_special_tokens: bool = True) -> list[int]:
         """A chat prompt from ``ChatTemplate.pieces``: only pieces marked as markup may hold
-        special tokens; the rest is encoded as plain text."""
+        special tokens; the rest is encoded as plain text. ``add_special_tokens``: the
+        tokenizer's own additions (a BOS) around it, which a model's chat template writes itself
+        (``ChatTemplate.add_special_tokens``)."""
         ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str: ...
@@ -91,8 +102,8 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
-        return self.encode("".join(text for text, _ in pieces))  # no special tokens to guard
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]], add_special_tokens: bool = True) -> list[int]:
+        return self.encode("".join(text for text, _ in pieces))  # no special tokens to guard, none to add
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return _ByteStream().feed(ids, final=True)
@@ -112,19 +123,40 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # ChatML's turn markers
 
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
-    """Renders OpenAI chat messages (role, content) into one prompt string."""
+    """Renders OpenAI chat messages (role, content) into one prompt string: with the model's own
+    template (``jinja``) where it has one, else ChatML (``chatml``, with ``default_system`` as the
+    system turn when the conversation has none) or plain ``role: content`` lines."""
 
     chatml: bool
     default_system: str | None = None
+    jinja: JinjaChatTemplate | None = None
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """Whether the tokenizer's own additions (a BOS) go around the prompt: not for a model's
+        template, which writes them itself (transformers' and vLLM's ``add_special_tokens=False``);
+        as before for the built-in ones."""
+        return self.jinja is None
+
+    @property
+    def description(self) -> str:
+        if self.jinja is not None:
+            return f"the model's chat template ({self.jinja.where})"
+        return "ChatML (the model has no chat template)" if self.chatml else "plain 'role: content' lines"
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
+        if self.jinja is not None:
+            return self.jinja.render(messages)
         return "".join(text for text, _ in self.pieces(messages))
 
     def pieces(self, messages: Sequence[tuple[str, str]]) -> list[tuple[str, bool]]:
         """The prompt as ``(text, is_markup)`` pieces that join to :meth:`render`'s text. Markup
         is the template's special-token markers alone; all text between two markers is one
         plain piece (as the tokenizer splits a text at its special tokens), so encoding the
-        pieces gives the joined text's tokens whenever the messages hold no special-token text."""
+        pieces gives the joined text's tokens whenever the messages hold no special-token text.
+        ``ValueError`` (with the template's reason) when a model's template refuses them."""
+        if self.jinja is not None:
+            return self.jinja.pieces(messages)
         if not self.chatml:
             return [("".join(f"{role}: {content}\n" for role, content in messages) + "assistant:", False)]
         turns = list(messages)
@@ -148,12 +180,24 @@ def load_text(source: WeightsSource) -> tuple[Tokenizer, ChatTemplate]:
         if vocab < 256:
             raise ValueError(f"random:{source.config_name} has a vocab of {vocab} < 256 byte tokens")
         return ByteTokenizer(), ChatTemplate(chatml=False)
+    from fastpp.backends.torch import chat_template as model_template
+
     if source.kind == "smollm2":
         from fastpp.backends.torch.gguf_weights import smollm2_gguf_path
         from fastpp.backends.torch.tokenizer import LibTokenizer
 
-        return LibTokenizer.from_gguf(smollm2_gguf_path()), ChatTemplate(True, SMOLLM2_SYSTEM)
-    from fastpp.backends.torch.hf_tokenizer import load_hf_tokenizer
+        path = smollm2_gguf_path()
+        tokenizer = LibTokenizer.from_gguf(path)
+        found = model_template.gguf_template_source(path)
+        template = ChatTemplate(True, SMOLLM2_SYSTEM)  # what SmolLM2-Instruct's template renders
+    else:
+        from fastpp.backends.torch.hf_tokenizer import load_hf_tokenizer
 
-    tokenizer = load_hf_tokenizer(source.path)
-    return tokenizer, ChatTemplate(chatml=tokenizer.token_id("<|im_start|>") is not None)
+        tokenizer = load_hf_tokenizer(source.path)
+        found = model_template.hf_template_source(source.path)
+        template = ChatTemplate(chatml=tokenizer.token_id("<|im_start|>") is not None)
+    if found is not None:
+        jinja = model_template.JinjaChatTemplate(found, tokenizer.special_tokens())
+        template = ChatTemplate(False, jinja=jinja)
+    log.info("chat prompts: %s", template.description)
+    return tokenizer, template

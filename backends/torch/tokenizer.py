@@ -94,20 +94,25 @@ class LibTokenizer:
         # encode_batch_fast releases the GIL (plain encode holds it for the whole call)
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=True)[0].ids
 
-    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+    def special_tokens(self) -> list[str]:
+        """The texts the tokenizer reads as special (control) tokens."""
+        return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]], add_special_tokens: bool = True) -> list[int]:
         """A rendered chat prompt from its pieces ``(text, is_markup)``: markup (the template's
         own markers) may hold special tokens, any other text is encoded with special tokens
         read as plain text. Each piece is encoded on its own and the tokenizer's post-processor
-        (a BOS) applied once, which is what encoding the joined text does when the messages hold
-        no special-token text: the library splits a text at its special tokens first."""
+        (a BOS) applied once (``add_special_tokens``; not for a model's own chat template, which
+        writes its BOS itself), which is what encoding the joined text does when the messages
+        hold no special-token text: the library splits a text at its special tokens first."""
         texts = [(text, markup) for text, markup in pieces if text]
         if not texts:
-            return self.encode("")
+            return self.tokenizer.encode_batch_fast([""], add_special_tokens=add_special_tokens)[0].ids
         markup = iter(self.tokenizer.encode_batch_fast([t for t, m in texts if m], add_special_tokens=False))
         plain = iter(self._plain.encode_batch_fast([t for t, m in texts if not m], add_special_tokens=False))
         encs = [next(markup) if m else next(plain) for _, m in texts]
         merged = Encoding.merge(encs, growing_offsets=True)
-        return self.tokenizer.post_process(merged, add_special_tokens=True).ids
+        return self.tokenizer.post_process(merged, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
