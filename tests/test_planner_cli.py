@@ -120,3 +120,19 @@ def test_sweep_grids_take_the_simulate_options_without_changing_default_ids():
     assert point.deployment_config().profile_path == "cpu_smollm2-135m_pp2"
     with pytest.raises(ValueError, match="profile fixes the model and GPU"):
         grid_from_mapping({"profile": "cpu_smollm2-135m_pp2", "model": "Qwen2.5-14B"})
+
+
+def test_a_config_json_model_on_a_datasheet_gpu_plans_and_says_uncalibrated(tmp_path):
+    from pathlib import Path
+
+    model = Path(__file__).parent / "data" / "qwen2.5-14b-instruct"
+    code, out = _plan(["-m", str(model), "--gpu", "L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48",
+                       "--gpus", "2", "--layouts", "pp2", "--policies", "predictive,no-ds",
+                       "--seeds", "1", "-n", "150", "--no-steady", "--precision", "2",
+                       "--executor", "serial", "-o", str(tmp_path), "--json"])
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["gpu"] == "L40S" and plan["gpu_note"].startswith("uncalibrated")
+    assert plan["model"] == "qwen2.5-14b-instruct" and plan["results"][0]["goodput"] > 0
+    assert str(model) in plan["commands"]["sglang"]  # the model directory serves as given
+    assert "--profile" in plan["commands"]["vllm"]  # predictive reads the plan's profile
