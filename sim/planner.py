@@ -141,6 +141,10 @@ def plan_deployment(config: PlanConfig | None = None, *, executor: str = "proces
     jobs.sort(key=lambda j: -j.bound.rate)
     notes = [f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
              f"sampled); a layout's KV pool must hold it"]
+    if not config.settings.require_steady:
+        notes.append("--no-steady: a fixed run can pass above a layout's capacity before its queue "
+                     "builds up (goodput above the bound), and pruning by the bound then drops "
+                     "candidates a steady search would rank: for quick looks only")
     results = _search(jobs, config, executor, workers, ray_address, out_dir, progress, notes)
     results.sort(key=lambda r: (r.status == "pruned", r.status == "beaten", r.rank_key()))
     return DeploymentPlan(

@@ -168,3 +168,21 @@ def test_a_gpu_by_its_datasheet_is_uncalibrated():
         resolve_gpu("X:bf16_tflops=1,hbm_gbps=2,memory_gib=3,speed=3")
     with pytest.raises(ValueError, match="unknown GPU 'B300'"):
         resolve_gpu("B300")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["static:512", "predictive"])
+def test_goodput_under_the_steady_protocol_never_exceeds_the_bound(policy):
+    """The search `fastpp goodput` runs (steady queue, confirmation on the longest look), one
+    seed, on a pipeline whose goodput comes close to its bound."""
+    from fastpp.sim.goodput import slo_goodput
+    from fastpp.sim.planner import sample_lengths
+
+    workload = WorkloadConfig(name="azure-conv")
+    deployment = DeploymentConfig(model="Qwen2.5-14B", gpu="A100-40GB-PCIe", pp=2, tp=1,
+                                  policy=policy)
+    bound = capacity_bound(deployment.load_profile(), RequestLengths.of(sample_lengths(workload)),
+                           DeploymentCandidate(Layout(1, 1, 2), policy).max_tokens())
+    result = slo_goodput(workload, deployment, seeds=(0,), precision=0.5, low=bound.rate / 2,
+                         high=bound.rate)
+    assert 0 < result.rate <= bound.rate
