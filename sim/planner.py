@@ -34,6 +34,7 @@ import numpy as np
 from fastpp.profile import ModelShape, Profile, load_profile
 from fastpp.profile_names import resolve_profile
 from fastpp.sim.analytic import analytic_profile
+from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD
 from fastpp.sim.hardware import GPUS, GpuSpec, calibration_note, resolve_gpu
 from fastpp.sim.models import MODELS, resolve_model
@@ -87,6 +88,9 @@ class PlanConfig:
         if isinstance(self.policies, str):  # the --policies spelling
             object.__setattr__(self, "policies", PolicyGrid.parse(self.policies))
         object.__setattr__(self, "profiles", tuple(self.profiles))
+        if self.host_loop not in HOST_LOOPS:
+            raise ValueError(f"--host-loop must be one of {', '.join(HOST_LOOPS)}, got "
+                             f"{self.host_loop!r}")
         if self.num_gpus < 1:
             raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
         if self.workload not in WORKLOADS and not self.workload.startswith("random:"):

@@ -60,6 +60,9 @@ def test_the_printed_plan_has_the_table_and_the_commands(tmp_path):
     (["--gpus", "3"], "power of two"),
     (["--layouts", "pp8"], "--layouts: pp8 is not a layout of 4 GPUs"),
     (["--policies", "fast"], "unknown entry 'fast'"),
+    (["--host-loop", "sideways"], "--host-loop must be one of"),
+    (["--gpu", "X:bf16_tflops=1"], "missing hbm_gbps, memory_gib"),
+    (["-m", "tests/data"], "a directory without config.json"),
 ])
 def test_bad_input_is_a_clear_error(args, message):
     code, out = _plan([*args, "-o", ""])
