@@ -123,8 +123,9 @@ async def drain(state: Any, engine: Any, timeout_s: float, signal_name: str) -> 
     not hand back their last microbatches)."""
     state.draining = True
     open_now = engine.num_unfinished
-    log.info("%s: stopping; %d open request(s) get up to %g s to finish (--shutdown-timeout)",
-             signal_name, open_now, timeout_s)
+    if open_now:  # idle, the runner's stop line says it all
+        log.info("%s: stopping; %d open request(s) get up to %g s to finish (--shutdown-timeout)",
+                 signal_name, open_now, timeout_s)
 
     def settled() -> bool:
         return engine.num_unfinished == 0 or not engine.is_alive
