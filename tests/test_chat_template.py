@@ -194,6 +194,9 @@ def test_a_broken_template_is_a_clear_error(tmp_path):
         with pytest.raises(ValueError, match=message) as err:
             load(root)
         assert "tokenizer_config.json" in str(err.value)
+    (root / "tokenizer_config.json").write_text('{"chat_template": ')
+    with pytest.raises(ValueError, match="tokenizer_config.json: cannot read it as JSON"):
+        load(root)
 
 
 def test_a_template_that_refuses_the_messages_says_why():

@@ -175,7 +175,7 @@ class JinjaChatTemplate:
         if any(marked.count(s) != 1 for s in sentinels):
             return None
         order = sorted(range(len(messages)), key=lambda i: marked.index(sentinels[i]))
-        texts = re.split("|".join(re.escape(sentinels[i]) for i in order), marked)
+        texts = re.split("|".join(re.escape(sentinels[i]) for i in order), marked) if order else [marked]
         # real == texts[0] + content(order[0]) + texts[1] + ... + texts[-1], each content as is
         # or trimmed: read left to right, each content's variant followed by the next template text
         if not real.startswith(texts[0]):
