@@ -277,11 +277,13 @@ def hf_template_source(root: str | Path) -> TemplateSource | None:
     return TemplateSource(template, where, tokens)
 
 
-def gguf_template_source(path: str | Path) -> TemplateSource | None:
-    """A GGUF file's ``tokenizer.chat_template`` (None when it has none), with its BOS and EOS."""
-    from gguf import GGUFReader  # optional dependency, as for the GGUF tokenizer
+def gguf_template_source(path: str | Path, fields: Mapping[str, Any] | None = None) -> TemplateSource | None:
+    """A GGUF file's ``tokenizer.chat_template`` (None when it has none), with its BOS and EOS;
+    ``fields``: the file's ``GGUFReader(path).fields`` where the caller has read them."""
+    if fields is None:
+        from gguf import GGUFReader  # optional dependency, as for the GGUF tokenizer
 
-    fields = GGUFReader(path).fields
+        fields = GGUFReader(path).fields
     template = fields.get("tokenizer.chat_template")
     if template is None:
         return None

@@ -183,12 +183,15 @@ def load_text(source: WeightsSource) -> tuple[Tokenizer, ChatTemplate]:
     from fastpp.backends.torch import chat_template as model_template
 
     if source.kind == "smollm2":
+        from gguf import GGUFReader
+
         from fastpp.backends.torch.gguf_weights import smollm2_gguf_path
         from fastpp.backends.torch.tokenizer import LibTokenizer
 
         path = smollm2_gguf_path()
-        tokenizer = LibTokenizer.from_gguf(path)
-        found = model_template.gguf_template_source(path)
+        fields = GGUFReader(path).fields  # read once: the tokenizer and the template are both in it
+        tokenizer = LibTokenizer.from_gguf(path, fields)
+        found = model_template.gguf_template_source(path, fields)
         template = ChatTemplate(True, SMOLLM2_SYSTEM)  # what SmolLM2-Instruct's template renders
     else:
         from fastpp.backends.torch.hf_tokenizer import load_hf_tokenizer

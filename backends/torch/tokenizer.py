@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +136,13 @@ class LibTokenizer:
         return LibTokenizer(tok, eos_token_id)
 
     @staticmethod
-    def from_gguf(path: str | Path) -> LibTokenizer:
-        """The tokenizer in a GGUF file's ``tokenizer.ggml.*`` metadata (model ``gpt2``)."""
-        from gguf import GGUFReader  # optional dependency: only this constructor needs it
+    def from_gguf(path: str | Path, fields: Mapping[str, Any] | None = None) -> LibTokenizer:
+        """The tokenizer in a GGUF file's ``tokenizer.ggml.*`` metadata (model ``gpt2``);
+        ``fields``: the file's ``GGUFReader(path).fields`` where the caller has read them."""
+        if fields is None:
+            from gguf import GGUFReader  # optional dependency: only this constructor needs it
 
-        fields = GGUFReader(path).fields
+            fields = GGUFReader(path).fields
         kind = fields["tokenizer.ggml.model"].contents()
         if kind != "gpt2":
             raise ValueError(f"{path}: GGUF tokenizer model {kind!r} is not byte-level BPE ('gpt2')")
