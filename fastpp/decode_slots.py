@@ -38,6 +38,9 @@ class DecodeSlots:
     def num_running(self, slot: int) -> int:
         return len(self.running[slot])
 
+    def num_parked(self) -> int:
+        return len(self.parked)
+
     def parked_ids(self) -> list[int]:
         return list(self.parked)
 

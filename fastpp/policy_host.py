@@ -53,6 +53,8 @@ class SlotState(Protocol):
 
     def num_running(self, slot: int) -> int: ...
 
+    def num_parked(self) -> int: ...
+
     def parked_ids(self) -> Sequence[int]:
         """Ids of the parked requests, longest parked first."""
         ...
@@ -89,10 +91,12 @@ def check_balance(plan: BalancePlan, slot: int, slots: SlotState) -> None:
         raise ValueError("balancer plan repeats a request")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchFeatures:
     """What a microbatch computes, as the stage cost model and the ALP predictor see it.
-    Token counts; ``sum_*`` are the ALP features of ``fastpp.types.IterationRecord``."""
+    Token counts; ``sum_*`` are the ALP features of ``fastpp.types.IterationRecord``. Read-only
+    by contract (not frozen: one per microbatch, and a frozen dataclass's construction is
+    several times slower)."""
 
     num_tokens: int  # decode tokens (one per decode) + prefill tokens
     num_prefill_tokens: int
@@ -121,9 +125,10 @@ class BatchFeatures:
                          self.num_sampled)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepDecision:
-    """What the policies decided for one launch of ``slot``: the executor applies exactly this."""
+    """What the policies decided for one launch of ``slot``: the executor applies exactly this.
+    Read-only by contract (not frozen: one is built per launch, on the simulator's hot path)."""
 
     slot: int
     at: float  # the clock at the decision
@@ -132,7 +137,7 @@ class StepDecision:
     park_ids: tuple[int, ...]  # parked by the balancer (they were decodes of ``slot``)
     restore_ids: tuple[int, ...]  # restored into ``slot``: the balancer's, then the liveness rule's
     num_liveness: int  # how many of ``restore_ids`` (its tail) the liveness rule restored
-    decodes: tuple[Any, ...]  # the executor's objects of the slot's decodes that ride
+    decodes: list[Any]  # the executor's objects of the slot's decodes that ride (the pick's own list)
     balance: str  # the balancer's reason, BALANCER_FALLBACK, or "" when it did nothing
     fallback: str  # which policies failed this step: "", "chunk", "balancer" or "balancer,chunk"
 
@@ -186,36 +191,35 @@ class PolicyHost:
         counters.steps += 1
         park: tuple[int, ...] = ()
         restore: tuple[int, ...] = ()
-        balance = ""
-        fallback = []
-        parked = slots.parked_ids()
-        if parked or slots.num_running(slot):
+        balance = fallback = ""
+        num_parked, num_running = slots.num_parked(), slots.num_running(slot)
+        if num_parked or num_running:
             failures = policies.num_failures
             plan = policies.balance(view, slot, self._check)
             if policies.num_failures > failures:
-                balance = BALANCER_FALLBACK
-                fallback.append("balancer")
+                balance, fallback = BALANCER_FALLBACK, "balancer"
             elif not plan.is_noop:
                 self._apply(plan, slot, now)
                 park, restore = plan.park_ids, plan.restore_ids
                 balance = plan.reason or "balanced"
-                parked = slots.parked_ids()
+                num_parked, num_running = slots.num_parked(), slots.num_running(slot)
         num_liveness = 0
-        if parked and not slots.num_running(slot) and not slots.any_in_flight():
-            live = tuple(parked)
+        if num_parked and not num_running and not slots.any_in_flight():
+            live = tuple(slots.parked_ids())
             slots.apply(BalancePlan(restore_ids=live, reason=LIVENESS_REASON), slot, now)
             num_liveness = len(live)
+            num_running = slots.num_running(slot)
             counters.liveness_restores += num_liveness
             restore += live
         budget, reason = policies.choose(view)
         if reason == FALLBACK_REASON:
-            fallback.append("chunk")
+            fallback = "balancer,chunk" if fallback else "chunk"
         if self.fit_budget is not None:
             budget, reason = self.fit_budget(budget, reason)
         decodes = slots.pick(slot, budget)
-        counters.decode_sitouts += slots.num_running(slot) - len(decodes)
-        decision = StepDecision(slot, now, budget, reason, park, restore, num_liveness, tuple(decodes),
-                                balance, ",".join(fallback))
+        counters.decode_sitouts += num_running - len(decodes)
+        decision = StepDecision(slot, now, budget, reason, park, restore, num_liveness, decodes, balance,
+                                fallback)
         if self.trace is not None:
             self.trace(("step", now, slot, decision))
         return decision

@@ -144,7 +144,7 @@ class Scheduler:
         view.slot = slot
         decision = self.host.begin_step(slot, now)
         budget = decision.budget
-        decodes = self._reserve_decode_kv(slot, list(decision.decodes))
+        decodes = self._reserve_decode_kv(slot, decision.decodes)  # (a list of its own)
         prefill = self._pick_prefill(budget - len(decodes))
         if not decodes and not prefill:
             return None

@@ -72,6 +72,9 @@ class SGLangSlots:
     def num_running(self, slot: int) -> int:
         return len(self.running_reqs(slot))
 
+    def num_parked(self) -> int:
+        return len(self.parked)
+
     def parked_ids(self) -> list[int]:
         return [self._identity(p.req)[0] for p in self.parked.values()]
 

@@ -33,7 +33,7 @@ class GuardedPolicies:
     "balancer", "chunk policy.observe", ...).
     """
 
-    __slots__ = ("chunk_policy", "balancer", "fallback_chunk", "errors", "num_fallbacks")
+    __slots__ = ("chunk_policy", "balancer", "fallback_chunk", "errors", "num_fallbacks", "num_failures")
 
     def __init__(self, chunk_policy: ChunkPolicy, balancer: DecodeBalancer, fallback_chunk: int) -> None:
         self.chunk_policy = chunk_policy
@@ -41,6 +41,7 @@ class GuardedPolicies:
         self.fallback_chunk = fallback_chunk
         self.errors: set[str] = set()
         self.num_fallbacks: dict[str, int] = {}
+        self.num_failures = 0  # decisions and observations that fell back, all policies together
 
     def choose(self, view: PolicyView) -> tuple[int, str]:
         """(C, reason) from the chunk policy; (fallback chunk, FALLBACK_REASON) if it fails."""
@@ -68,11 +69,6 @@ class GuardedPolicies:
             return NO_BALANCE
 
     @property
-    def num_failures(self) -> int:
-        """Decisions and observations that fell back so far, all policies together."""
-        return sum(self.num_fallbacks.values())
-
-    @property
     def observes(self) -> bool:
         """Whether either policy uses stage records (a policy without an ``observes``
         attribute is assumed to)."""
@@ -92,6 +88,7 @@ class GuardedPolicies:
 
     def failed(self, which: str, exc: Exception) -> None:
         self.num_fallbacks[which] = self.num_fallbacks.get(which, 0) + 1
+        self.num_failures += 1
         key = f"{which}: {type(exc).__name__}"
         if key not in self.errors:  # log once per kind of failure
             self.errors.add(key)
