@@ -38,6 +38,7 @@ import httpx  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from fastpp.backends.openai_server.launcher import ServerProcess  # noqa: E402
+from fastpp.backends.ports import free_port  # noqa: E402
 from fastpp.cli.app import app  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each server start costs seconds
@@ -146,7 +147,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tall
     cancel = rng.random() < 0.3
     try:
         if not stream:
-            r = await client.post(path, json=body, timeout=rng.uniform(0.05, 0.6) if cancel else 60)
+            r = await client.post(path, json=body, timeout=rng.uniform(0.01, 0.3) if cancel else 60)
             fate_of_response(r.status_code, r.json(), n, tally)
             return
         async with client.stream("POST", path, json=body, timeout=60) as r:
@@ -157,7 +158,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tall
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:])
-                    if cancel and len(events) >= 2:
+                    if cancel:
                         tally.fates["cancelled"] += 1
                         return  # leaving the block closes the connection mid-stream
         fate_of_stream(events, tally)
@@ -222,7 +223,10 @@ async def load(url: str, seconds: float, tally: Tally, seed: int, clients: int =
 
 def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(server, record_dir):
     calm = Tally()
-    asyncio.run(load(server.url, 4.0, calm, seed=1))
+    for seed in range(1, 6):  # rounds of load until some requests completed and some were cancelled
+        asyncio.run(load(server.url, 3.0, calm, seed=seed))
+        if calm.fates["completed"] > 5 and calm.fates["cancelled"] > 0:
+            break
     assert not calm.unexpected, calm.unexpected
     assert calm.fates["completed"] > 5 and calm.fates["cancelled"] > 0, calm.fates
     m = wait_idle(server)  # every cancelled request ended and gave its KV back; the counts add up
@@ -249,7 +253,7 @@ def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(serve
         seen["metrics"] = server.metrics()  # nothing new is admitted: the final received count
         streaming.join()
 
-    asyncio.run(load(server.url, 30.0, tally, seed=2, during=(2.0, ctrl_c)))
+    asyncio.run(load(server.url, 30.0, tally, seed=10, during=(2.0, ctrl_c)))
     assert server.proc is not None
     assert server.proc.wait(30) == 0
     log = server.log()
@@ -392,7 +396,8 @@ def test_cheap_option_checks_fail_before_loading(tmp_path):
     try:
         for args, message in cases:
             t0 = time.monotonic()
-            res = run_cli(["--model", "smollm2", *args])
+            port = [] if "--port" in args else ["--port", str(free_port())]  # 8000 may be taken here
+            res = run_cli(["--model", "smollm2", *port, *args])
             assert res.exit_code == 2, (args, res.output)
             assert message in " ".join(res.output.split()), (args, res.output)
             assert "Traceback" not in res.output and time.monotonic() - t0 < 10, args  # no model loaded

@@ -189,7 +189,11 @@ class PipelineEngine:
             self._stages.close(timeout_s if self.error is None else 1.0, clean=self.error is None)
 
     def kill_stages(self) -> None:
-        """SIGKILL the stage processes now (any thread; the server's exit without cleanup)."""
+        """SIGKILL the stage processes now (any thread; the server's exit without cleanup): the
+        engine ends quietly, without reporting a failure."""
+        with self._lock:
+            self._failure_reported = True
+        self.error = self.error or "the stage processes were killed (exit without cleanup)"
         if self._procs is not None:
             self._procs.terminate()
 
