@@ -160,7 +160,7 @@ def test_kv_pressure_drains_with_the_smallest_chunk_above_every_slot():
                            chunk_candidates=CANDS, new_token_ratio=0.0, default_chunk=512)
     for i in range(20):
         sched.add_request(Request(i, 0.0, 40, 200))
-    while sched.view.kv_free_tokens >= 0.1 * sched.view.kv_total_tokens:
+    while sched.view.kv_free_tokens >= policy.config.kv_free_watermark * sched.view.kv_total_tokens:
         for slot in range(2):
             plan = sched.schedule(slot)
             if plan is not None:
