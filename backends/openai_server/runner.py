@@ -95,7 +95,10 @@ def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeCon
         state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         engine.shutdown(timeout_s=10.0)
         if serve.record_dir is not None:
-            write_recorded_run(engine, serve.record_dir)
+            try:
+                write_recorded_run(engine, serve.record_dir)
+            except OSError as exc:  # checked before loading; the disk may still fill up
+                log.error("could not write the record dir %s: %s", serve.record_dir, exc)
         _log_stopped(engine, config, signals, forced)
     failed = engine.error is not None and not forced
     if failed:
