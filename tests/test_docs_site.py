@@ -23,8 +23,11 @@ NEEDED = ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_click")
 
 
 def _missing() -> list[str]:
-    return [name for name in NEEDED if importlib.util.find_spec(name.split(".")[0]) is None
-            or importlib.util.find_spec(name) is None]
+    return [
+        name
+        for name in NEEDED
+        if importlib.util.find_spec(name.split(".")[0]) is None or importlib.util.find_spec(name) is None
+    ]
 
 
 @pytest.mark.slow
@@ -39,7 +42,11 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "FASTPP_NATIVE": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     # the generated references hold what they are generated from
