@@ -235,15 +235,19 @@ def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(serve
     tally = Tally()
     seen: dict = {}
 
+    streaming_started = threading.Event()
+
     def long_stream() -> None:  # open when the signal comes: the drain lasts while it runs
         body = {"prompt": [1, 2, 3], "max_tokens": 505, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            streaming_started.set()
+            assert r.status_code == 200, r.read()
             fate_of_stream([line[6:] for line in r.iter_lines() if line.startswith("data: ")], tally)
 
     def ctrl_c() -> None:
         streaming = threading.Thread(target=long_stream)
         streaming.start()
-        time.sleep(0.2)
+        assert streaming_started.wait(30)  # its response has begun: it was admitted
         server.signal_group(signal.SIGINT)
         time.sleep(0.15)
         tally.stop_new = True
