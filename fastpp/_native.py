@@ -16,13 +16,16 @@ With the build on, the public classes of the compiled modules (``Scheduler``,
 ``PredictiveChunkPolicy``, ``Request``, the records and plans) stay subclassable, and a
 subclass's overrides are called (fastpp/_mypyc.py). Two differences remain: a method assigned
 onto a compiled class after import (monkeypatching) is not seen by compiled callers (subclass
-instead), and compiled functions carry no docstrings (``help()`` needs the build off).
+instead), and compiled functions and methods carry no docstrings (the modules' and classes'
+are restored from the source; ``help()`` on a method needs the build off).
 
 Only the standard library is used here; this module runs first on ``import fastpp``.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -32,6 +35,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 # The scheduler and the simulator's event loop: what every simulated microbatch runs through
 # (benchmarks/sim_speed.py), with its stage cost function and the value types it passes
@@ -134,6 +138,30 @@ def verified_files(folder: Path, manifest: object) -> dict[str, Path]:
     return files
 
 
+def restore_docstrings(module: ModuleType) -> None:
+    """Give a compiled module, and its classes, the docstrings of its source (mypyc drops
+    them; compiled functions' docstrings cannot be set, so ``help()`` on those stays bare)."""
+    try:
+        tree = ast.parse(source_path(module.__name__).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ImportError, ValueError):
+        return
+    module.__doc__ = ast.get_docstring(tree, clean=False)
+    for node in tree.body:
+        cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
+        if isinstance(cls, type) and cls.__module__ == module.__name__:
+            with contextlib.suppress(AttributeError, TypeError):
+                cls.__doc__ = ast.get_docstring(node, clean=False)
+
+
+class _CompiledLoader(importlib.machinery.ExtensionFileLoader):
+    """Loads one compiled module, then restores its module and class docstrings."""
+
+    def exec_module(self, module: ModuleType) -> None:
+        super().exec_module(module)
+        if module.__name__ in MODULES:
+            restore_docstrings(module)
+
+
 class _BuildFinder(importlib.abc.MetaPathFinder):
     """Serves the compiled modules (and mypyc's shared runtime) from one build folder."""
 
@@ -142,7 +170,10 @@ class _BuildFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (importlib's API)
         file = self.files.get(fullname)
-        return None if file is None else importlib.util.spec_from_file_location(fullname, file)
+        if file is None:
+            return None
+        loader = _CompiledLoader(fullname, str(file))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
 
 
 def status() -> str:

@@ -119,6 +119,9 @@ for name, sched_cls, policy_cls, req_cls in (
 print(native.status())
 print(json.dumps(calls))
 print(json.dumps(out["plain"] == out["custom"]))
+import fastpp.scheduler
+print(json.dumps([fastpp.scheduler.__doc__.startswith("Engine-neutral pipeline-parallel"),
+                  Scheduler.__doc__.startswith("Owns every request")]))
 """
 
 
@@ -130,7 +133,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _python(code: str, env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, cwd=cwd, timeout=900)
+                          text=True, cwd=cwd, timeout=1800)
 
 
 STATUS = "import fastpp, fastpp._native as n; print(n.status())"
@@ -199,9 +202,7 @@ def test_a_damaged_build_falls_back_to_python_with_one_warning(tmp_path, damage)
 def test_a_build_of_another_checkout_is_not_this_ones(tmp_path):
     """The build folder's name hashes the package's location too: a copy of fastpp elsewhere
     (another checkout, another installation) never finds this checkout's build."""
-    copy = tmp_path / "elsewhere"
-    shutil.copytree(REPO / "fastpp", copy / "fastpp", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "sim", copy / "fastpp" / "sim", ignore=shutil.ignore_patterns("__pycache__"))
+    copy = _installed_copy(tmp_path / "elsewhere")
     code = "import fastpp._native as n; print(n.source_key())"
     theirs = _python(code, _env(PYTHONPATH=str(copy)), cwd=tmp_path)
     assert theirs.returncode == 0, theirs.stderr[-2000:]
@@ -219,11 +220,11 @@ def test_the_builder_is_part_of_the_package():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """A real build (mypyc, ~20 s on two idle cores) in a folder of its own."""
+    """A real build in a folder of its own (mypyc: ~25 s on two idle cores, 15 min on busy ones)."""
     root = tmp_path_factory.mktemp("native")
     done = subprocess.run([sys.executable, "-m", "fastpp.native_build"],
                           env=_env(FASTPP_NATIVE_DIR=str(root)), cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "on:" in done.stdout
     return root
@@ -249,11 +250,34 @@ def test_the_compiled_build_gives_the_python_sources_results(built):
 def test_public_classes_stay_subclassable_with_the_build_on(built):
     done = _python(SUBCLASSES, _env(FASTPP_NATIVE_DIR=str(built), FASTPP_NATIVE="1"))
     assert done.returncode == 0, done.stderr[-3000:]
-    status, calls, same = done.stdout.splitlines()
+    status, calls, same, docs = done.stdout.splitlines()
     assert status.startswith("on: ")
     counted = json.loads(calls)
     assert all(n > 0 for n in counted.values()), counted  # compiled callers call the overrides
     assert json.loads(same) is True  # and the subclasses change nothing else
+    assert json.loads(docs) == [True, True]  # module and class docstrings restored
+
+
+def _installed_copy(into: Path) -> Path:
+    """fastpp laid out as a wheel installs it (fastpp/sim inside fastpp/, no scripts/)."""
+    shutil.copytree(REPO / "fastpp", into / "fastpp", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "sim", into / "fastpp" / "sim", ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
+@pytest.mark.slow
+def test_an_installed_package_builds_its_own(tmp_path):
+    site = _installed_copy(tmp_path / "site")
+    env = _env(PYTHONPATH=str(site), FASTPP_NATIVE_DIR=str(tmp_path / "native"))
+    done = subprocess.run([sys.executable, "-m", "fastpp.native_build"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    used = _python(STATUS + "; import fastpp.scheduler as s; print(s.__file__)",
+                   {**env, "FASTPP_NATIVE": "1"}, cwd=tmp_path)
+    status, module_file = used.stdout.splitlines()
+    assert status.startswith("on: ") and module_file.startswith(str(tmp_path / "native"))
+    mine = _python(STATUS, _env(FASTPP_NATIVE_DIR=str(tmp_path / "native"), FASTPP_NATIVE="1"))
+    assert mine.stdout.startswith("off: no build")  # the checkout never uses the copy's build
 
 
 @pytest.mark.slow
