@@ -352,6 +352,10 @@ def test_a_second_signal_exits_at_once_even_with_a_stopped_stage():
         seen: dict = {}
 
         def twice() -> None:
+            held = httpx.Client(base_url=srv.url, timeout=60)  # one request surely open
+            body = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "stream": True}
+            response = held.send(held.build_request("POST", "/v1/completions", json=body), stream=True)
+            assert response.status_code == 200
             os.kill(stage1, signal.SIGSTOP)  # the open requests cannot finish: the drain waits
             tally.stop_new = True
             srv.proc.send_signal(signal.SIGTERM)
@@ -360,6 +364,7 @@ def test_a_second_signal_exits_at_once_even_with_a_stopped_stage():
             srv.signal_group(signal.SIGTERM)
             srv.proc.wait(10)
             seen["exit_s"] = time.monotonic() - t0
+            held.close()
 
         asyncio.run(load(srv.url, 30.0, tally, seed=5, clients=2, during=(1.0, twice)))
         assert srv.proc.returncode == 128 + signal.SIGTERM and seen["exit_s"] < 3, seen
