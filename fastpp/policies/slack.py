@@ -19,9 +19,9 @@ TPOT slack (the chunk's upper bound). The round bound is the predictive controll
 j, first seen decoding at t_j with g_j tokens, can take a next gap of up to
 b_j = SLO TPOT x (generated - g_j + 1) - (now - t_j) and keep its TPOT since then within the SLO:
 its banked slack. When no TPOT-safe C keeps up, catch-up may stretch the round up to the
-``bank_quantile`` of b_j over every slot's requests (so that fewer than that share of them is
-pushed over its pace), at most ``catchup_tpot_ratio`` x SLO TPOT, and only while the KV pool has
-room: with the pool filling, a longer round only keeps requests resident longer.
+``bank_quantile`` (the median) of b_j over the slots' requests (each slot's quantile when it
+last launched; the smallest), at most ``catchup_tpot_ratio`` x SLO TPOT, and only while the KV
+pool has room: with the pool filling, a longer round only keeps requests resident longer.
 
 Decode membership (the balancer). A decode-only microbatch just above a tile boundary (at most
 ``park_excess_ratio`` of a tile above a multiple of the tile step) costs nearly a whole tile
@@ -57,7 +57,7 @@ class SlackConfig:
 
     predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
     max_walk: int = 64  # waiting requests whose TTFT deadlines are checked
-    bank_quantile: float = 0.05  # catch-up stretches the round to this quantile of b_j ...
+    bank_quantile: float = 0.5  # catch-up stretches the round to this quantile of b_j ...
     catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
     park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
     min_park_bank_rounds: float = 2.0  # a request sits out only with this many rounds banked
