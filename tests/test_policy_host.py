@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastpp.backends.sglang.adapter import finish_reason_of
+from fastpp.backends.sglang.engine_facts import finish_reason_of
 from fastpp.backends.sglang.launcher import LaunchSpec, _default_ceiling
 from fastpp.backends.vllm.settings import VllmSchedulerSettings
 from fastpp.decode_slots import DecodeSlots

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from fastpp.backends.sglang import checks, launcher
-from fastpp.backends.sglang.adapter import PolicyFault, SGLangAdapter, _Faulty, state_digest
+from fastpp.backends.sglang.adapter import SGLangAdapter, state_digest
 from fastpp.backends.sglang.channel import Decision, _decode_record
+from fastpp.backends.sglang.faults import PolicyFault, _Faulty
 from fastpp.backends.sglang.host_timing import LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter, read_jsonl
 from fastpp.backends.sglang.settings import PluginSettings

@@ -45,6 +45,8 @@ from typing import Any
 
 from fastpp.backends.sglang.batch_ops import batch_contents
 from fastpp.backends.sglang.channel import Decision, DecisionChannel
+from fastpp.backends.sglang.engine_facts import finish_reason_of, run_setup
+from fastpp.backends.sglang.faults import _Faulty
 from fastpp.backends.sglang.host_timing import STEP_START, LoopStepTimer
 from fastpp.backends.sglang.recorder import RecordWriter
 from fastpp.backends.sglang.settings import PluginSettings
@@ -53,40 +55,14 @@ from fastpp.backends.sglang.view import SGLangView
 from fastpp.iteration_log import make_record
 from fastpp.policy_host import PolicyHost
 from fastpp.policy_host_records import RequestLog
-from fastpp.profile import DTYPE_BYTES, ModelShape
-from fastpp.run_setup import RunSetup
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, static_chunk
-from fastpp.types import FinishReason, IterationRecord, RequestRecord
+from fastpp.types import IterationRecord, RequestRecord
 
 log = logging.getLogger("fastpp.sglang")
 
 
 class UnsupportedDeployment(RuntimeError):
     """The SGLang deployment uses a feature the adapter does not handle."""
-
-
-class PolicyFault(RuntimeError):
-    """Raised on purpose by a policy wrapped for fault injection (tests)."""
-
-
-class _Faulty:
-    """Wraps a policy so every ``every``-th call of ``method`` raises (FASTPP_SGLANG_INJECT_FAULT)."""
-
-    def __init__(self, inner: Any, method: str, every: int) -> None:
-        self._inner, self._method, self._every = inner, method, every
-        self._calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if name != self._method:
-            return attr
-
-        def maybe_fail(*args: Any, **kwargs: Any) -> Any:
-            self._calls += 1
-            if self._calls % self._every == 0:
-                raise PolicyFault(f"injected fault in {type(self._inner).__name__}.{name}")
-            return attr(*args, **kwargs)
-        return maybe_fail
 
 
 class SGLangAdapter:
@@ -419,29 +395,6 @@ def _slot_of(sched: Any) -> int | None:
     return next((k for k, b in enumerate(sched.running_mbs) if b is current), None)
 
 
-# SGLang 0.5.23's finish reasons (managers/schedule_batch.py, by class name) -> ours
-_FINISHED: dict[str, tuple[FinishReason, str]] = {
-    "FINISH_LENGTH": (FinishReason.LENGTH, ""),
-    "FINISH_MATCHED_TOKEN": (FinishReason.STOP, ""),
-    "FINISH_MATCHED_STR": (FinishReason.STOP, "stop string"),
-    "FINISHED_MATCHED_REGEX": (FinishReason.STOP, "stop regex"),
-    "FINISH_ABORT": (FinishReason.ABORTED, "aborted by SGLang"),
-}
-
-
-def finish_reason_of(reason: Any) -> tuple[FinishReason, str]:
-    """Our reason (and a detail) for a finished SGLang request's ``finished_reason``."""
-    if reason is None:
-        return FinishReason.ABORTED, "SGLang gave no finish reason"
-    name = type(reason).__name__
-    found = _FINISHED.get(name)
-    if found is None:
-        return FinishReason.ABORTED, f"SGLang finish reason {name}"
-    if found[0] is FinishReason.ABORTED and getattr(reason, "message", None):
-        return found[0], str(reason.message)
-    return found
-
-
 def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str:
     """A checksum of the replicated state a decision depends on: the queue, the chunked
     request's progress, the slot's decodes and the parked set, by request id."""
@@ -450,27 +403,3 @@ def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str
              "" if chunked is None else f"{chunked.rid}:{chunked.prefix_len}",
              ",".join(r.rid for r in live_reqs(sched, running_batch)), ",".join(parked)]
     return f"{zlib.crc32('|'.join(parts).encode()):08x}"
-
-
-def run_setup(sched: Any, policy: str, config: SchedulerConfig, pp_size: int) -> RunSetup | None:
-    """What the recorded run ran on (fastpp.run_setup, for ``fastpp profile --from-records``):
-    the model's shape from SGLang's HF config, layers per stage as SGLang places them. None (and a
-    warning) if SGLang's objects do not have what is read here: records must never stop serving."""
-    try:
-        import sglang
-        from sglang.srt.distributed.utils import get_pp_indices
-
-        mc = sched.model_config
-        dtype = str(mc.dtype).removeprefix("torch.")
-        name = str(getattr(sched.server_args, "served_model_name", None) or sched.server_args.model_path)
-        model = ModelShape.from_hf_config(mc.hf_config.to_dict(), name=name.rstrip("/").split("/")[-1],
-                                          dtype_bytes=DTYPE_BYTES.get(dtype))
-        spans = (get_pp_indices(model.num_layers, r, pp_size) for r in range(pp_size))
-        layers = tuple(b - a for a, b in spans)
-        device = str(getattr(sched, "device", "") or sched.server_args.device)
-        return RunSetup(engine=f"sglang {sglang.__version__}",
-                        device="CPU" if device == "cpu" else device.upper(), pp=pp_size, tp=1, policy=policy,
-                        scheduler=config, model=model, layers_per_stage=layers, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 (any SGLang-side surprise: serve on, without the setup)
-        log.warning("fastpp: the run's setup is not recorded (%s: %s)", type(exc).__name__, exc)
-        return None
