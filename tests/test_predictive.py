@@ -93,7 +93,7 @@ def test_low_load_gets_the_smallest_chunk_that_keeps_up():
     assert policy.last.reason == "optimal"
 
 
-def test_no_chunk_below_the_efficient_tile_while_prompts_wait():
+def test_no_chunk_below_the_efficient_tile_while_the_queue_is_deep():
     policy = policy_for()
     predict = policy.predictor.predict_one
     per_token = {c: predict(c, 0, 0, 0) / c for c in CANDS}
@@ -103,9 +103,19 @@ def test_no_chunk_below_the_efficient_tile_while_prompts_wait():
     assert per_token[tile] <= 1.25 * per_token[CANDS[-1]]
     assert all(per_token[c] > 1.25 * per_token[CANDS[-1]] for c in CANDS if c < tile)
     assert CANDS[0] < tile < CANDS[-1]
-    sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=20)
+    first = 0
+    # a queue more than a round deep (more prompt tokens than the largest sub-tile candidate
+    # carries in the next D_p microbatches) starts the scan at the tile ...
+    below = CANDS[policy.tile_index(CANDS) - 1]
+    sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=2 * below + 1)
+    assert policy.floor_index(sched.view, CANDS, first) == policy.tile_index(CANDS)
     clock.t = sched.view.now = 0.01
-    assert policy.choose(sched.view) == tile and policy.last.reason == "optimal"
+    assert policy.choose(sched.view) >= tile
+    # ... a shallower one (a few short prompts) at the smallest candidate, as without a floor
+    sched, clock = loaded_scheduler(policy, n_waiting=1, prompt=2 * below)
+    assert policy.floor_index(sched.view, CANDS, first) == first
+    clock.t = sched.view.now = 0.01
+    assert policy.choose(sched.view) == CANDS[0] and policy.last.reason == "optimal"
     # the floor is a floor, not a cap: a late backlog still takes the largest TPOT-safe chunk
     sched, clock = loaded_scheduler(policy)
     clock.t = sched.view.now = 1.95

@@ -27,11 +27,13 @@ candidate above the launching slot's decode count (when such a candidate exists)
 
 Two rules beyond the paper's:
 
-* Tile floor: while prompts wait, the scan starts at the efficient tile (``rules.
+* Tile floor: while more prompt tokens wait than the largest sub-tile candidate would carry in
+  the next D_p microbatches, the scan starts at the efficient tile (``rules.
   efficient_tile_index``: the smallest candidate whose predicted time per token is within
   ``tile_tolerance`` of the largest candidate's; 256 on A100 for Qwen2.5-14B and 32B, where
   128 tokens cost 57-99% more per token). A smaller C only runs when the floor itself breaks
-  TPOT. The budget is an upper bound, so with a short queue the floor costs nothing.
+  TPOT. With a shallower queue (a decode-heavy load's few short prompts) there is no floor:
+  the small chunk prefills what waits and keeps the round, and so TPOT and KV residency, short.
 * KV-aware TPOT budget: in steady state the pool fills with the decodes of admitted requests,
   and their residency is their output length times TPOT. Spending the whole TPOT budget on
   catching up a backlog then lengthens every request's stay and fills the pool faster, which
@@ -229,7 +231,7 @@ class PredictiveChunkPolicy:
         kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
-        floor = max(first, self.tile_index(cands))
+        floor = self.floor_index(view, cands, first)
         def meets(capacity: float, round_s: float) -> bool:
             return capacity >= required
 
@@ -243,6 +245,22 @@ class PredictiveChunkPolicy:
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, required)
+
+    def floor_index(self, view: PolicyView, cands: tuple[int, ...], first: int) -> int:
+        """Where the scan starts: the efficient tile while more prompt tokens wait than a
+        sub-tile chunk would carry in the next D_p microbatches (the queue is more than a round
+        deep); else ``first`` (a short queue of short prompts, as on a decode-heavy load, then
+        gets the small, fast chunk that keeps TPOT and KV residency low)."""
+        tile = self.tile_index(cands)
+        if tile <= first:
+            return first
+        below = cands[tile - 1]
+        d_p, slot = view.num_slots, view.slot
+        carried = 0
+        for j in range(d_p):
+            dec = view.num_running((slot + j) % d_p)
+            carried += below - dec if below > dec else 0
+        return tile if view.waiting_prefill_tokens > carried else first
 
     def tile_index(self, cands: tuple[int, ...]) -> int:
         """Index of the efficient tile among ``cands`` (computed once per candidate set, from

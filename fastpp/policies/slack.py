@@ -135,7 +135,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         budget = coeff * slo_tpot - cfg.round_overhead_s
-        floor = max(first, self.tile_index(cands))
+        floor = self.floor_index(view, cands, first)
         found = self._scan(view, cands, floor, len(cands), meets, budget)
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
