@@ -18,6 +18,7 @@ from fastpp.cli import (
     cache_cmd,
     catalog_cmd,
     goodput_cmd,
+    plan_cmd,
     plot_cmd,
     profile_cmd,
     serve_cmd,
@@ -37,6 +38,7 @@ app = typer.Typer(
 app.command("simulate")(simulate_cmd.simulate)
 app.command("goodput")(goodput_cmd.goodput)
 app.command("sweep")(sweep_cmd.sweep)
+app.command("plan")(plan_cmd.plan)
 app.command("plot")(plot_cmd.plot)
 app.command("workloads")(catalog_cmd.workloads)
 app.command("policies")(catalog_cmd.policies)
