@@ -8,7 +8,7 @@ policies, a time limit, stage noise) one line: a SHA-256 of the run's request re
 records, end time and notes as JSON, then the events the clock ran, the microbatches and the
 CPU seconds. Two versions give the same results iff every digest matches; the event count and
 the CPU time are what a speed change is expected to move (session 25 dropped the launch event:
-half the events, the same digests; docs/GOODPUT_CONVERGENCE.md).
+half the events, the same digests; docs/GOODPUT.md).
 """
 
 from __future__ import annotations

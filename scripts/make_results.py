@@ -182,7 +182,7 @@ def goodput_section(rep: Report, sweeps: SweepsInBackground) -> dict:
             "seeds 0 and 1 pooled at every probe, each probe lengthened until its P90 verdict "
             "has settled and checked for a steady queue, the answer confirmed on 12,000 "
             "requests per seed: `fastpp goodput`'s method, by the same "
-            "code (`fastpp.sim.goodput`, docs/GOODPUT_CONVERGENCE.md). Best static = the best "
+            "code (`fastpp.sim.goodput`, docs/GOODPUT.md). Best static = the best "
             f"of C in {STATIC} on that workload (PP_static).\n\n" + "\n\n".join(body))
     return found
 
@@ -458,7 +458,7 @@ Regenerate everything on this page (tables and figures) with one command:
     python -m fastpp.native_build      # optional: the compiled simulator, about twice as fast
     FASTPP_NATIVE=1 python scripts/make_results.py --fresh    # (without the build: no FASTPP_NATIVE)
 
-Wall time of that command on the 2-core development machine: {wall}. Hardware model: the
+Wall time of that command on a 2-core x86 CPU: {wall}. Hardware model: the
 analytic profiles of `fastpp.sim.analytic` (docs/CALIBRATION.md: GEMM efficiency fitted on
 measured A100/H100 operator tables, PCIe and NVLink constants, and the assumptions for
 attention, sampling, host overhead 3 ms per launch and token return 5 ms per microbatch). No

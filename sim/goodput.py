@@ -50,7 +50,7 @@ Probe rules (``slo_goodput``):
   withdrawn and the search goes on below it, confirming every pass from then on
   (``find_goodput``'s ``confirm``; a confirmed probe's metrics say ``confirmed=1``). PP=4
   static:512 on azure-conv at 5.94 req/s passes settled on 713 and 1,426 requests per seed
-  and fails at 12,000 (P90 TTFT 4.9 s; docs/GOODPUT_CONVERGENCE.md). So the reported goodput
+  and fails at 12,000 (P90 TTFT 4.9 s; docs/GOODPUT.md). So the reported goodput
   passed on 12,000 requests per seed, whatever the starting length. Settled fails are not
   confirmed: a run starts from an empty system, so a short look errs toward passing.
 - Swamped probes stop early (P90 criterion): a look fails at once, without running its
@@ -679,7 +679,7 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
     within ``SETTLE_Z`` standard errors of the share of misses: even when the other objective
     already misses beyond those errors, since on a short look both shares move with the same
     bursts (a TPOT share 2.06 errors above 10% on 398 requests per seed, TTFT's 0.99, passed
-    on 3,184: docs/GOODPUT_CONVERGENCE.md)."""
+    on 3,184: docs/GOODPUT.md)."""
     ttft_slo, tpot_slo = slo.ttft_s * 1e3 + SLO_SLACK_MS, slo.tpot_s * 1e3 + SLO_SLACK_MS
     shares: list[tuple[float, float]] = []  # per batch: share missing TTFT, share missing TPOT
     for records in runs:
