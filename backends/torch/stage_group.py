@@ -58,6 +58,8 @@ class StageGroup:
     def connect(self) -> None:
         """Join stage 0 (this process) and the stage processes in one gloo process group."""
         self.procs.connect()
+        if dist.is_initialized():  # left by an earlier engine of this process that stopped
+            dist.destroy_process_group()  # uncleanly (a dead stage): its peers are gone
         dist.init_process_group("gloo", init_method=f"file://{self.spec.store_path}", rank=0,
                                 world_size=self.spec.num_stages,
                                 timeout=collective_timeout(self.spec.stage_timeout_s))
