@@ -32,6 +32,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from fastpp.backends.torch.hf_tokenizer import json_object
+
 # the special tokens transformers passes to a template (its special_tokens_map)
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                       "mask_token")
@@ -231,22 +233,12 @@ def _token_text(value: Any) -> Any:
     return value
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _special_tokens(root: Path, config: dict[str, Any]) -> dict[str, Any]:
     tokens = {k: _token_text(config[k]) for k in (*SPECIAL_TOKEN_KEYS, "additional_special_tokens")
               if k in config}
     map_path = root / "special_tokens_map.json"
     if map_path.is_file():  # older directories keep them here
-        for k, v in _read_json(map_path).items():
+        for k, v in json_object(map_path).items():
             tokens.setdefault(k, _token_text(v))
     return {k: v for k, v in tokens.items() if isinstance(v, str | list)}
 
@@ -255,7 +247,7 @@ def hf_template_source(root: str | Path) -> TemplateSource | None:
     """A Hugging Face directory's chat template (None when it has none)."""
     root = Path(root)
     cfg_path = root / "tokenizer_config.json"
-    config = _read_json(cfg_path) if cfg_path.is_file() else {}
+    config = json_object(cfg_path) if cfg_path.is_file() else {}
     tokens = _special_tokens(root, config)
     jinja_path = root / "chat_template.jinja"
     if jinja_path.is_file():  # what transformers writes, and reads before tokenizer_config.json

@@ -10,7 +10,7 @@ from typing import Any
 from fastpp.backends.torch.tokenizer import LibTokenizer
 
 
-def _json_object(path: Path) -> dict[str, Any]:
+def json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object; ``ValueError`` naming the file otherwise."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -24,14 +24,14 @@ def _json_object(path: Path) -> dict[str, Any]:
 def _eos(root: Path, lib: LibTokenizer) -> int | None:
     cfg_path = root / "tokenizer_config.json"
     if cfg_path.is_file():
-        eos = _json_object(cfg_path).get("eos_token")
+        eos = json_object(cfg_path).get("eos_token")
         if isinstance(eos, dict):
             eos = eos.get("content")
         if isinstance(eos, str) and lib.token_id(eos) is not None:
             return lib.token_id(eos)
     model_cfg = root / "config.json"
     if model_cfg.is_file():
-        eos_id = _json_object(model_cfg).get("eos_token_id")
+        eos_id = json_object(model_cfg).get("eos_token_id")
         if isinstance(eos_id, list) and eos_id:
             eos_id = eos_id[0]
         if isinstance(eos_id, int):
