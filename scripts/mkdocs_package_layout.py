@@ -17,6 +17,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from mkdocs.plugins import event_priority
+
 LAYOUT_DIR = Path("build") / "docs_pkg"
 
 
@@ -42,6 +44,7 @@ def write_layout(root: Path) -> Path:
     return out
 
 
+@event_priority(100)  # before mkdocstrings reads `paths` in its own on_config
 def on_config(config: Any) -> Any:
     write_layout(Path(config.config_file_path).resolve().parent)
     return config
