@@ -36,8 +36,13 @@ class Clock:
 def build(num_requests: int, balancer: DelayScheduler) -> tuple[Scheduler, Clock]:
     """A scheduler whose slots hold ``num_requests`` decodes in all, balanced by ``balancer``."""
     clock = Clock()
-    cfg = SchedulerConfig(num_slots=NUM_SLOTS, kv_capacity_tokens=10_000_000, max_context=1 << 20,
-                          default_chunk=16_384, token_step=128)
+    cfg = SchedulerConfig(
+        num_slots=NUM_SLOTS,
+        kv_capacity_tokens=10_000_000,
+        max_context=1 << 20,
+        default_chunk=16_384,
+        token_step=128,
+    )
     sched = Scheduler(cfg, clock, balancer=balancer)
     per_slot = -(-num_requests // NUM_SLOTS)
     next_id = 0
@@ -90,13 +95,19 @@ def main() -> None:
         samples = time_plans(sched, clock, balancer, args.calls)
         parking = sorted(samples[1::NUM_SLOTS])
         samples.sort()
-        print(f"{mode:10s}: running {running}, parked {sched.view.num_parked}, "
-              f"{len(sched.view.recent_token_gap)} gap samples")
-        print(f"{'':10s}  all slots  : median {_pct(samples, 0.5):6.1f} us, "
-              f"p99 {_pct(samples, 0.99):6.1f} us over {len(samples)} calls")
-        print(f"{'':10s}  parking one: median {_pct(parking, 0.5):6.1f} us, "
-              f"p99 {_pct(parking, 0.99):6.1f} us  "
-              f"(target median <= 100 us: {'met' if _pct(samples, 0.5) <= 100 else 'NOT met'})")
+        print(
+            f"{mode:10s}: running {running}, parked {sched.view.num_parked}, "
+            f"{len(sched.view.recent_token_gap)} gap samples"
+        )
+        print(
+            f"{'':10s}  all slots  : median {_pct(samples, 0.5):6.1f} us, "
+            f"p99 {_pct(samples, 0.99):6.1f} us over {len(samples)} calls"
+        )
+        print(
+            f"{'':10s}  parking one: median {_pct(parking, 0.5):6.1f} us, "
+            f"p99 {_pct(parking, 0.99):6.1f} us  "
+            f"(target median <= 100 us: {'met' if _pct(samples, 0.5) <= 100 else 'NOT met'})"
+        )
 
 
 def _pct(sorted_samples: list[float], q: float) -> float:

@@ -33,21 +33,37 @@ def variant(cv_out: float) -> str:
     """Register ``cnn-reversed-synthetic`` with output CV ``cv_out`` (this process only)."""
     base = WORKLOADS["cnn-reversed-synthetic"].make_sampler()
     name = f"cnn-reversed-cv{cv_out:g}-synthetic"
-    sampler = type(base)(name, mean_in=base.mean_in, mean_out=base.mean_out, cv_in=base.cv_in,
-                         cv_out=cv_out, max_in=base.max_in, max_out=base.max_out)
-    WORKLOADS[name] = WorkloadSpec(name, f"cnn-reversed-synthetic with output CV {cv_out:g}",
-                                   "sensitivity variant", True, False, lambda _d: sampler)
+    sampler = type(base)(
+        name,
+        mean_in=base.mean_in,
+        mean_out=base.mean_out,
+        cv_in=base.cv_in,
+        cv_out=cv_out,
+        max_in=base.max_in,
+        max_out=base.max_out,
+    )
+    WORKLOADS[name] = WorkloadSpec(
+        name,
+        f"cnn-reversed-synthetic with output CV {cv_out:g}",
+        "sensitivity variant",
+        True,
+        False,
+        lambda _d: sampler,
+    )
     prompt, out = sampler.sample(np.random.default_rng(0), 200_000)
     resident = prompt.mean() + (out.astype(float) ** 2).mean() / (2 * out.mean())
-    print(f"{name}: mean {prompt.mean():.0f} in / {out.mean():.0f} out; KV per resident request "
-          f"~{resident:.0f} tokens")
+    print(
+        f"{name}: mean {prompt.mean():.0f} in / {out.mean():.0f} out; KV per resident request "
+        f"~{resident:.0f} tokens"
+    )
     return name
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--cv-out", type=float, default=0.3,
-                    help="output-length CV (registered, and the dataset's: 0.5)")
+    ap.add_argument(
+        "--cv-out", type=float, default=0.3, help="output-length CV (registered, and the dataset's: 0.5)"
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     wl = WorkloadConfig(name=variant(args.cv_out))
@@ -55,8 +71,11 @@ def main() -> None:
     for policy in ("predictive", "predictive+ds"):
         t1 = time.perf_counter()
         res = slo_goodput(wl, DeploymentConfig(policy=policy), seeds=(0, 1), low=1.0, high=8.0)
-        print(f"  {policy:<16} goodput {res.rate:6.2f} req/s  (+{res.margin:.2f}, {len(res.probes)} "
-              f"probes, {time.perf_counter() - t1:5.1f} s)", flush=True)
+        print(
+            f"  {policy:<16} goodput {res.rate:6.2f} req/s  (+{res.margin:.2f}, {len(res.probes)} "
+            f"probes, {time.perf_counter() - t1:5.1f} s)",
+            flush=True,
+        )
     print(f"total wall time {time.perf_counter() - t0:.0f} s")
 
 

@@ -36,8 +36,11 @@ WORKLOAD = "cnn-reversed-synthetic"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rates", default=",".join(str(r) for r in range(1, 12)),
-                    help="comma list of request rates (default: 1..11, as the reference's sweep)")
+    ap.add_argument(
+        "--rates",
+        default=",".join(str(r) for r in range(1, 12)),
+        help="comma list of request rates (default: 1..11, as the reference's sweep)",
+    )
     ap.add_argument("--policies", nargs="+", default=["predictive", "predictive+ds"])
     ap.add_argument("--num-requests", type=int, default=1000, help="prompts per rate and seed")
     ap.add_argument("--seeds", default="0,1,2", help="comma list; runs pooled per rate")
@@ -49,10 +52,14 @@ def main() -> None:
         ap.error(f"--rates / --seeds must be comma lists of numbers: {err}")
     slo = SLO()  # 2 s / 200 ms, the reference benchmark's hard-coded thresholds
     t0 = time.perf_counter()
-    print(f"{WORKLOAD}, Qwen2.5-32B PP=4, A100-40GB PCIe; {args.num_requests} requests per rate "
-          f"and seed, seeds {seeds} pooled; SLO {slo.ttft_s:g} s / {slo.tpot_s * 1e3:g} ms")
-    print(f"{'policy':<16}{'rate':>6}{'P90 TTFT':>11}{'P90 TPOT':>10}{'P99 TPOT':>10}"
-          f"{'mean E2E':>10}{'TTFT att':>10}{'TPOT att':>10}{'parks':>8}  P90s met")
+    print(
+        f"{WORKLOAD}, Qwen2.5-32B PP=4, A100-40GB PCIe; {args.num_requests} requests per rate "
+        f"and seed, seeds {seeds} pooled; SLO {slo.ttft_s:g} s / {slo.tpot_s * 1e3:g} ms"
+    )
+    print(
+        f"{'policy':<16}{'rate':>6}{'P90 TTFT':>11}{'P90 TPOT':>10}{'P99 TPOT':>10}"
+        f"{'mean E2E':>10}{'TTFT att':>10}{'TPOT att':>10}{'parks':>8}  P90s met"
+    )
     for policy in args.policies:
         goodput = 0.0
         failed = False
@@ -63,10 +70,13 @@ def main() -> None:
             if met and not failed:
                 goodput = rate
             failed = failed or not met
-            print(f"{policy:<16}{rate:>6g}{s['p90_ttft_ms']:>9.0f}ms{s['p90_tpot_ms']:>8.1f}ms"
-                  f"{s['p99_tpot_ms']:>8.1f}ms{s['mean_e2e_latency_ms'] / 1e3:>9.1f}s"
-                  f"{s['ttft_attainment']:>10.1%}{s['tpot_attainment']:>10.1%}"
-                  f"{s['num_parked']:>8}  {'yes' if met else 'no'}", flush=True)
+            print(
+                f"{policy:<16}{rate:>6g}{s['p90_ttft_ms']:>9.0f}ms{s['p90_tpot_ms']:>8.1f}ms"
+                f"{s['p99_tpot_ms']:>8.1f}ms{s['mean_e2e_latency_ms'] / 1e3:>9.1f}s"
+                f"{s['ttft_attainment']:>10.1%}{s['tpot_attainment']:>10.1%}"
+                f"{s['num_parked']:>8}  {'yes' if met else 'no'}",
+                flush=True,
+            )
         print(f"{policy}: P90s met at every swept rate up to {goodput:g} req/s")
     print(f"total wall time {time.perf_counter() - t0:.0f} s")
 

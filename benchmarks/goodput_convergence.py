@@ -55,13 +55,24 @@ PRECISION = 0.1
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--deploy", action="append", help="deployment@policy (repeat); default: both rows")
-    ap.add_argument("--column", action="append", choices=[c[0] for c in COLUMNS],
-                    help="run only this column (repeat); default: all")
+    ap.add_argument(
+        "--column",
+        action="append",
+        choices=[c[0] for c in COLUMNS],
+        help="run only this column (repeat); default: all",
+    )
     ap.add_argument("--json", help="also write the cells to this file")
-    ap.add_argument("--table", nargs="+", metavar="JSON",
-                    help="print the table from cells saved with --json (runs nothing)")
-    ap.add_argument("--looks", metavar="RATES",
-                    help="comma-separated rates: each look's verdict at every length, no search")
+    ap.add_argument(
+        "--table",
+        nargs="+",
+        metavar="JSON",
+        help="print the table from cells saved with --json (runs nothing)",
+    )
+    ap.add_argument(
+        "--looks",
+        metavar="RATES",
+        help="comma-separated rates: each look's verdict at every length, no search",
+    )
     ap.add_argument("--workload", default="azure-conv", help="the workload (default azure-conv)")
     ap.add_argument("--model", default="Qwen2.5-32B", help="the model (default Qwen2.5-32B)")
     args = ap.parse_args()
@@ -78,21 +89,31 @@ def main() -> None:
     cells = []
     for spec in args.deploy or DEPLOYMENTS:
         dep = deployment_of(spec, args.model)
-        row = spec if (args.workload, args.model) == ("azure-conv", "Qwen2.5-32B") else \
-            f"{spec}, {args.model}, {args.workload}"
+        row = (
+            spec
+            if (args.workload, args.model) == ("azure-conv", "Qwen2.5-32B")
+            else f"{spec}, {args.model}, {args.workload}"
+        )
         for label, n, seeds in COLUMNS:
             if args.column and label not in args.column:
                 continue
             t0, cpu0 = time.perf_counter(), time.process_time()
             res = slo_goodput(workload, dep, seeds=seeds, num_requests=n, precision=PRECISION)
             lengths = [int(p.metrics["requests_per_seed"]) for p in res.probes]
-            cell = {"deployment": spec, "row": row, "column": label, "seeds": list(seeds),
-                    "goodput": res.rate, "margin": res.margin,
-                    "seed_goodputs": list(res.seed_rates), "probes": len(res.probes),
-                    "longest_probe": max(lengths), "unsettled_probes": sum(
-                        not p.metrics["converged"] for p in res.probes),
-                    "wall_s": round(time.perf_counter() - t0, 1),
-                    "cpu_s": round(time.process_time() - cpu0, 1)}
+            cell = {
+                "deployment": spec,
+                "row": row,
+                "column": label,
+                "seeds": list(seeds),
+                "goodput": res.rate,
+                "margin": res.margin,
+                "seed_goodputs": list(res.seed_rates),
+                "probes": len(res.probes),
+                "longest_probe": max(lengths),
+                "unsettled_probes": sum(not p.metrics["converged"] for p in res.probes),
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "cpu_s": round(time.process_time() - cpu0, 1),
+            }
             cells.append(cell)
             print(json.dumps(cell), flush=True)
             if args.json:  # after every cell, so that an interrupted run keeps what it did
@@ -106,8 +127,9 @@ def deployment_of(spec: str, model: str) -> DeploymentConfig:
     return DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy or "static:2048")
 
 
-def print_looks(spec: str, rate: float, workload: WorkloadConfig, model: str,
-                seeds: tuple[int, ...] = (0, 1)) -> None:
+def print_looks(
+    spec: str, rate: float, workload: WorkloadConfig, model: str, seeds: tuple[int, ...] = (0, 1)
+) -> None:
     """One line per look length at ``rate``: what slo_goodput's probe sees there."""
     dep = deployment_of(spec, model)
     cap = MAX_REQUESTS_PER_SEED
@@ -117,10 +139,13 @@ def print_looks(spec: str, rate: float, workload: WorkloadConfig, model: str,
         runs = [sim.run_until_ended(n) for sim in sims]
         v = judge_records(runs, dep.slo, rate=rate)
         settled = "unsettled" if is_unsettled(runs, dep.slo) else "settled"
-        print(f"{model} {workload.name} {spec} {rate:g} req/s, {n:>6} requests per seed: "
-              f"{'pass' if v.ok else 'FAIL'} "
-              f"({settled})  P90 TTFT {v.metrics['p90_ttft_ms']:.0f} ms  P90 TPOT "
-              f"{v.metrics['p90_tpot_ms']:.1f} ms  {v.reason}".rstrip(), flush=True)
+        print(
+            f"{model} {workload.name} {spec} {rate:g} req/s, {n:>6} requests per seed: "
+            f"{'pass' if v.ok else 'FAIL'} "
+            f"({settled})  P90 TTFT {v.metrics['p90_ttft_ms']:.0f} ms  P90 TPOT "
+            f"{v.metrics['p90_tpot_ms']:.1f} ms  {v.reason}".rstrip(),
+            flush=True,
+        )
         if n >= cap:
             return
         n = min(2 * n, cap)
@@ -133,13 +158,18 @@ def markdown_table(cells: list[dict]) -> str:
     labels = [c[0] for c in COLUMNS]
     header = ["deployment", *labels, "agree within 0.1?"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
     def row_of(cell: dict) -> str:  # cells saved before rows had other workloads lack "row"
         return cell.get("row", cell["deployment"])
 
     for spec in dict.fromkeys(row_of(c) for c in cells):
         row = {c["column"]: c for c in cells if row_of(c) == spec}
-        shown = [f"{row[k]['goodput']:.2f} ({', '.join(f'{g:.2f}' for g in row[k]['seed_goodputs'])})"
-                 if k in row else "-" for k in labels]
+        shown = [
+            f"{row[k]['goodput']:.2f} ({', '.join(f'{g:.2f}' for g in row[k]['seed_goodputs'])})"
+            if k in row
+            else "-"
+            for k in labels
+        ]
         spread = max(c["goodput"] for c in row.values()) - min(c["goodput"] for c in row.values())
         verdict = f"{'yes' if spread <= PRECISION + 1e-9 else 'NO'} (spread {spread:.2f})"
         lines.append("| " + " | ".join([spec, *shown, verdict]) + " |")

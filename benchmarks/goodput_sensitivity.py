@@ -61,25 +61,40 @@ def run_cell(workload: str, spec: str, name: str, value: float, tmp: Path) -> di
     dep = DeploymentConfig(profile_path=str(path), policy=policy or "static:2048")
     t0, cpu0 = time.perf_counter(), time.process_time()
     res = slo_goodput(WorkloadConfig(name=workload), dep, precision=PRECISION)
-    return {"workload": workload, "deployment": spec, "constant": name,
-            "value_ms": value * 1e3, "host_overhead_ms": profile.host_overhead_s * 1e3,
-            "token_return_ms": profile.token_return_s * 1e3 if pp > 1 else None,
-            "goodput": res.rate, "margin": res.margin, "seed_goodputs": list(res.seed_rates),
-            "reason": res.reason, "wall_s": round(time.perf_counter() - t0, 1),
-            "cpu_s": round(time.process_time() - cpu0, 1)}
+    return {
+        "workload": workload,
+        "deployment": spec,
+        "constant": name,
+        "value_ms": value * 1e3,
+        "host_overhead_ms": profile.host_overhead_s * 1e3,
+        "token_return_ms": profile.token_return_s * 1e3 if pp > 1 else None,
+        "goodput": res.rate,
+        "margin": res.margin,
+        "seed_goodputs": list(res.seed_rates),
+        "reason": res.reason,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+    }
 
 
 def markdown_table(cells: list[dict]) -> str:
     """One row per workload and deployment: goodput at the defaults, then at each moved value
     (its change from the default in brackets)."""
     moved = [(name, v) for name, (_, *values) in CONSTANTS for v in values]
-    header = ["workload", "deployment", "defaults (3 ms launch, 5 ms return)",
-              *(f"{name} = {v * 1e3:g} ms" for name, v in moved)]
+    header = [
+        "workload",
+        "deployment",
+        "defaults (3 ms launch, 5 ms return)",
+        *(f"{name} = {v * 1e3:g} ms" for name, v in moved),
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     keys = dict.fromkeys((c["workload"], c["deployment"]) for c in cells)
     for workload, spec in keys:
-        mine = {(c["constant"], round(c["value_ms"], 6)): c for c in cells
-                if (c["workload"], c["deployment"]) == (workload, spec)}
+        mine = {
+            (c["constant"], round(c["value_ms"], 6)): c
+            for c in cells
+            if (c["workload"], c["deployment"]) == (workload, spec)
+        }
         base = mine.get(("default", 0.0))
         row = [workload, spec, f"{base['goodput']:.2f}" if base else "-"]
         for name, v in moved:
@@ -96,8 +111,9 @@ def markdown_table(cells: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--workload", action="append", choices=WORKLOADS, help="repeat; default: both")
-    ap.add_argument("--deploy", action="append", help="deployment@policy (repeat); default: "
-                    + ", ".join(DEPLOYMENTS))
+    ap.add_argument(
+        "--deploy", action="append", help="deployment@policy (repeat); default: " + ", ".join(DEPLOYMENTS)
+    )
     ap.add_argument("--json", help="write the cells to this file (after each one)")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table from saved cells")
     args = ap.parse_args()
@@ -106,8 +122,9 @@ def main() -> None:
         return
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
-        for workload, spec, name, value in cells_to_run(args.workload or list(WORKLOADS),
-                                                        args.deploy or list(DEPLOYMENTS)):
+        for workload, spec, name, value in cells_to_run(
+            args.workload or list(WORKLOADS), args.deploy or list(DEPLOYMENTS)
+        ):
             cells.append(run_cell(workload, spec, name, value, Path(tmp)))
             print(json.dumps(cells[-1]), flush=True)
             if args.json:

@@ -31,8 +31,7 @@ def main() -> None:
     ap.add_argument("--precision", type=float, default=0.25)
     args = ap.parse_args()
     pp, tp, policy = parse_deployment(args.deploy)
-    deployment = DeploymentConfig(model=args.model, pp=pp, tp=tp,
-                                  **({"policy": policy} if policy else {}))
+    deployment = DeploymentConfig(model=args.model, pp=pp, tp=tp, **({"policy": policy} if policy else {}))
     print(f"build    : {_build()}")
     print(f"search   : {args.workload}, {args.model} {args.deploy}, precision {args.precision}")
     last = [time.process_time()]
@@ -40,16 +39,19 @@ def main() -> None:
     def progress(p: ProbeResult) -> None:
         now = time.process_time()
         m = p.metrics
-        tags = [t for t, k in (("confirmation", "confirmed"), ("stopped early", "stopped_early"))
-                if m.get(k)]
-        print(f"probe    : {p.rate:8.4g} req/s  {'ok  ' if p.ok else 'FAIL'}  "
-              f"{m.get('requests_per_seed', m.get('num_requests', 0)):6.0f} requests/seed  "
-              f"{now - last[0]:5.1f} s CPU  {', '.join(tags)}", flush=True)
+        tags = [t for t, k in (("confirmation", "confirmed"), ("stopped early", "stopped_early")) if m.get(k)]
+        print(
+            f"probe    : {p.rate:8.4g} req/s  {'ok  ' if p.ok else 'FAIL'}  "
+            f"{m.get('requests_per_seed', m.get('num_requests', 0)):6.0f} requests/seed  "
+            f"{now - last[0]:5.1f} s CPU  {', '.join(tags)}",
+            flush=True,
+        )
         last[0] = now
 
     cpu0 = time.process_time()
-    found = slo_goodput(WorkloadConfig(name=args.workload), deployment,
-                        precision=args.precision, progress=progress)
+    found = slo_goodput(
+        WorkloadConfig(name=args.workload), deployment, precision=args.precision, progress=progress
+    )
     cpu = time.process_time() - cpu0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"goodput  : {found.rate:g} req/s (+{found.margin:g}), {len(found.probes)} probes")

@@ -68,13 +68,30 @@ def plan(gpu: str, out: Path) -> None:
     for name, chunk, past, num_dec, ctx in CASES:
         num_tokens = chunk + num_dec
         predicted = stage.time_s(num_tokens, 0, chunk * past, chunk * chunk, num_dec * ctx)
-        cases.append({"name": name, "chunk": chunk, "past": past, "num_decodes": num_dec,
-                      "context": ctx, "predicted_s": predicted})
-    shape = {"hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
-             "head_dim": m.head_dim, "intermediate": m.intermediate_size, "qkv_bias": m.qkv_bias,
-             "layers": stage.num_layers}
-    out.write_text(json.dumps({"model": MODEL, "gpu": gpu, "pp": PP, "stage": STAGE, "shape": shape,
-                               "cases": cases}, indent=1))
+        cases.append(
+            {
+                "name": name,
+                "chunk": chunk,
+                "past": past,
+                "num_decodes": num_dec,
+                "context": ctx,
+                "predicted_s": predicted,
+            }
+        )
+    shape = {
+        "hidden": m.hidden_size,
+        "heads": m.num_heads,
+        "kv_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate": m.intermediate_size,
+        "qkv_bias": m.qkv_bias,
+        "layers": stage.num_layers,
+    }
+    out.write_text(
+        json.dumps(
+            {"model": MODEL, "gpu": gpu, "pp": PP, "stage": STAGE, "shape": shape, "cases": cases}, indent=1
+        )
+    )
     print(f"wrote {out}: {len(cases)} cases, {stage.num_layers} layers of {MODEL} on {gpu} (analytic)")
 
 
@@ -94,9 +111,18 @@ def measure(cases_path: Path, out: Path, repeats: int) -> None:
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=dev, dtype=dt) * 0.02
 
-    weights = [dict(qkv=w(h, (nh + 2 * nkv) * hd), qkv_b=w((nh + 2 * nkv) * hd), o=w(nh * hd, h),
-                    gate_up=w(h, 2 * inter), down=w(inter, h), n1=torch.ones(h, device=dev, dtype=dt),
-                    n2=torch.ones(h, device=dev, dtype=dt)) for _ in range(layers)]
+    weights = [
+        dict(
+            qkv=w(h, (nh + 2 * nkv) * hd),
+            qkv_b=w((nh + 2 * nkv) * hd),
+            o=w(nh * hd, h),
+            gate_up=w(h, 2 * inter),
+            down=w(inter, h),
+            n1=torch.ones(h, device=dev, dtype=dt),
+            n2=torch.ones(h, device=dev, dtype=dt),
+        )
+        for _ in range(layers)
+    ]
 
     def rms(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * g
@@ -142,6 +168,7 @@ def measure(cases_path: Path, out: Path, repeats: int) -> None:
                 g, u = gu.split(inter, dim=-1)
                 x = x + (F.silu(g) * u) @ lw["down"]
             return x
+
         return run
 
     results = []
@@ -172,28 +199,47 @@ def measure(cases_path: Path, out: Path, repeats: int) -> None:
                     graph_times.append(time.perf_counter() - t0)
                 graph_s = statistics.median(graph_times)
                 del graph
-        results.append({**case, "measured_s": statistics.median(times), "measured_min_s": min(times),
-                        "graph_s": graph_s, "repeats": repeats})
-        print(f"{case['name']:42s} eager {statistics.median(times) * 1e3:8.2f} ms   graph "
-              f"{(graph_s or 0) * 1e3:8.2f} ms   model {case['predicted_s'] * 1e3:8.2f} ms", flush=True)
+        results.append(
+            {
+                **case,
+                "measured_s": statistics.median(times),
+                "measured_min_s": min(times),
+                "graph_s": graph_s,
+                "repeats": repeats,
+            }
+        )
+        print(
+            f"{case['name']:42s} eager {statistics.median(times) * 1e3:8.2f} ms   graph "
+            f"{(graph_s or 0) * 1e3:8.2f} ms   model {case['predicted_s'] * 1e3:8.2f} ms",
+            flush=True,
+        )
         del run
         if dev == "cuda":
             torch.cuda.empty_cache()
-    device = {"name": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
-              "cuda": torch.version.cuda}
+    device = {
+        "name": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     out.write_text(json.dumps({**spec, "device": device, "cases": results}, indent=1))
 
 
 def compare(measured_path: Path) -> None:
     data = json.loads(measured_path.read_text())
     dev = data.get("device", {})
-    print(f"{data['model']}, one stage of PP={data['pp']} ({data['shape']['layers']} layers), BF16; "
-          f"model: analytic {data['gpu']}; measured: {dev.get('name')} (torch {dev.get('torch')}, "
-          f"eager, median of {data['cases'][0]['repeats']})")
+    print(
+        f"{data['model']}, one stage of PP={data['pp']} ({data['shape']['layers']} layers), BF16; "
+        f"model: analytic {data['gpu']}; measured: {dev.get('name')} (torch {dev.get('torch')}, "
+        f"eager, median of {data['cases'][0]['repeats']})"
+    )
     print()
     graphs = all(c.get("graph_s") for c in data["cases"])
-    print("| microbatch | eager (ms) |" + (" CUDA graph (ms) |" if graphs else "")
-          + " analytic model (ms) | model / eager |" + (" model / graph |" if graphs else ""))
+    print(
+        "| microbatch | eager (ms) |"
+        + (" CUDA graph (ms) |" if graphs else "")
+        + " analytic model (ms) | model / eager |"
+        + (" model / graph |" if graphs else "")
+    )
     print("|---" * (6 if graphs else 4) + "|")
     columns = {"eager": "measured_s", "graph": "graph_s"} if graphs else {"eager": "measured_s"}
     ratios: dict[str, list[float]] = {k: [] for k in columns}
@@ -206,8 +252,10 @@ def compare(measured_path: Path) -> None:
     print()
     for k, rs in ratios.items():
         error = statistics.median(abs(r - 1) for r in rs)
-        print(f"against {k}: median |model / measured - 1| = {error:.1%}; "
-              f"model / measured {min(rs):.2f} .. {max(rs):.2f}")
+        print(
+            f"against {k}: median |model / measured - 1| = {error:.1%}; "
+            f"model / measured {min(rs):.2f} .. {max(rs):.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,9 +26,16 @@ import httpx
 
 from fastpp.backends.openai_server.launcher import ServerProcess
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
-           "List three colors:", "The quick brown fox", "In 1492, Columbus sailed",
-           "Water boils at", "My favourite food is"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "List three colors:",
+    "The quick brown fox",
+    "In 1492, Columbus sailed",
+    "Water boils at",
+    "My favourite food is",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,15 +46,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sends", type=int, default=3, help="concurrent sends of all prompts")
     args, engine_args = p.parse_known_args(argv)
     engine_args = engine_args[1:] if engine_args[:1] == ["--"] else engine_args
-    cmd = ["--backend", args.backend, "--model", "smollm2", "--pp", "2", "--policy", args.policy,
-           *engine_args]
+    cmd = [
+        "--backend",
+        args.backend,
+        "--model",
+        "smollm2",
+        "--pp",
+        "2",
+        "--policy",
+        args.policy,
+        *engine_args,
+    ]
     print("fastpp serve " + " ".join(cmd), flush=True)
     with ServerProcess(*cmd, start_timeout_s=900) as server:
         model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
         def complete(prompt: str, logprobs: int | None = None) -> dict:
-            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
-                    "ignore_eos": True, "return_token_ids": True}
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
             if logprobs:
                 body["logprobs"] = logprobs
             r = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
@@ -64,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                     gaps.append((best[0] - best[1], i, j))
         gaps.sort()
         print(f"reference (one by one): {len(PROMPTS)} prompts x {args.max_tokens} tokens")
-        print("smallest top-2 logprob gaps (gap, prompt, token): "
-              + ", ".join(f"({g:.4f}, {i}, {j})" for g, i, j in gaps[:5]))
+        print(
+            "smallest top-2 logprob gaps (gap, prompt, token): "
+            + ", ".join(f"({g:.4f}, {i}, {j})" for g, i, j in gaps[:5])
+        )
         print(f"exact ties (gap 0): {sum(g == 0 for g, _, _ in gaps)} of {len(gaps)} tokens")
         moved = 0
         for send in range(1, args.sends + 1):
@@ -74,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             pairs = enumerate(zip(tokens, ref_tokens, strict=True))
             parted = {i: _first_difference(a, b) for i, (a, b) in pairs if a != b}
             moved += bool(parted)
-            print(f"concurrent send {send}: {len(parted)} of {len(PROMPTS)} prompts differ from the reference"
-                  + (f" (prompt: first differing token {parted})" if parted else ""))
+            print(
+                f"concurrent send {send}: {len(parted)} of {len(PROMPTS)} prompts differ from the reference"
+                + (f" (prompt: first differing token {parted})" if parted else "")
+            )
         print("greedy tokens " + ("MOVE" if moved else "did not move") + " with batching")
     return 0
 

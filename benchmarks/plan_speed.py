@@ -35,9 +35,11 @@ def timed(config: PlanConfig, workers: int) -> tuple:
 def describe(name: str, plan, wall: float, cpu: float) -> str:
     best = plan.best
     pick = "none" if best is None else f"{best.label} at {best.goodput:.3g} req/s"
-    return (f"{name}: wall {wall:.1f} s, CPU {cpu:.1f} s; {len(plan.results)} candidates: "
-            f"{plan.count('searched')} searched, {plan.count('beaten')} beaten, "
-            f"{plan.count('pruned')} pruned; {plan.probes_run} probes; best {pick}")
+    return (
+        f"{name}: wall {wall:.1f} s, CPU {cpu:.1f} s; {len(plan.results)} candidates: "
+        f"{plan.count('searched')} searched, {plan.count('beaten')} beaten, "
+        f"{plan.count('pruned')} pruned; {plan.probes_run} probes; best {pick}"
+    )
 
 
 def main() -> None:
@@ -51,19 +53,26 @@ def main() -> None:
     ap.add_argument("--precision", type=float, default=0.25)
     ap.add_argument("--unpruned", action="store_true", help="also run the exhaustive plan")
     args = ap.parse_args()
-    config = PlanConfig(model=args.model, gpu=args.gpu, num_gpus=args.gpus,
-                        workload=args.workload, policies=args.policies or "",
-                        settings=SearchSettings(precision=args.precision))
+    config = PlanConfig(
+        model=args.model,
+        gpu=args.gpu,
+        num_gpus=args.gpus,
+        workload=args.workload,
+        policies=args.policies or "",
+        settings=SearchSettings(precision=args.precision),
+    )
     print(f"{args.model} on {args.gpus} x {args.gpu}, {args.workload}, {args.workers} workers")
     plan, wall, cpu = timed(config, args.workers)
     print(describe("pruned plan", plan, wall, cpu), flush=True)
     if args.unpruned:
         full, wall_u, cpu_u = timed(PlanConfig(**{**_fields(config), "prune": False}), args.workers)
         print(describe("unpruned plan", full, wall_u, cpu_u))
-        print(f"probes saved by pruning: {full.probes_run - plan.probes_run} of "
-              f"{full.probes_run} ({1 - plan.probes_run / max(1, full.probes_run):.0%}); "
-              f"CPU {cpu_u:.0f} s -> {cpu:.0f} s; same recommendation: "
-              f"{(plan.best and plan.best.label) == (full.best and full.best.label)}")
+        print(
+            f"probes saved by pruning: {full.probes_run - plan.probes_run} of "
+            f"{full.probes_run} ({1 - plan.probes_run / max(1, full.probes_run):.0%}); "
+            f"CPU {cpu_u:.0f} s -> {cpu:.0f} s; same recommendation: "
+            f"{(plan.best and plan.best.label) == (full.best and full.best.label)}"
+        )
 
 
 def _fields(config: PlanConfig) -> dict:

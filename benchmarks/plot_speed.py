@@ -38,8 +38,19 @@ def main() -> None:
         run = args.run
         if run is None:
             run = Path(tmp) / "run"
-            cmd = [*CLI, "simulate", "--replay", args.trace, "--replay-window", str(args.window),
-                   "--replay-speed", str(args.speed), "--json", "-o", str(run)]
+            cmd = [
+                *CLI,
+                "simulate",
+                "--replay",
+                args.trace,
+                "--replay-window",
+                str(args.window),
+                "--replay-speed",
+                str(args.speed),
+                "--json",
+                "-o",
+                str(run),
+            ]
             if args.data_dir is not None:
                 cmd += ["--data-dir", args.data_dir]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -49,15 +60,18 @@ def main() -> None:
         plots = Path(tmp) / "plots"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        done = subprocess.run([*CLI, "plot", str(run), "-o", str(plots)], check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [*CLI, "plot", str(run), "-o", str(plots)], check=True, capture_output=True, text=True
+        )
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         figures = len(done.stdout.split())
     what = run if args.run else f"{args.trace}, {args.window:g} s window at {args.speed:g}x"
-    print(f"run           : {what}: {requests:,} request rows, {iterations:,} iteration rows, "
-          f"{size / 1e6:.0f} MB")
+    print(
+        f"run           : {what}: {requests:,} request rows, {iterations:,} iteration rows, "
+        f"{size / 1e6:.0f} MB"
+    )
     print(f"fastpp plot   : {wall:.2f} s wall, {cpu:.2f} s CPU, {figures} files")
     print(f"target        : <= {TARGET_S:g} s wall -> {'met' if wall <= TARGET_S else 'NOT met'}")
 

@@ -31,19 +31,29 @@ STATIC = (256, 512, 768, 1024, 1536, 2048)
 def goodput(workload: WorkloadConfig, policy: str) -> float:
     t0 = time.perf_counter()
     res = slo_goodput(workload, DeploymentConfig(policy=policy), seeds=(0, 1), low=1.0, high=8.0)
-    print(f"  {policy:<16} goodput {res.rate:6.2f} req/s  (+{res.margin:.2f}, {len(res.probes)} "
-          f"probes, {time.perf_counter() - t0:5.1f} s)", flush=True)
+    print(
+        f"  {policy:<16} goodput {res.rate:6.2f} req/s  (+{res.margin:.2f}, {len(res.probes)} "
+        f"probes, {time.perf_counter() - t0:5.1f} s)",
+        flush=True,
+    )
     return res.rate
 
 
 def latency_at(workload: WorkloadConfig, policy: str, rate: float) -> dict:
     """Pooled-seed P90 TPOT / P90 TTFT / mean E2E at ``rate`` (same request count rule)."""
     n = max(300, int(probe_span_s(workload, DeploymentConfig().slo) * rate))
-    rows = [run_simulation(replace(workload, rate=rate, seed=s, num_requests=n),
-                           DeploymentConfig(policy=policy), record_iterations=False).summary
-            for s in (0, 1)]
-    return {k: sum(r[k] for r in rows) / len(rows)
-            for k in ("p90_tpot_ms", "p90_ttft_ms", "mean_e2e_latency_ms", "mean_bubble_fraction")}
+    rows = [
+        run_simulation(
+            replace(workload, rate=rate, seed=s, num_requests=n),
+            DeploymentConfig(policy=policy),
+            record_iterations=False,
+        ).summary
+        for s in (0, 1)
+    ]
+    return {
+        k: sum(r[k] for r in rows) / len(rows)
+        for k in ("p90_tpot_ms", "p90_ttft_ms", "mean_e2e_latency_ms", "mean_bubble_fraction")
+    }
 
 
 def azure() -> None:
@@ -57,17 +67,21 @@ def azure() -> None:
     print(f"best static chunk: {best} ({rate:.2f} req/s); latency at that rate (mean of 2 seeds):")
     for policy in (f"static:{best}", "predictive"):
         m = latency_at(wl, policy, rate)
-        print(f"  {policy:<16} P90 TPOT {m['p90_tpot_ms']:6.1f} ms  P90 TTFT {m['p90_ttft_ms']:6.0f} ms"
-              f"  mean E2E {m['mean_e2e_latency_ms'] / 1e3:5.1f} s  stage idle "
-              f"{m['mean_bubble_fraction']:.1%}", flush=True)
+        print(
+            f"  {policy:<16} P90 TPOT {m['p90_tpot_ms']:6.1f} ms  P90 TTFT {m['p90_ttft_ms']:6.0f} ms"
+            f"  mean E2E {m['mean_e2e_latency_ms'] / 1e3:5.1f} s  stage idle "
+            f"{m['mean_bubble_fraction']:.1%}",
+            flush=True,
+        )
 
 
 def tile_use(workload: WorkloadConfig, policy: str, rate: float) -> None:
     """What DS could act on at ``rate`` (seed 0, arrivals after the first 30% of the span):
     microbatches (stage 0) whose decode count exceeds one tile, the largest, parks, KV use."""
     n = max(300, int(probe_span_s(workload, DeploymentConfig().slo) * rate))
-    run = run_simulation(replace(workload, rate=rate, seed=0, num_requests=n),
-                         DeploymentConfig(policy=policy))
+    run = run_simulation(
+        replace(workload, rate=rate, seed=0, num_requests=n), DeploymentConfig(policy=policy)
+    )
     step, cap = run.profile.token_step, run.profile.kv_capacity_tokens
     last_arrival = max(r.arrived_at for r in run.result.records)
     mbs = [i for i in run.result.iterations if i.stage == 0]
@@ -75,20 +89,24 @@ def tile_use(workload: WorkloadConfig, policy: str, rate: float) -> None:
     over = sum(mbs[k].num_decode_reqs > step for k in steady) / len(steady)
     # the running set is spread over the D_p slots: D_p consecutive microbatches hold all of it
     pp = run.profile.pp
-    windows = [mbs[k - pp + 1:k + 1] for k in steady if k >= pp - 1]
+    windows = [mbs[k - pp + 1 : k + 1] for k in steady if k >= pp - 1]
     running = sum(sum(i.num_decode_reqs for i in w) for w in windows) / len(windows)
     kv = sum(sum(i.sum_dec_ctx + i.num_decode_reqs for i in w) for w in windows) / len(windows) / cap
-    print(f"  {policy:<16} at {rate:.2f} req/s: microbatches with > {step} decodes {over:6.1%}, "
-          f"max {max(mbs[k].num_decode_reqs for k in steady)}; running {running:.0f} requests, "
-          f"their KV {kv:.0%} of {cap:,} tokens; parks {sum(r.num_parked for r in run.result.records)}",
-          flush=True)
+    print(
+        f"  {policy:<16} at {rate:.2f} req/s: microbatches with > {step} decodes {over:6.1%}, "
+        f"max {max(mbs[k].num_decode_reqs for k in steady)}; running {running:.0f} requests, "
+        f"their KV {kv:.0%} of {cap:,} tokens; parks {sum(r.num_parked for r in run.result.records)}",
+        flush=True,
+    )
 
 
 def cnnr() -> None:
     wl = WorkloadConfig(name="cnn-reversed-synthetic")
     print("cnn-reversed-synthetic (65 in / 884 out), Qwen2.5-32B PP=4, A100-40GB PCIe")
-    rates = {policy: goodput(wl, policy)
-             for policy in ("predictive", "predictive+ds", "static:256", "static:256+ds")}
+    rates = {
+        policy: goodput(wl, policy)
+        for policy in ("predictive", "predictive+ds", "static:256", "static:256+ds")
+    }
     print("what DS could act on, at the goodput rate of the policy with DS (seed 0):")
     for policy in ("predictive", "predictive+ds", "static:256", "static:256+ds"):
         tile_use(wl, policy, rates[policy.removesuffix("+ds") + "+ds"])

@@ -34,9 +34,13 @@ class Clock:
 def build(policy: str) -> tuple[Scheduler, Clock]:
     profile = analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 4, 1)
     clock = Clock()
-    cfg = SchedulerConfig(num_slots=4, kv_capacity_tokens=profile.kv_capacity_tokens,
-                          max_context=profile.model.max_context, default_chunk=8192,
-                          token_step=profile.token_step)
+    cfg = SchedulerConfig(
+        num_slots=4,
+        kv_capacity_tokens=profile.kv_capacity_tokens,
+        max_context=profile.model.max_context,
+        default_chunk=8192,
+        token_step=profile.token_step,
+    )
     chunk, balancer = make_policies(policy, cfg, profile)
     warm = Scheduler(cfg, clock)  # static 8192: gets 512 requests decoding quickly
     for i in range(512):
@@ -52,8 +56,9 @@ def build(policy: str) -> tuple[Scheduler, Clock]:
     start = clock.t
     clock.t += 100.0
     for req in make_requests("azure-conv", seed=1, rate=10.0, num_requests=1000):
-        warm.add_request(Request(req.req_id + 512, start + min(req.arrived_at, 99.9),
-                                 req.prompt_len, req.output_len))
+        warm.add_request(
+            Request(req.req_id + 512, start + min(req.arrived_at, 99.9), req.prompt_len, req.output_len)
+        )
     warm.chunk_policy, warm.balancer = chunk, balancer
     return warm, clock
 
@@ -83,8 +88,10 @@ def report(name: str, samples: list[float]) -> float:
 
 def main() -> None:
     sched, _ = build("predictive")
-    print(f"state: {sched.view.num_waiting} waiting, "
-          f"{sum(sched.view.num_running(s) for s in range(4))} running over 4 slots")
+    print(
+        f"state: {sched.view.num_waiting} waiting, "
+        f"{sum(sched.view.num_running(s) for s in range(4))} running over 4 slots"
+    )
     base = report("static", measure("static:2048"))
     med = report("predictive", measure("predictive"))
     print(f"predictive / static: {med / base:.0f}x; target median <= 100 us, p99 <= 1000 us")

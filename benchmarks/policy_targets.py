@@ -92,8 +92,9 @@ def measure(job: tuple) -> tuple[str, dict]:
         from fastpp.sim.goodput_fixed import PRESETS, fixed_goodput
 
         preset, precision = arg
-        res = fixed_goodput(WorkloadConfig(name=workload), dep, PRESETS[preset], seeds=(0, 1, 2),
-                            precision=precision)
+        res = fixed_goodput(
+            WorkloadConfig(name=workload), dep, PRESETS[preset], seeds=(0, 1, 2), precision=precision
+        )
         out = {"goodput": res.rate, "margin": res.margin}
         if res.rate > 0:
             out.update(_at_rate(workload, dep, res.rate, PRESETS[preset].num_requests))
@@ -104,9 +105,13 @@ def measure(job: tuple) -> tuple[str, dict]:
         wl = WorkloadConfig(replay=workload, replay_window_s=900, replay_speed=arg)
         run = run_simulation(wl, dep, record_iterations=False)
         s = run.summary
-        out = {"attainment": slo_attainment(run.result.records, dep.slo),
-               "p90_ttft_ms": s["p90_ttft_ms"], "p90_tpot_ms": s["p90_tpot_ms"],
-               "mean_e2e_s": s["mean_e2e_latency_ms"] / 1e3, "requests": s["completed"]}
+        out = {
+            "attainment": slo_attainment(run.result.records, dep.slo),
+            "p90_ttft_ms": s["p90_ttft_ms"],
+            "p90_tpot_ms": s["p90_tpot_ms"],
+            "mean_e2e_s": s["mean_e2e_latency_ms"] / 1e3,
+            "requests": s["completed"],
+        }
     out["cpu_s"] = time.process_time() - t0
     return key, out
 
@@ -117,8 +122,12 @@ def _at_rate(workload: str, dep, rate: float, n: int) -> dict:
     from fastpp.sim.run import WorkloadConfig
 
     s = pooled_summary(WorkloadConfig(name=workload, rate=rate, num_requests=n), dep, (0, 1, 2))
-    return {"p99_tpot_ms": s["p99_tpot_ms"], "p90_tpot_ms": s["p90_tpot_ms"],
-            "retractions": s["num_retractions"], "parks": s["num_parked"]}
+    return {
+        "p99_tpot_ms": s["p99_tpot_ms"],
+        "p90_tpot_ms": s["p90_tpot_ms"],
+        "retractions": s["num_retractions"],
+        "parks": s["num_parked"],
+    }
 
 
 def run_jobs(jobs: list[tuple], cache: Path, workers: int) -> dict:
@@ -139,8 +148,7 @@ def run_jobs(jobs: list[tuple], cache: Path, workers: int) -> dict:
 
 def steady_jobs(models, workloads, precision, policies) -> list[tuple]:
     statics = [f"static:{c}" for c in FINE_GRID]
-    return [("steady", m, w, p, precision) for m in models for w in workloads
-            for p in (*statics, *policies)]
+    return [("steady", m, w, p, precision) for m in models for w in workloads for p in (*statics, *policies)]
 
 
 def fixed_jobs(models, precision) -> list[tuple]:
@@ -148,16 +156,22 @@ def fixed_jobs(models, precision) -> list[tuple]:
     for m in models:
         for p in (*[f"static:{c}" for c in FINE_GRID], "tp:static:2048", "predictive", "slack"):
             jobs.append(("fixed", m, "azure-conv", p, ("azure", precision)))
-        for p in ("predictive", "predictive+ds", "predictive@adm=slot", "predictive+ds@adm=slot",
-                  "predictive+ds@adm=slot@ret=back", "predictive@adm=slot@ret=back", "slack"):
+        for p in (
+            "predictive",
+            "predictive+ds",
+            "predictive@adm=slot",
+            "predictive+ds@adm=slot",
+            "predictive+ds@adm=slot@ret=back",
+            "predictive@adm=slot@ret=back",
+            "slack",
+        ):
             jobs.append(("fixed", m, "cnn-reversed-synthetic", p, ("cnn-reversed", precision)))
     return jobs
 
 
 def replay_jobs(models) -> list[tuple]:
     policies = ("static:384", "static:512", "greedy", "predictive", "predictive+ds", "slack")
-    return [("replay", m, "azure-conv", p, speed) for m in models for speed in (0.9, 1.2)
-            for p in policies]
+    return [("replay", m, "azure-conv", p, speed) for m in models for speed in (0.9, 1.2) for p in policies]
 
 
 def report(done: dict) -> None:
@@ -169,24 +183,31 @@ def report(done: dict) -> None:
         print(f"\n{kind} {model} {workload} {arg}")
         if kind == "replay":
             for spec, o in by.items():
-                print(f"  {spec:<32} attainment {o['attainment']:6.1%}  P90 TTFT {o['p90_ttft_ms']:8.0f} ms"
-                      f"  P90 TPOT {o['p90_tpot_ms']:6.1f} ms  mean E2E {o['mean_e2e_s']:6.1f} s")
+                print(
+                    f"  {spec:<32} attainment {o['attainment']:6.1%}  P90 TTFT {o['p90_ttft_ms']:8.0f} ms"
+                    f"  P90 TPOT {o['p90_tpot_ms']:6.1f} ms  mean E2E {o['mean_e2e_s']:6.1f} s"
+                )
             continue
         statics = {s: o["goodput"] for s, o in by.items() if s.startswith("static:")}
         best = max(statics, key=lambda s: (statics[s], -int(s.split(":")[1])), default=None)
-        for spec, o in sorted(by.items(), key=lambda kv: (not kv[0].startswith("static:"),
-                                                           _chunk(kv[0]), kv[0])):
+        for spec, o in sorted(
+            by.items(), key=lambda kv: (not kv[0].startswith("static:"), _chunk(kv[0]), kv[0])
+        ):
             extra = ""
             if best is not None and not spec.startswith("static:") and statics[best] > 0:
                 extra = f"  {o['goodput'] / statics[best] - 1:+6.1%} vs best static {best}"
             if "retractions" in o:
-                extra += (f"  retractions {o['retractions']:.0f}  parks {o['parks']:.0f}"
-                          f"  P99 TPOT {o['p99_tpot_ms']:.1f} ms")
+                extra += (
+                    f"  retractions {o['retractions']:.0f}  parks {o['parks']:.0f}"
+                    f"  P99 TPOT {o['p99_tpot_ms']:.1f} ms"
+                )
             print(f"  {spec:<32} {o['goodput']:6.3f} (+{o['margin']:.3g}) req/s{extra}")
         tp = by.get("tp:static:2048")
         if tp and best and tp["goodput"] > 0:
-            print(f"  PP_static / TP = {statics[best]:.3f} / {tp['goodput']:.3f} = "
-                  f"{statics[best] / tp['goodput']:.2f}")
+            print(
+                f"  PP_static / TP = {statics[best]:.3f} / {tp['goodput']:.3f} = "
+                f"{statics[best] / tp['goodput']:.2f}"
+            )
 
 
 def _chunk(spec: str) -> int:
@@ -211,8 +232,7 @@ def main() -> None:
     models = args.model or ["Qwen2.5-32B", "Qwen2.5-14B"]
     t0 = time.perf_counter()
     if args.what == "steady":
-        jobs = steady_jobs(models, args.workload or WORKLOADS, args.precision,
-                           args.policy or DYNAMIC)
+        jobs = steady_jobs(models, args.workload or WORKLOADS, args.precision, args.policy or DYNAMIC)
         if args.static is not None:
             keep = {f"static:{c}" for c in args.static.split(",") if c}
             jobs = [j for j in jobs if not j[3].startswith("static:") or j[3] in keep]
@@ -223,8 +243,11 @@ def main() -> None:
     else:
         jobs = []
     jobs = [j for j in jobs if not any(x in j[3] for x in args.exclude)]
-    done = run_jobs(jobs, args.cache, args.workers) if jobs else (
-        json.loads(args.cache.read_text()) if args.cache.exists() else {})
+    done = (
+        run_jobs(jobs, args.cache, args.workers)
+        if jobs
+        else (json.loads(args.cache.read_text()) if args.cache.exists() else {})
+    )
     wanted = {"|".join(str(x) for x in j) for j in jobs}
     report({k: v for k, v in done.items() if not jobs or k in wanted})
     print(f"\nwall time {time.perf_counter() - t0:.0f} s")
@@ -232,4 +255,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -22,8 +22,10 @@ from fastpp.predictor import ALPPredictor, TokensOnlyPredictor
 from fastpp.profile import LinearTable
 
 # a stepped table like an A100's (128-token tiles), seconds
-TABLE = LinearTable(tuple(n for k in range(1, 17) for n in (128 * k, 128 * k + 1)),
-                    tuple(s for k in range(1, 17) for s in (4e-4 * k, 4e-4 * (k + 1))))
+TABLE = LinearTable(
+    tuple(n for k in range(1, 17) for n in (128 * k, 128 * k + 1)),
+    tuple(s for k in range(1, 17) for s in (4e-4 * k, 4e-4 * (k + 1))),
+)
 
 
 def _inputs(n: int, seed: int) -> list[tuple[int, int, int, int, float]]:
@@ -73,14 +75,12 @@ def main() -> None:
     for cls in (ALPPredictor, TokensOnlyPredictor):
         pred = cls(TABLE)
         _report(f"{cls.__name__}.predict_one", _time_calls(pred.predict_one, [d[:4] for d in data]))
-        _report(f"{cls.__name__}.partial_fit",
-                _time_calls(pred.partial_fit, [(d[:4], d[4]) for d in data]))
+        _report(f"{cls.__name__}.partial_fit", _time_calls(pred.partial_fit, [(d[:4], d[4]) for d in data]))
         _report(f"{cls.__name__}.learn_one", _time_calls(pred.learn_one, data))
 
-    scales = np.array([2.0 ** -21, 2.0 ** -20, 1e-5, 1.0])
+    scales = np.array([2.0**-21, 2.0**-20, 1e-5, 1.0])
     state = {"theta": np.zeros(4), "P": np.eye(4)}
-    vecs = [(state, np.array([d[1], d[2], d[3], 1.0]) * scales, d[4] - TABLE.at(d[0]))
-            for d in data]
+    vecs = [(state, np.array([d[1], d[2], d[3], 1.0]) * scales, d[4] - TABLE.at(d[0])) for d in data]
     _report("numpy 4x4 RLS step (comparison)", _time_calls(_numpy_rls_step, vecs))
 
 

@@ -80,10 +80,12 @@ def main() -> None:
             sums[key(r)] += r["cpu_s"]
         for k, v in sorted(sums.items(), key=lambda kv: -kv[1]):
             print(f"{label:8s}: {k:28s} {v:7.0f} s CPU ({100 * v / total:4.1f}%)")
-    for r in sorted(rows, key=lambda r: -r["cpu_s"])[:args.top]:
-        print(f"dearest : {r['cpu_s']:6.1f} s  {r['grid']:20s} {r['workload']:24s} {r['model']:12s} "
-              f"{r['deploy']} {r['policy']} x{r['slo_scale']}: {r['goodput']} req/s, "
-              f"{r['num_probes']} probes")
+    for r in sorted(rows, key=lambda r: -r["cpu_s"])[: args.top]:
+        print(
+            f"dearest : {r['cpu_s']:6.1f} s  {r['grid']:20s} {r['workload']:24s} {r['model']:12s} "
+            f"{r['deploy']} {r['policy']} x{r['slo_scale']}: {r['goodput']} req/s, "
+            f"{r['num_probes']} probes"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,15 @@ from pathlib import Path
 from fastpp.backends.openai_server.launcher import FASTPP_COMMAND, ServerProcess
 
 DEFAULT_DEPLOYMENTS = ("pp1@static:256/t2", "pp2@static:256", "pp2@static:64", "pp2@greedy")
-COLUMNS = ("request_throughput", "output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms",
-           "p90_tpot_ms", "mean_e2e_latency_ms")
+COLUMNS = (
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "mean_e2e_latency_ms",
+)
 
 
 def parse_deployment(spec: str) -> tuple[int, str | None, int]:
@@ -38,27 +45,57 @@ def parse_deployment(spec: str) -> tuple[int, str | None, int]:
 
 def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
     pp, policy, threads = parse_deployment(spec)
-    serve = ["--model", args.model, "--pp", str(pp), "--threads", str(threads), "--log-level", "warning",
-             "--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms)]
+    serve = [
+        "--model",
+        args.model,
+        "--pp",
+        str(pp),
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+        "--slo-ttft-ms",
+        str(args.slo_ttft_ms),
+        "--slo-tpot-ms",
+        str(args.slo_tpot_ms),
+    ]
     if policy:
         serve += ["--policy", policy]
     if args.profile and policy and policy.startswith("predictive"):
         serve += ["--profile", args.profile]
     with ServerProcess(*serve) as srv:
-        bench = [*FASTPP_COMMAND, "bench", "--base-url", srv.url, "-w", args.workload,
-                 "-n", str(args.num_prompts),
-                 "-r", str(args.rate), "--seed", str(args.seed), "--slo-ttft-ms", str(args.slo_ttft_ms),
-                 "--slo-tpot-ms", str(args.slo_tpot_ms), "-o", str(out), "-q"]
+        bench = [
+            *FASTPP_COMMAND,
+            "bench",
+            "--base-url",
+            srv.url,
+            "-w",
+            args.workload,
+            "-n",
+            str(args.num_prompts),
+            "-r",
+            str(args.rate),
+            "--seed",
+            str(args.seed),
+            "--slo-ttft-ms",
+            str(args.slo_ttft_ms),
+            "--slo-tpot-ms",
+            str(args.slo_tpot_ms),
+            "-o",
+            str(out),
+            "-q",
+        ]
         done = subprocess.run(bench, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"bench against {spec} failed:\n{done.stdout}\n{done.stderr}")
         metrics = srv.metrics()
     rec = json.loads(out.read_text().splitlines()[-1])
     prefix = 'fastpp_chunk_budget_microbatches_total{chunk_budget="'
-    budgets = {int(k[len(prefix):-2]): v for k, v in metrics.items() if k.startswith(prefix)}
+    budgets = {int(k[len(prefix) : -2]): v for k, v in metrics.items() if k.startswith(prefix)}
     total = sum(budgets.values()) or 1
-    rec["chunk_budgets"] = " ".join(f"{c}:{n / total:.0%}" for c, n in sorted(budgets.items())
-                                    if n / total >= 0.05)
+    rec["chunk_budgets"] = " ".join(
+        f"{c}:{n / total:.0%}" for c, n in sorted(budgets.items()) if n / total >= 0.05
+    )
     busy = [v for k, v in metrics.items() if k.startswith("fastpp_stage_busy_seconds_total")]
     rec["stage_busy_s"] = busy
     return rec
@@ -77,10 +114,24 @@ def main() -> None:
     ap.add_argument("--deployments", nargs="+", default=list(DEFAULT_DEPLOYMENTS))
     ap.add_argument("--output-file", "-o", help="append each run's JSON line here")
     args = ap.parse_args()
-    print(f"# {args.model}, {args.workload}, Poisson {args.rate} req/s, {args.num_prompts} requests, seed "
-          f"{args.seed}; SLO TTFT {args.slo_ttft_ms:.0f} ms / TPOT {args.slo_tpot_ms:.0f} ms", flush=True)
-    header = ("deployment", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms",
-              "E2E mean s", "SLO attainment", "chunk budgets (>= 5%)", "wall s")
+    print(
+        f"# {args.model}, {args.workload}, Poisson {args.rate} req/s, {args.num_prompts} requests, seed "
+        f"{args.seed}; SLO TTFT {args.slo_ttft_ms:.0f} ms / TPOT {args.slo_tpot_ms:.0f} ms",
+        flush=True,
+    )
+    header = (
+        "deployment",
+        "req/s",
+        "out tok/s",
+        "TTFT p50 ms",
+        "TTFT p90 ms",
+        "TPOT p50 ms",
+        "TPOT p90 ms",
+        "E2E mean s",
+        "SLO attainment",
+        "chunk budgets (>= 5%)",
+        "wall s",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     with tempfile.TemporaryDirectory() as tmp:

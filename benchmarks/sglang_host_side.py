@@ -42,8 +42,10 @@ def read_host_files(run_dir: Path) -> dict[int, list[dict]]:
     """Each rank's timed steps, in step order."""
     files = sorted(run_dir.glob("host_rank*.jsonl"))
     if not files:
-        raise SystemExit(f"{run_dir} has no host_rank*.jsonl: record with a fastpp whose SGLang plugin "
-                         "writes the loop's timings (fastpp serve --backend sglang --record-dir)")
+        raise SystemExit(
+            f"{run_dir} has no host_rank*.jsonl: record with a fastpp whose SGLang plugin "
+            "writes the loop's timings (fastpp serve --backend sglang --record-dir)"
+        )
     out = {}
     for path in files:
         rank = int(path.stem.removeprefix("host_rank"))
@@ -73,15 +75,17 @@ def host_side(run_dir: Path) -> dict:
     out: dict[str, object] = {"pp": pp, "slots": slots}
     phases: dict[str, dict] = {}
     for rank, steps in ranks.items():
-        phases[str(rank)] = {p: stats_ms([d for s in steps if (d := _dur(s, p)) is not None])
-                             for p, _ in PHASES}
+        phases[str(rank)] = {
+            p: stats_ms([d for s in steps if (d := _dur(s, p)) is not None]) for p, _ in PHASES
+        }
     out["phases"] = phases
 
     first, last = ranks[0], ranks[pp - 1]
     launches0 = [s for s in first if "launch" in s]
     # rank 0's host work before a launch: from the step's start (ingest) to the launch
     out["rank0_before_launch_s"] = stats_ms(
-        [s["launch"][0] - s["ingest"][0] for s in launches0 if "ingest" in s])
+        [s["launch"][0] - s["ingest"][0] for s in launches0 if "ingest" in s]
+    )
     last_launches = sorted((s["launch"][1], s["slot"]) for s in last if "launch" in s and "slot" in s)
     tokens_in, processed, own_compute, cycle = [], [], [], []
     for s in first:
@@ -105,8 +109,9 @@ def host_side(run_dir: Path) -> dict:
     out["slot_cycle_gap_s"] = stats_ms(cycle)
     later = [tuple(s["launch"]) for r in range(1, pp) for s in ranks[r] if "launch" in s]
     scheds = [tuple(s["schedule"]) for s in launches0 if "schedule" in s]
-    out["rank0_scheduled_while_later_stage_computed"] = (
-        sum(any(a < t1 and b > t0 for a, b in later) for t0, t1 in scheds) / max(len(scheds), 1))
+    out["rank0_scheduled_while_later_stage_computed"] = sum(
+        any(a < t1 and b > t0 for a, b in later) for t0, t1 in scheds
+    ) / max(len(scheds), 1)
     out["stage0_busy_while_later_stage_busy"] = overlap_share([tuple(s["launch"]) for s in launches0], later)
     out["repeated_shapes"] = repeated_shapes(run_dir)
     return out
@@ -126,8 +131,15 @@ def repeated_shapes(run_dir: Path, min_count: int = 5) -> list[dict]:
     for (stage, tokens, prefill), times in sorted(groups.items()):
         if len(times) >= min_count:
             a = np.asarray(times)
-            rows.append({"stage": stage, "tokens": tokens, "prefill_tokens": prefill,
-                         **stats_ms(times), "cv": float(a.std() / a.mean())})
+            rows.append(
+                {
+                    "stage": stage,
+                    "tokens": tokens,
+                    "prefill_tokens": prefill,
+                    **stats_ms(times),
+                    "cv": float(a.std() / a.mean()),
+                }
+            )
     return rows
 
 
@@ -142,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--profile and --profile-out go together")
     out = host_side(args.run_dir)
     share = out["rank0_scheduled_while_later_stage_computed"]
-    print(f"{args.run_dir}: pp={out['pp']}, {out['slots']} microbatch slots; rank 0 scheduled while a "
-          f"later stage computed in {share:.0%} of its launching steps; rank 0 computed alongside a later "
-          f"stage {out['stage0_busy_while_later_stage_busy']:.1%} of its busy time")
+    print(
+        f"{args.run_dir}: pp={out['pp']}, {out['slots']} microbatch slots; rank 0 scheduled while a "
+        f"later stage computed in {share:.0%} of its launching steps; rank 0 computed alongside a later "
+        f"stage {out['stage0_busy_while_later_stage_busy']:.1%} of its busy time"
+    )
     print("| phase of a loop step | n | median ms | p10 ms | p90 ms |")
     print("|---|---|---|---|---|")
     for rank, per_phase in out["phases"].items():
@@ -153,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| per microbatch | n | median ms | p10 ms | p90 ms |")
     print("|---|---|---|---|---|")
     for key, label in (
-            ("rank0_before_launch_s", "rank 0: step start -> launch (ingest + schedule: host overhead)"),
-            ("last_stage_end_to_tokens_at_rank0_s", "last stage ends -> rank 0 has the tokens"),
-            ("of_which_rank0_computing_s", "  of which rank 0 was computing its own stage"),
-            ("last_stage_end_to_tokens_processed_s",
-             "last stage ends -> rank 0 processed them (token return)"),
-            ("slot_cycle_gap_s", "last stage ends -> rank 0 launches the slot again")):
+        ("rank0_before_launch_s", "rank 0: step start -> launch (ingest + schedule: host overhead)"),
+        ("last_stage_end_to_tokens_at_rank0_s", "last stage ends -> rank 0 has the tokens"),
+        ("of_which_rank0_computing_s", "  of which rank 0 was computing its own stage"),
+        ("last_stage_end_to_tokens_processed_s", "last stage ends -> rank 0 processed them (token return)"),
+        ("slot_cycle_gap_s", "last stage ends -> rank 0 launches the slot again"),
+    ):
         print(row_ms(label, out[key]))
     shapes = out["repeated_shapes"]
     if shapes:
@@ -177,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         prof = load_profile(args.profile)
         prof = replace(prof, host_overhead_s=host["median_ms"] / 1e3, token_return_s=ret["median_ms"] / 1e3)
         save_profile(prof, args.profile_out)
-        print(f"wrote {args.profile_out}: host_overhead_s {prof.host_overhead_s * 1e3:.2f} ms, "
-              f"token_return_s {prof.token_return_s * 1e3:.2f} ms (medians measured above)")
+        print(
+            f"wrote {args.profile_out}: host_overhead_s {prof.host_overhead_s * 1e3:.2f} ms, "
+            f"token_return_s {prof.token_return_s * 1e3:.2f} ms (medians measured above)"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

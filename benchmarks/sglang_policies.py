@@ -40,14 +40,27 @@ METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 
 def spec_for(name: str, args: argparse.Namespace) -> LaunchSpec:
     conf = CONFIGS[name]
-    sglang_args = ("--device", "cpu", "--dtype", "float32", "--disable-radix-cache",
-                   "--chunked-prefill-size", str(args.chunk), *conf.get("sglang_args", ()))
+    sglang_args = (
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--disable-radix-cache",
+        "--chunked-prefill-size",
+        str(args.chunk),
+        *conf.get("sglang_args", ()),
+    )
     policy = conf.get("policy")
     return LaunchSpec(
-        model="smollm2", pp=2, port=free_port(), policy=policy, sglang_args=sglang_args,
+        model="smollm2",
+        pp=2,
+        port=free_port(),
+        policy=policy,
+        sglang_args=sglang_args,
         profile=str(args.profile) if policy and policy.startswith("predictive") else None,
         chunk_candidates=tuple(range(args.chunk // 4, args.chunk + 1, args.chunk // 4)) if policy else None,
-        token_step=args.token_step if policy else None)
+        token_step=args.token_step if policy else None,
+    )
 
 
 def run_config(name: str, args: argparse.Namespace, work: Path) -> list[dict]:
@@ -59,15 +72,33 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> list[dict]:
         # the first run after start-up pays one-time costs (first shapes, allocations): discarded
         for i in range(args.warmup + args.runs):
             target = out if i >= args.warmup else work / f"{name}.warmup.jsonl"
-            bench = [*FASTPP_COMMAND, "bench", "--base-url", spec.url,
-                     "-w", args.workload, "-n", str(args.num_prompts), "-r", str(args.rate),
-                     "--seed", str(args.seed), "-o", str(target), "-q"]
+            bench = [
+                *FASTPP_COMMAND,
+                "bench",
+                "--base-url",
+                spec.url,
+                "-w",
+                args.workload,
+                "-n",
+                str(args.num_prompts),
+                "-r",
+                str(args.rate),
+                "--seed",
+                str(args.seed),
+                "-o",
+                str(target),
+                "-q",
+            ]
             done = subprocess.run(bench, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"bench against {name} failed:\n{done.stdout}\n{done.stderr}")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    print(f"# {name}: server ready in {ready:.0f} s, {args.runs} runs: "
-          + ", ".join(f"{r['output_throughput']:.2f} tok/s" for r in rows), file=sys.stderr, flush=True)
+    print(
+        f"# {name}: server ready in {ready:.0f} s, {args.runs} runs: "
+        + ", ".join(f"{r['output_throughput']:.2f} tok/s" for r in rows),
+        file=sys.stderr,
+        flush=True,
+    )
     return rows
 
 
@@ -86,8 +117,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="sglang-bench-") as tmp:
         results = {name: run_config(name, args, Path(tmp)) for name in args.configs}
-    print(f"SGLang 0.5.23 pp2 on CPU, SmolLM2-135M float32, -w {args.workload} -n {args.num_prompts} "
-          f"-r {args.rate}, {args.runs} runs each: mean [min-max]")
+    print(
+        f"SGLang 0.5.23 pp2 on CPU, SmolLM2-135M float32, -w {args.workload} -n {args.num_prompts} "
+        f"-r {args.rate}, {args.runs} runs each: mean [min-max]"
+    )
     print(f"{'config':<15}" + "".join(f"{m:>28}" for m in METRICS))
     for name, rows in results.items():
         cells = []

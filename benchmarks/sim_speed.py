@@ -43,17 +43,22 @@ def main() -> None:
     ap.add_argument("--deploy", default="pp4")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--iterations", action="store_true", help="also keep IterationRecords")
-    ap.add_argument("--command", action="store_true",
-                    help="also time the whole `fastpp simulate --replay` command")
-    ap.add_argument("--breakdown", action="store_true",
-                    help="keep the records as the command does, then time each run-folder writer")
+    ap.add_argument(
+        "--command", action="store_true", help="also time the whole `fastpp simulate --replay` command"
+    )
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="keep the records as the command does, then time each run-folder writer",
+    )
     args = ap.parse_args()
 
     from fastpp.sim.run import parse_deployment
 
     pp, tp, _ = parse_deployment(args.deploy)
-    wl = WorkloadConfig(replay=args.trace, replay_window_s=args.window, replay_speed=args.speed,
-                        data_dir=args.data_dir)
+    wl = WorkloadConfig(
+        replay=args.trace, replay_window_s=args.window, replay_speed=args.speed, data_dir=args.data_dir
+    )
     t0 = time.perf_counter()
     requests = wl.requests()
     t_load = time.perf_counter() - t0
@@ -67,19 +72,29 @@ def main() -> None:
     n = len(requests)
     print(f"workload      : {wl.describe()} ({n} requests, loaded in {t_load:.2f} s)")
     print(f"deployment    : {run.profile.model.name} on {run.profile.gpu}, {dep.label}, {dep.policy}")
-    print(f"simulated     : {res.end_at:.0f} s of serving, {res.num_microbatches:,} microbatches, "
-          f"{s['completed']} completed, {res.num_retractions} retractions")
+    print(
+        f"simulated     : {res.end_at:.0f} s of serving, {res.num_microbatches:,} microbatches, "
+        f"{s['completed']} completed, {res.num_retractions} retractions"
+    )
     print(f"build         : {_native.status()}")
-    print(f"simulation    : {res.wall_s:.2f} s wall, {res.cpu_s:.2f} s CPU "
-          f"({cpu_s:.2f} s CPU with building the scheduler and the summary)")
-    print(f"collector     : {gc_time.cpu_s:.2f} s CPU in {gc_time.passes} passes "
-          f"(records kept: {'yes' if keep else 'no'})")
-    print(f"speed         : {n / res.wall_s:,.0f} requests/s, "
-          f"{res.num_microbatches / res.wall_s:,.0f} microbatches/s, "
-          f"{res.num_microbatches * pp / res.wall_s:,.0f} stage-iterations/s")
+    print(
+        f"simulation    : {res.wall_s:.2f} s wall, {res.cpu_s:.2f} s CPU "
+        f"({cpu_s:.2f} s CPU with building the scheduler and the summary)"
+    )
+    print(
+        f"collector     : {gc_time.cpu_s:.2f} s CPU in {gc_time.passes} passes "
+        f"(records kept: {'yes' if keep else 'no'})"
+    )
+    print(
+        f"speed         : {n / res.wall_s:,.0f} requests/s, "
+        f"{res.num_microbatches / res.wall_s:,.0f} microbatches/s, "
+        f"{res.num_microbatches * pp / res.wall_s:,.0f} stage-iterations/s"
+    )
     if args.window is None and args.speed == 1.0:  # the target is for the whole trace
-        print(f"target        : <= 5 s for the full trace -> "
-              f"{'met' if res.cpu_s <= 5 else 'NOT met'} (on CPU time)")
+        print(
+            f"target        : <= 5 s for the full trace -> "
+            f"{'met' if res.cpu_s <= 5 else 'NOT met'} (on CPU time)"
+        )
     if args.breakdown:
         time_writers(run.result)
     if args.command:
@@ -112,21 +127,37 @@ def time_writers(result) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         for name, write in (
-                (run_files.REQUESTS, lambda p: run_files.write_records_jsonl(result.records, p)),
-                (run_files.ITERATIONS, lambda p: run_files.write_iterations_csv(result.iterations, p)),
-                (run_files.TIMELINE, lambda p: run_files.write_chrome_trace(result.iterations, p))):
+            (run_files.REQUESTS, lambda p: run_files.write_records_jsonl(result.records, p)),
+            (run_files.ITERATIONS, lambda p: run_files.write_iterations_csv(result.iterations, p)),
+            (run_files.TIMELINE, lambda p: run_files.write_chrome_trace(result.iterations, p)),
+        ):
             cpu0 = time.process_time()
             write(out / name)
-            print(f"write         : {name:<15} {time.process_time() - cpu0:5.2f} s CPU, "
-                  f"{(out / name).stat().st_size / 1e6:3.0f} MB")
+            print(
+                f"write         : {name:<15} {time.process_time() - cpu0:5.2f} s CPU, "
+                f"{(out / name).stat().st_size / 1e6:3.0f} MB"
+            )
 
 
 def time_command(args: argparse.Namespace) -> None:
     """Run the whole CLI command in a child process: wall time and the child's CPU time."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-c", "from fastpp.cli.app import main; main()", "simulate",
-               "--replay", args.trace, "--replay-speed", str(args.speed), "-d", args.deploy,
-               "--policy", args.policy, "--out", out]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from fastpp.cli.app import main; main()",
+            "simulate",
+            "--replay",
+            args.trace,
+            "--replay-speed",
+            str(args.speed),
+            "-d",
+            args.deploy,
+            "--policy",
+            args.policy,
+            "--out",
+            out,
+        ]
         if args.window is not None:
             cmd += ["--replay-window", str(args.window)]
         if args.data_dir is not None:
@@ -138,12 +169,16 @@ def time_command(args: argparse.Namespace) -> None:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
-    print(f"command       : fastpp simulate --replay {args.trace} -d {args.deploy} "
-          f"--policy {args.policy}: {wall:.2f} s wall, {cpu:.2f} s CPU, "
-          f"{written / 1e6:.0f} MB written")
-    print(f"target        : <= 8 s for the whole command -> {'met' if wall <= 8 else 'NOT met'} "
-          "(on wall time: what a user waits; the files are written by forked children, so the "
-          "CPU time, all processes together, is higher)")
+    print(
+        f"command       : fastpp simulate --replay {args.trace} -d {args.deploy} "
+        f"--policy {args.policy}: {wall:.2f} s wall, {cpu:.2f} s CPU, "
+        f"{written / 1e6:.0f} MB written"
+    )
+    print(
+        f"target        : <= 8 s for the whole command -> {'met' if wall <= 8 else 'NOT met'} "
+        "(on wall time: what a user waits; the files are written by forked children, so the "
+        "CPU time, all processes together, is higher)"
+    )
 
 
 if __name__ == "__main__":

@@ -54,9 +54,14 @@ from fastpp.scheduler import Scheduler
 from fastpp.sim.engine import PipelineSimulation
 from fastpp.types import FinishReason, Request, RequestRecord
 
-METRICS = (("median_ttft_ms", "TTFT P50 (ms)"), ("p90_ttft_ms", "TTFT P90 (ms)"),
-           ("median_tpot_ms", "TPOT P50 (ms)"), ("p90_tpot_ms", "TPOT P90 (ms)"),
-           ("output_throughput", "output tok/s"), ("duration", "makespan (s)"))
+METRICS = (
+    ("median_ttft_ms", "TTFT P50 (ms)"),
+    ("p90_ttft_ms", "TTFT P90 (ms)"),
+    ("median_tpot_ms", "TPOT P50 (ms)"),
+    ("p90_tpot_ms", "TPOT P90 (ms)"),
+    ("output_throughput", "output tok/s"),
+    ("duration", "makespan (s)"),
+)
 
 
 def replay_requests(records: list[RequestRecord]) -> tuple[list[Request], float]:
@@ -81,13 +86,20 @@ def host_loop_of(setup: RunSetup) -> str:
     return "free-slots"
 
 
-def simulate(profile: Profile, setup: RunSetup, requests: list[Request], host_loop: str = "free-slots",
-             noise_cv: float = 0.0, noise_seed: int = 0):
+def simulate(
+    profile: Profile,
+    setup: RunSetup,
+    requests: list[Request],
+    host_loop: str = "free-slots",
+    noise_cv: float = 0.0,
+    noise_seed: int = 0,
+):
     config = replace(setup.scheduler, num_slots=profile.pp)
     chunk_policy, balancer = make_policies(setup.policy, config, profile)
     scheduler = Scheduler(config, lambda: 0.0, chunk_policy, balancer)
-    return PipelineSimulation(profile, scheduler, requests, host_loop=host_loop, noise_cv=noise_cv,
-                              noise_seed=noise_seed).run()
+    return PipelineSimulation(
+        profile, scheduler, requests, host_loop=host_loop, noise_cv=noise_cv, noise_seed=noise_seed
+    ).run()
 
 
 def holdout_errors(run: RunFiles, setup: RunSetup, source: str) -> list[dict]:
@@ -106,18 +118,48 @@ def record_run(run_dir: Path, args: argparse.Namespace) -> None:
 
     if run_dir.exists() and any(run_dir.iterdir()):
         raise SystemExit(f"{run_dir} is not empty: give a new folder to --record into")
-    serve = ["--backend", args.record, "--model", "smollm2", "--pp", "2", "--policy", args.policy,
-             "--record-dir", str(run_dir), *args.serve_arg]
+    serve = [
+        "--backend",
+        args.record,
+        "--model",
+        "smollm2",
+        "--pp",
+        "2",
+        "--policy",
+        args.policy,
+        "--record-dir",
+        str(run_dir),
+        *args.serve_arg,
+    ]
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     started = time.monotonic()
     with ServerProcess(*serve, start_timeout_s=1200) as srv:
         print(f"server ({' '.join(serve)}) ready in {time.monotonic() - started:.0f} s", flush=True)
         model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        bench = [*FASTPP_COMMAND, "bench", "--base-url", srv.url, "-m", model, "-w", args.workload,
-                 "-n", str(args.num_prompts), "-r", str(args.rate), "--arrival", "poisson",
-                 "--seed", str(args.seed), "-o", str(run_dir) + ".bench.jsonl", "-q",
-                 "--warmup-requests", "0"]  # the recorded run holds exactly the workload's requests
-        print(" ".join(bench[len(FASTPP_COMMAND):]), flush=True)
+        bench = [
+            *FASTPP_COMMAND,
+            "bench",
+            "--base-url",
+            srv.url,
+            "-m",
+            model,
+            "-w",
+            args.workload,
+            "-n",
+            str(args.num_prompts),
+            "-r",
+            str(args.rate),
+            "--arrival",
+            "poisson",
+            "--seed",
+            str(args.seed),
+            "-o",
+            str(run_dir) + ".bench.jsonl",
+            "-q",
+            "--warmup-requests",
+            "0",
+        ]  # the recorded run holds exactly the workload's requests
+        print(" ".join(bench[len(FASTPP_COMMAND) :]), flush=True)
         t0 = time.monotonic()
         done = subprocess.run(bench, capture_output=True, text=True)
         print(f"bench: {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.2f}", flush=True)
@@ -126,8 +168,9 @@ def record_run(run_dir: Path, args: argparse.Namespace) -> None:
         code = srv.stop(timeout_s=180)
         Path(str(run_dir) + ".serve.log").write_text(srv.log())
     if not (run_dir / SUMMARY).is_file():
-        raise SystemExit(f"the server (exit {code}) wrote no {SUMMARY} into {run_dir}: "
-                         f"see {run_dir}.serve.log")
+        raise SystemExit(
+            f"the server (exit {code}) wrote no {SUMMARY} into {run_dir}: see {run_dir}.serve.log"
+        )
 
 
 def _pct(sim: float, real: float) -> str:
@@ -143,23 +186,42 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--profile", help="a profile file (or shipped profile name) instead of fitting one")
     src.add_argument("--profile-from", type=Path, help="fit the profile to this other run folder")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
-    ap.add_argument("--host-loop", choices=("auto", "batch-queue", "free-slots", "blocking-launch"),
-                    default="auto",
-                    help="the simulated host loop: vLLM's batch queue, launch-into-any-free-slot, or "
-                         "free slots with the host computing stage 0 (SGLang on CPU) (default auto: "
-                         "from the run's engine)")
-    ap.add_argument("--noise-cv", type=float, default=0.0,
-                    help="simulated stage times jitter by a mean-one lognormal factor of this "
-                         "coefficient of variation (default 0: the profile's times exactly)")
-    ap.add_argument("--no-turnaround", action="store_true",
-                    help="simulate with every stage's turnaround 0 (the model before profile schema 2)")
-    ap.add_argument("--noise-seeds", type=int, default=1,
-                    help="with --noise-cv: simulate this many seeds and report their median")
+    ap.add_argument(
+        "--host-loop",
+        choices=("auto", "batch-queue", "free-slots", "blocking-launch"),
+        default="auto",
+        help="the simulated host loop: vLLM's batch queue, launch-into-any-free-slot, or "
+        "free slots with the host computing stage 0 (SGLang on CPU) (default auto: "
+        "from the run's engine)",
+    )
+    ap.add_argument(
+        "--noise-cv",
+        type=float,
+        default=0.0,
+        help="simulated stage times jitter by a mean-one lognormal factor of this "
+        "coefficient of variation (default 0: the profile's times exactly)",
+    )
+    ap.add_argument(
+        "--no-turnaround",
+        action="store_true",
+        help="simulate with every stage's turnaround 0 (the model before profile schema 2)",
+    )
+    ap.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=1,
+        help="with --noise-cv: simulate this many seeds and report their median",
+    )
     rec = ap.add_argument_group("recording a run first (--record)")
-    rec.add_argument("--record", choices=("vllm", "sglang", "torch"),
-                     help="serve this backend and record RUN_DIR")
-    rec.add_argument("--policy", default="static", help="the served policy (default static: the engine's own "
-                     "budget, which for vLLM schedules what stock vLLM does)")
+    rec.add_argument(
+        "--record", choices=("vllm", "sglang", "torch"), help="serve this backend and record RUN_DIR"
+    )
+    rec.add_argument(
+        "--policy",
+        default="static",
+        help="the served policy (default static: the engine's own "
+        "budget, which for vLLM schedules what stock vLLM does)",
+    )
     rec.add_argument("-w", "--workload", default="random:256:64:0.5", help="fastpp bench workload")
     rec.add_argument("-n", "--num-prompts", type=int, default=60)
     rec.add_argument("-r", "--rate", type=float, default=0.5, help="Poisson arrivals, req/s")
@@ -202,16 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     in_sample = iteration_errors(profile, run.iterations)
     held_out = holdout_errors(run, setup, str(args.run_dir)) if not args.profile else None
 
-    print(f"run: {args.run_dir} ({setup.engine}, {setup.device}, pp={setup.pp}, policy {setup.policy}, "
-          f"{len(requests)} requests replayed)")
-    print(f"profile: {how}; simulated host loop: {host_loop}"
-          + (f"; stage-time noise CV {args.noise_cv} (median of {len(runs)} seeds)" if args.noise_cv else ""))
+    print(
+        f"run: {args.run_dir} ({setup.engine}, {setup.device}, pp={setup.pp}, policy {setup.policy}, "
+        f"{len(requests)} requests replayed)"
+    )
+    print(
+        f"profile: {how}; simulated host loop: {host_loop}"
+        + (f"; stage-time noise CV {args.noise_cv} (median of {len(runs)} seeds)" if args.noise_cv else "")
+    )
     for n in fit_notes:
         print(f"  note: {n}")
-    print(f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
-          f"token return {profile.token_return_s * 1e3:.3f} ms, "
-          f"link latency {profile.link.latency_s * 1e3:.3f} ms, stage turnaround "
-          + " / ".join(f"{t * 1e3:.3f}" for t in profile.stage_turnaround_s) + " ms")
+    print(
+        f"host overhead {profile.host_overhead_s * 1e3:.3f} ms, "
+        f"token return {profile.token_return_s * 1e3:.3f} ms, "
+        f"link latency {profile.link.latency_s * 1e3:.3f} ms, stage turnaround "
+        + " / ".join(f"{t * 1e3:.3f}" for t in profile.stage_turnaround_s)
+        + " ms"
+    )
     print()
     print("| metric | real | simulated | sim vs real |")
     print("|---|---|---|---|")
@@ -224,26 +293,44 @@ def main(argv: list[str] | None = None) -> int:
     # --profile-from, held out across runs; the last column refits on this run's even
     # microbatches and checks the odd ones (held out within the run)
     own = "in-sample" if args.profile is None and args.profile_from is None else "profile given"
-    print(f"| stage | iterations | median error ({own}) | median bias | p90 error | "
-          "median error, fit even mb / check odd |")
+    print(
+        f"| stage | iterations | median error ({own}) | median bias | p90 error | "
+        "median error, fit even mb / check odd |"
+    )
     print("|---|---|---|---|---|---|")
     for k, row in enumerate(in_sample):
         held = f"{held_out[k]['median_ape']:.1%}" if held_out else "n/a"
-        print(f"| {row['stage']} | {row['n']} | {row['median_ape']:.1%} | {row['median_bias']:+.1%} | "
-              f"{row['p90_ape']:.1%} | {held} |")
+        print(
+            f"| {row['stage']} | {row['n']} | {row['median_ape']:.1%} | {row['median_bias']:+.1%} | "
+            f"{row['p90_ape']:.1%} | {held} |"
+        )
     if args.json:
-        out = {"run_dir": str(args.run_dir), "engine": setup.engine, "policy": setup.policy, "profile": how,
-               "host_loop": host_loop,
-               "real": {k: real.get(k) for k, _ in METRICS}, "sim": {k: sim.get(k) for k, _ in METRICS},
-               "microbatches": {"real": real_mb, "sim": sim_mb}, "noise_cv": args.noise_cv,
-               "noise_seeds": len(runs),
-               "iteration_errors": in_sample, "iteration_errors_held_out": held_out,
-               "profile_fields": {"host_overhead_s": profile.host_overhead_s,
-                                  "token_return_s": profile.token_return_s,
-                                  "link_latency_s": profile.link.latency_s,
-                                  "stage_turnaround_s": list(profile.stage_turnaround_s)}}
-        args.json.write_text(json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float)
-                                        and not np.isfinite(v) else v) + "\n")
+        out = {
+            "run_dir": str(args.run_dir),
+            "engine": setup.engine,
+            "policy": setup.policy,
+            "profile": how,
+            "host_loop": host_loop,
+            "real": {k: real.get(k) for k, _ in METRICS},
+            "sim": {k: sim.get(k) for k, _ in METRICS},
+            "microbatches": {"real": real_mb, "sim": sim_mb},
+            "noise_cv": args.noise_cv,
+            "noise_seeds": len(runs),
+            "iteration_errors": in_sample,
+            "iteration_errors_held_out": held_out,
+            "profile_fields": {
+                "host_overhead_s": profile.host_overhead_s,
+                "token_return_s": profile.token_return_s,
+                "link_latency_s": profile.link.latency_s,
+                "stage_turnaround_s": list(profile.stage_turnaround_s),
+            },
+        }
+        args.json.write_text(
+            json.dumps(
+                out, indent=2, default=lambda v: None if isinstance(v, float) and not np.isfinite(v) else v
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -39,20 +39,29 @@ def main() -> None:
             raise SystemExit(f"iteration of stage {stage}, but the profile has {len(profile.stages)} stages")
         start, end = float(r["started_at"]), float(r["finished_at"])
         sampled = int(r["num_decode_reqs"]) + (1 if int(r["num_prefill_tokens"]) else 0)
-        predicted = profile.stages[stage].time_s(int(r["num_tokens"]), sampled, int(r["sum_past_x_pre"]),
-                                                 int(r["sum_pre_sq"]), int(r["sum_dec_ctx"]))
+        predicted = profile.stages[stage].time_s(
+            int(r["num_tokens"]),
+            sampled,
+            int(r["sum_past_x_pre"]),
+            int(r["sum_pre_sq"]),
+            int(r["sum_dec_ctx"]),
+        )
         by_stage.setdefault(stage, []).append((end - start, predicted))
         spans.setdefault(r["mb_id"], {})[stage] = (start, end)
     print(f"{len(spans)} microbatches from {args.record_dir}; profile {args.profile}")
     for stage, pairs in sorted(by_stage.items()):
         measured, predicted = np.array(pairs).T
-        print(f"stage {stage}: measured mean {measured.mean() * 1e3:.1f} ms, "
-              f"predicted {predicted.mean() * 1e3:.1f} ms, "
-              f"median measured/predicted {np.median(measured / predicted):.2f}")
+        print(
+            f"stage {stage}: measured mean {measured.mean() * 1e3:.1f} ms, "
+            f"predicted {predicted.mean() * 1e3:.1f} ms, "
+            f"median measured/predicted {np.median(measured / predicted):.2f}"
+        )
     for stage in sorted(by_stage)[:-1]:
         gaps = [s[stage + 1][0] - s[stage][1] for s in spans.values() if stage in s and stage + 1 in s]
-        print(f"stage {stage} end -> stage {stage + 1} start: median {np.median(gaps) * 1e3:.1f} ms, "
-              f"p90 {np.percentile(gaps, 90) * 1e3:.1f} ms (link plus waiting for the stage to free up)")
+        print(
+            f"stage {stage} end -> stage {stage + 1} start: median {np.median(gaps) * 1e3:.1f} ms, "
+            f"p90 {np.percentile(gaps, 90) * 1e3:.1f} ms (link plus waiting for the stage to free up)"
+        )
 
 
 if __name__ == "__main__":

@@ -59,18 +59,32 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="layers in the stage-forward case")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"threads {torch.get_num_threads()}"
+    )
     cases: list[tuple[str, Callable[[torch.dtype], float]]] = []
     for rows in (1, 16, 128, 512):
-        cases.append((f"linear [{rows}x576]x[576x1536]", lambda dt, r=rows: matmul_case(r, 576, 1536, dt,
-                                                                                       args.repeats)))
+        cases.append(
+            (
+                f"linear [{rows}x576]x[576x1536]",
+                lambda dt, r=rows: matmul_case(r, 576, 1536, dt, args.repeats),
+            )
+        )
     for rows in (1, 16):
-        cases.append((f"lm_head [{rows}x576]x[576x49152]", lambda dt, r=rows: matmul_case(r, 576, 49152, dt,
-                                                                                         args.repeats)))
+        cases.append(
+            (
+                f"lm_head [{rows}x576]x[576x49152]",
+                lambda dt, r=rows: matmul_case(r, 576, 49152, dt, args.repeats),
+            )
+        )
     for tokens in (16, 128):
-        cases.append((f"prefill {tokens} tok, {args.layers} layers + lm_head",
-                      lambda dt, t=tokens: stage_case(t, dt, max(3, args.repeats // 2), args.layers)))
+        cases.append(
+            (
+                f"prefill {tokens} tok, {args.layers} layers + lm_head",
+                lambda dt, t=tokens: stage_case(t, dt, max(3, args.repeats // 2), args.layers),
+            )
+        )
     print(f"{'case':<44} {'float32 ms':>11} {'bfloat16 ms':>12} {'f32/bf16':>9}")
     ratios = []
     for name, fn in cases:

@@ -46,8 +46,12 @@ def stats_ms(values: list[float]) -> dict:
     if not values:
         return {"n": 0}
     a = np.asarray(values) * 1e3
-    return {"n": len(a), "median_ms": float(np.median(a)), "p10_ms": float(np.quantile(a, 0.1)),
-            "p90_ms": float(np.quantile(a, 0.9))}
+    return {
+        "n": len(a),
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.quantile(a, 0.1)),
+        "p90_ms": float(np.quantile(a, 0.9)),
+    }
 
 
 def host_side(run_dir: Path) -> dict:
@@ -65,8 +69,11 @@ def host_side(run_dir: Path) -> dict:
     def computing(t0: float, t1: float) -> bool:
         return any(a < t1 and b > t0 for a, b in busy)
 
-    out: dict[str, object] = {"pp": pp, "schedule_calls": len(decisions),
-                              "empty_calls": sum(d["total_scheduled"] == 0 for d in decisions)}
+    out: dict[str, object] = {
+        "pp": pp,
+        "schedule_calls": len(decisions),
+        "empty_calls": sum(d["total_scheduled"] == 0 for d in decisions),
+    }
     sched_s, empty_sched_s, launch_s, overlapped = [], [], [], 0
     for d in decisions:
         dur = d["at"] - d["schedule_started_at"]
@@ -101,13 +108,14 @@ def host_side(run_dir: Path) -> dict:
     nonempty = sorted(mb for mb, st in by_mb.items() if 0 in st and pp - 1 in st)
     cycle = []
     for k, mb in enumerate(nonempty):
-        nxt = next((m for m in nonempty[k + 1:] if slot_of.get(m) == slot_of.get(mb)), None)
+        nxt = next((m for m in nonempty[k + 1 :] if slot_of.get(m) == slot_of.get(mb)), None)
         if nxt is not None and nxt - mb == pp:  # the slot's very next launch carried work
             cycle.append(by_mb[nxt][0][0] - by_mb[mb][pp - 1][1])
     out["slot_cycle_gap_s"] = stats_ms(cycle)
     out["stage0_busy_while_later_stage_busy"] = overlap_share(
         [(it.started_at, it.finished_at) for it in its if it.stage == 0],
-        [(it.started_at, it.finished_at) for it in its if it.stage > 0])
+        [(it.started_at, it.finished_at) for it in its if it.stage > 0],
+    )
     return out
 
 
@@ -138,21 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
     out = host_side(args.run_dir)
-    print(f"{args.run_dir}: pp={out['pp']}, {out['schedule_calls']} schedule() calls, "
-          f"{out['empty_calls']} scheduled nothing; "
-          f"{out['scheduled_while_computing']:.0%} of the non-empty calls ran while a stage computed; "
-          f"stage 0 computed alongside a later stage {out['stage0_busy_while_later_stage_busy']:.1%} "
-          "of its busy time")
+    print(
+        f"{args.run_dir}: pp={out['pp']}, {out['schedule_calls']} schedule() calls, "
+        f"{out['empty_calls']} scheduled nothing; "
+        f"{out['scheduled_while_computing']:.0%} of the non-empty calls ran while a stage computed; "
+        f"stage 0 computed alongside a later stage {out['stage0_busy_while_later_stage_busy']:.1%} "
+        "of its busy time"
+    )
     print("| host-side step (non-empty microbatches) | n | median ms | p10 ms | p90 ms |")
     print("|---|---|---|---|---|")
-    labels = (("schedule_s", "schedule() (our decision + vLLM's)"),
-              ("empty_schedule_s", "schedule() that scheduled nothing"),
-              ("launch_s", "schedule() returned -> stage 0 computes (RPC to the workers)"),
-              ("last_stage_end_to_update_s", "last stage ends -> update_from_output entered"),
-              ("update_from_output_s", "update_from_output (vLLM folds the tokens in)"),
-              ("fastpp_return_s", "our bookkeeping after it"),
-              ("last_stage_end_to_token_s", "last stage ends -> token instant (token return)"),
-              ("slot_cycle_gap_s", "last stage ends -> stage 0 starts the slot's next microbatch"))
+    labels = (
+        ("schedule_s", "schedule() (our decision + vLLM's)"),
+        ("empty_schedule_s", "schedule() that scheduled nothing"),
+        ("launch_s", "schedule() returned -> stage 0 computes (RPC to the workers)"),
+        ("last_stage_end_to_update_s", "last stage ends -> update_from_output entered"),
+        ("update_from_output_s", "update_from_output (vLLM folds the tokens in)"),
+        ("fastpp_return_s", "our bookkeeping after it"),
+        ("last_stage_end_to_token_s", "last stage ends -> token instant (token return)"),
+        ("slot_cycle_gap_s", "last stage ends -> stage 0 starts the slot's next microbatch"),
+    )
     for key, label in labels:
         print(row_ms(label, out[key]))
     if args.json:

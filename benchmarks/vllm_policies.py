@@ -45,14 +45,33 @@ from fastpp.backends.openai_server.launcher import FASTPP_COMMAND, ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENTS = ("stock", "static+ds", "greedy", "greedy+ds", "predictive")
-METRICS = (("output_throughput", "out tok/s"), ("median_ttft_ms", "TTFT P50"), ("p90_ttft_ms", "TTFT P90"),
-           ("median_tpot_ms", "TPOT P50"), ("p90_tpot_ms", "TPOT P90"), ("goodput", "goodput r/s"))
+METRICS = (
+    ("output_throughput", "out tok/s"),
+    ("median_ttft_ms", "TTFT P50"),
+    ("p90_ttft_ms", "TTFT P90"),
+    ("median_tpot_ms", "TPOT P50"),
+    ("p90_tpot_ms", "TPOT P90"),
+    ("goodput", "goodput r/s"),
+)
 
 
 def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) -> list[str]:
-    out = ["--backend", "vllm", "--model", "smollm2", "--pp", "2", "--policy", label,
-           "--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
-           "--max-model-len", "2048"]
+    out = [
+        "--backend",
+        "vllm",
+        "--model",
+        "smollm2",
+        "--pp",
+        "2",
+        "--policy",
+        label,
+        "--slo-ttft-ms",
+        str(args.slo_ttft_ms),
+        "--slo-tpot-ms",
+        str(args.slo_tpot_ms),
+        "--max-model-len",
+        "2048",
+    ]
     if label == "stock":
         return out
     if "+" in label:
@@ -65,16 +84,33 @@ def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) ->
 
 
 def bench(url: str, model: str, load: str, rep: int, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [*FASTPP_COMMAND, "bench", "--base-url", url, "-m", model, "-w", args.workload,
-           "-n", str(args.num_prompts), "--seed", str(args.seed + rep),
-           "--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
-           "-o", str(out), "-q"]
+    cmd = [
+        *FASTPP_COMMAND,
+        "bench",
+        "--base-url",
+        url,
+        "-m",
+        model,
+        "-w",
+        args.workload,
+        "-n",
+        str(args.num_prompts),
+        "--seed",
+        str(args.seed + rep),
+        "--slo-ttft-ms",
+        str(args.slo_ttft_ms),
+        "--slo-tpot-ms",
+        str(args.slo_tpot_ms),
+        "-o",
+        str(out),
+        "-q",
+    ]
     if load == "bursty":
         cmd += ["-r", str(args.burst_rate), "--arrival", "gamma", "--cv", str(args.burst_cv)]
     else:
         cmd += ["-r", str(args.poisson_rate), "--arrival", "poisson"]
     if load == "bursty" and args.burst_rate == float("inf"):
-        cmd = cmd[:cmd.index("--arrival")]  # all at once: no arrival process
+        cmd = cmd[: cmd.index("--arrival")]  # all at once: no arrival process
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"fastpp bench failed:\n{done.stdout}\n{done.stderr}")
@@ -89,8 +125,11 @@ def auto_rate(results: dict[str, list[dict]], args: argparse.Namespace) -> float
     if not bursty:
         raise SystemExit("--poisson-rate auto needs the bursty load to run first (--loads bursty poisson)")
     rate = args.load_fraction * statistics.fmean(r["request_throughput"] for r in bursty)
-    print(f"  poisson rate: {args.load_fraction:.0%} of {rate / args.load_fraction:.3f} req/s "
-          f"= {rate:.3f} req/s", flush=True)
+    print(
+        f"  poisson rate: {args.load_fraction:.0%} of {rate / args.load_fraction:.3f} req/s "
+        f"= {rate:.3f} req/s",
+        flush=True,
+    )
     return round(rate, 3)
 
 
@@ -109,9 +148,12 @@ def run_deployment(label: str, args: argparse.Namespace, out: Path, record_dir: 
                 rec = bench(srv.url, model, load, rep, args, out)
                 rec.update(deployment=label, load=load, rep=rep)
                 results[load].append(rec)
-                print(f"  {label:14s} {load:8s} rep {rep}: {rec['output_throughput']:6.1f} tok/s, "
-                      f"TTFT P90 {rec['p90_ttft_ms']:7.0f} ms, TPOT P90 {rec['p90_tpot_ms']:6.0f} ms, "
-                      f"goodput {rec['goodput']:.2f} r/s", flush=True)
+                print(
+                    f"  {label:14s} {load:8s} rep {rep}: {rec['output_throughput']:6.1f} tok/s, "
+                    f"TTFT P90 {rec['p90_ttft_ms']:7.0f} ms, TPOT P90 {rec['p90_tpot_ms']:6.0f} ms, "
+                    f"goodput {rec['goodput']:.2f} r/s",
+                    flush=True,
+                )
     print(f"  {label}: ready in {ready_s:.0f} s, done in {time.monotonic() - started:.0f} s", flush=True)
     return results
 
@@ -150,17 +192,21 @@ def structure(record_dir: Path, label: str) -> str | None:
     empty = sum(r["total_scheduled"] == 0 for r in rows) / len(rows)
     mean_decodes = statistics.fmean(len(r["scheduled_decodes"]) for r in decoding) if decoding else 0.0
     gap = statistics.fmean(abs(r["running"][0] - r["running"][-1]) for r in decoding) if decoding else 0.0
-    return (f"| {label} | {len(rows)} | {empty:.0%} | {mean_decodes:.1f} | {gap:.1f} | "
-            f"{sum(1 for r in rows if r['reason'].startswith('fallback'))} |")
+    return (
+        f"| {label} | {len(rows)} | {empty:.0%} | {mean_decodes:.1f} | {gap:.1f} | "
+        f"{sum(1 for r in rows if r['reason'].startswith('fallback'))} |"
+    )
 
 
 def structure_table(record_dir: Path, labels: list[str]) -> str:
     rows = [row for label in labels if (row := structure(record_dir, label)) is not None]
     if not rows:
         return ""
-    head = ("\nscheduler steps, all runs of a deployment (decisions.jsonl):\n"
-            "| deployment | schedule() calls | empty | decodes per decode step | slot gap | fallbacks |\n"
-            "|---|---|---|---|---|---|")
+    head = (
+        "\nscheduler steps, all runs of a deployment (decisions.jsonl):\n"
+        "| deployment | schedule() calls | empty | decodes per decode step | slot gap | fallbacks |\n"
+        "|---|---|---|---|---|---|"
+    )
     return "\n".join([head, *rows])
 
 
@@ -196,13 +242,18 @@ def main() -> None:
     for label in args.deployments:
         print(f"{label}:", flush=True)
         all_results[label] = run_deployment(label, args, out, args.record_dir)
-    burst = ("all at once" if args.burst_rate == float("inf")
-             else f"gamma CV {args.burst_cv} at {args.burst_rate} req/s")
-    print(f"\nworkload {args.workload}, {args.num_prompts} requests per run, {args.reps} reps; "
-          f"bursty: {burst}; "
-          f"poisson: {args.poisson_rate} req/s; SLO TTFT "
-          f"{args.slo_ttft_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
-          f"total {time.monotonic() - started:.0f} s")
+    burst = (
+        "all at once"
+        if args.burst_rate == float("inf")
+        else f"gamma CV {args.burst_cv} at {args.burst_rate} req/s"
+    )
+    print(
+        f"\nworkload {args.workload}, {args.num_prompts} requests per run, {args.reps} reps; "
+        f"bursty: {burst}; "
+        f"poisson: {args.poisson_rate} req/s; SLO TTFT "
+        f"{args.slo_ttft_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
+        f"total {time.monotonic() - started:.0f} s"
+    )
     print(table(all_results, args.loads))
     if args.record_dir is not None:
         print(structure_table(args.record_dir, args.deployments))

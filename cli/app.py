@@ -45,7 +45,8 @@ app.command("policies")(catalog_cmd.policies)
 app.command("profile")(profile_cmd.profile)
 # sglang / vllm: what follows fastpp's own options goes to the engine's server
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    serve_cmd.serve)
+    serve_cmd.serve
+)
 app.command("bench", help=bench_cmd.HELP, context_settings={"allow_extra_args": True})(bench_cmd.bench)
 app.command("cache")(cache_cmd.cache)
 
@@ -60,8 +61,10 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
 ) -> None:
     """FastPP: pipeline-parallel LLM serving policies, simulator and backends."""
 

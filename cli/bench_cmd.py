@@ -50,14 +50,43 @@ HELP = (
 
 def bench(
     ctx: typer.Context,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:8000, fastpp serve's]")] = None,
-    host: Annotated[str | None, typer.Option(help="Server host, instead of --base-url. [default: 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="Server port, instead of --base-url (SGLang's own default is 30000). [default: 8000]")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="openai (/v1/completions) or openai-chat (/v1/chat/completions). [default: openai]")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to send. [default: the first of GET /v1/models]")] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:8000, fastpp serve's]"),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Server host, instead of --base-url. [default: 127.0.0.1]")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Server port, instead of --base-url (SGLang's own default is 30000). [default: 8000]"
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="openai (/v1/completions) or openai-chat (/v1/chat/completions). [default: openai]",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Model name to send. [default: the first of GET /v1/models]"),
+    ] = None,
     workload: WorkloadOpt = None,
-    num_prompts: Annotated[int | None, typer.Option("--num-prompts", "-n", help="Requests to send. [default: 1000; a replay: its whole window]")] = None,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", "-r", help="Arrival rate, requests/s; inf sends all at once. [default: inf]")] = None,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option(
+            "--num-prompts", "-n", help="Requests to send. [default: 1000; a replay: its whole window]"
+        ),
+    ] = None,
+    request_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--request-rate", "-r", help="Arrival rate, requests/s; inf sends all at once. [default: inf]"
+        ),
+    ] = None,
     arrival: ArrivalOpt = None,
     cv: CvOpt = None,
     replay: ReplayOpt = None,
@@ -66,17 +95,64 @@ def bench(
     replay_speed: ReplaySpeedOpt = None,
     data_dir: DataDirOpt = None,
     seed: Annotated[int | None, typer.Option(help="Workload and prompt seed. [default: 0]")] = None,
-    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight at once. [default: no limit]")] = None,
-    timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Per-request limit, seconds; a request past it is aborted. [default: 300]")] = None,
-    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs as sglang writes them, ms: --goodput ttft:500 tpot:50 e2el:2000 (any of the three); adds the Goodput section.")] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option("--max-concurrency", help="Most requests in flight at once. [default: no limit]"),
+    ] = None,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-s", help="Per-request limit, seconds; a request past it is aborted. [default: 300]"
+        ),
+    ] = None,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--goodput",
+            help="Per-request SLOs as sglang writes them, ms: --goodput ttft:500 tpot:50 e2el:2000 (any of the three); adds the Goodput section.",
+        ),
+    ] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms (instead of --goodput).")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms (instead of --goodput).")] = None,
-    output_file: Annotated[Path | None, typer.Option("--output-file", "-o", help="Append the run as one JSON line (sglang's keys) to this file.")] = None,
-    tag: Annotated[str | None, typer.Option("--tag", help="A label written into the JSON line's tag key, as sglang's --tag.")] = None,
-    output_details: Annotated[bool, typer.Option("--output-details", help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.")] = False,
-    warmup_requests: Annotated[int | None, typer.Option("--warmup-requests", help="Untimed requests before the run (copies of the first, at most 32 output tokens); 0: none. [default: 1]")] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json, or a model folder holding one: exact prompt lengths and retokenized output counts. [default: none, one word per token]")] = None,
-    extra_request_body: Annotated[str | None, typer.Option("--extra-request-body", metavar="JSON", help='A JSON object merged into every request body, e.g. \'{"temperature": 0.7}\' (its keys win).')] = None,
+    output_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-file", "-o", help="Append the run as one JSON line (sglang's keys) to this file."
+        ),
+    ] = None,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", help="A label written into the JSON line's tag key, as sglang's --tag."),
+    ] = None,
+    output_details: Annotated[
+        bool,
+        typer.Option(
+            "--output-details",
+            help="Add per-request input_lens, output_lens, ttfts, itls, errors to the JSON line.",
+        ),
+    ] = False,
+    warmup_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--warmup-requests",
+            help="Untimed requests before the run (copies of the first, at most 32 output tokens); 0: none. [default: 1]",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="A tokenizer.json, or a model folder holding one: exact prompt lengths and retokenized output counts. [default: none, one word per token]",
+        ),
+    ] = None,
+    extra_request_body: Annotated[
+        str | None,
+        typer.Option(
+            "--extra-request-body",
+            metavar="JSON",
+            help="A JSON object merged into every request body, e.g. '{\"temperature\": 0.7}' (its keys win).",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
     """Benchmark an OpenAI-compatible server; ``HELP`` is the user-facing text."""
@@ -88,16 +164,32 @@ def bench(
         fail("fastpp bench needs httpx: pip install 'fastpp[bench]'")
         return
     try:
-        config = BenchConfig(**given(
-            BenchConfig, base_url=_base_url(base_url, host, port, BenchConfig().base_url),
-            backend=backend, model=model, workload=workload, num_prompts=num_prompts,
-            request_rate=request_rate, arrival=arrival, cv=cv, replay=replay,
-            replay_start_s=replay_start, replay_window_s=replay_window, replay_speed=replay_speed,
-            data_dir=data_dir, seed=seed, max_concurrency=max_concurrency, timeout_s=timeout_s,
-            tag=tag, warmup_requests=warmup_requests, tokenizer=tokenizer,
-            extra_request_body=_json_object(extra_request_body, "--extra-request-body"),
-            **_slos(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
-        ))
+        config = BenchConfig(
+            **given(
+                BenchConfig,
+                base_url=_base_url(base_url, host, port, BenchConfig().base_url),
+                backend=backend,
+                model=model,
+                workload=workload,
+                num_prompts=num_prompts,
+                request_rate=request_rate,
+                arrival=arrival,
+                cv=cv,
+                replay=replay,
+                replay_start_s=replay_start,
+                replay_window_s=replay_window,
+                replay_speed=replay_speed,
+                data_dir=data_dir,
+                seed=seed,
+                max_concurrency=max_concurrency,
+                timeout_s=timeout_s,
+                tag=tag,
+                warmup_requests=warmup_requests,
+                tokenizer=tokenizer,
+                extra_request_body=_json_object(extra_request_body, "--extra-request-body"),
+                **_slos(ctx.args, goodput, slo_ttft_ms, slo_tpot_ms),
+            )
+        )
     except ValueError as exc:
         fail(str(exc))
         return
@@ -118,8 +210,9 @@ def _base_url(base_url: str | None, host: str | None, port: int | None, default:
     return f"http://{host or parts.hostname}:{port or parts.port}"
 
 
-def _slos(extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | None,
-          slo_tpot_ms: float | None) -> dict:
+def _slos(
+    extra_args: list[str], goodput: list[str] | None, slo_ttft_ms: float | None, slo_tpot_ms: float | None
+) -> dict:
     """``goodput`` (sglang's pairs, from --goodput and its extra words: ``--goodput ttft:500
     tpot:50`` leaves ``tpot:50`` as a stray argument) or ``slo`` (--slo-ttft-ms/--slo-tpot-ms)
     for BenchConfig; BenchConfig derives the other."""
@@ -156,9 +249,17 @@ def _run(config: BenchConfig, *, quiet: bool) -> BenchResult:
 
     from fastpp.backends.bench import run_bench
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
-        task = bar.add_task(f"bench {config.base_url}", total=None)  # the count is known once the workload is drawn
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task(
+            f"bench {config.base_url}", total=None
+        )  # the count is known once the workload is drawn
         return run_bench(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
@@ -175,6 +276,7 @@ def _report(result: BenchResult, output_file: Path | None, output_details: bool,
         if not quiet:
             err_console.print(f"appended the run to {output_file}", markup=False, highlight=False)
     if result.is_interrupted:
-        err_console.print(f"[yellow]interrupted:[/] {len(result.records)} sent, "
-                          f"{result.num_not_sent} not sent")
+        err_console.print(
+            f"[yellow]interrupted:[/] {len(result.records)} sent, {result.num_not_sent} not sent"
+        )
         raise typer.Exit(_EXIT_INTERRUPTED)

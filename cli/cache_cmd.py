@@ -20,7 +20,9 @@ _MB = float(1 << 20)
 
 
 def cache(
-    action: Annotated[str, typer.Argument(help="show (list the entries and their sizes) or clear (remove them).")] = "show",
+    action: Annotated[
+        str, typer.Argument(help="show (list the entries and their sizes) or clear (remove them).")
+    ] = "show",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="clear without asking for confirmation.")] = False,
 ) -> None:
     """Show or clear the converted-weight cache of the torch engine (~/.cache/fastpp/weights,
@@ -50,8 +52,10 @@ def cache(
         return
     if not yes:
         if not sys.stdin.isatty():
-            fail(f"cache clear would remove {_entries(len(found))} ({total / _MB:.1f} MB); "
-                 "pass --yes to confirm")
+            fail(
+                f"cache clear would remove {_entries(len(found))} ({total / _MB:.1f} MB); "
+                "pass --yes to confirm"
+            )
         if not typer.confirm(f"remove {_entries(len(found))} ({total / _MB:.1f} MB) from {folder}?"):
             typer.echo("nothing removed")
             return

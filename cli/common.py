@@ -30,8 +30,10 @@ def run_app(app: Callable[[], object]) -> None:
     try:
         app()
     except MemoryError:
-        err_console.print("[red]error:[/] out of memory: the run is too large for this machine "
-                          "(fewer requests, -n, or a shorter --duration)")
+        err_console.print(
+            "[red]error:[/] out of memory: the run is too large for this machine "
+            "(fewer requests, -n, or a shorter --duration)"
+        )
         raise SystemExit(2) from None
     except RecursionError:
         err_console.print("[red]error:[/] an input is nested too deeply to read (a JSON file?)")
@@ -70,5 +72,7 @@ def slo_from_flags(ttft_ms: float | None, tpot_ms: float | None):
     positive(ttft_ms, "--slo-ttft-ms")
     positive(tpot_ms, "--slo-tpot-ms")
     default = SLO()
-    return SLO(default.ttft_s if ttft_ms is None else ttft_ms / 1e3,
-               default.tpot_s if tpot_ms is None else tpot_ms / 1e3)
+    return SLO(
+        default.ttft_s if ttft_ms is None else ttft_ms / 1e3,
+        default.tpot_s if tpot_ms is None else tpot_ms / 1e3,
+    )

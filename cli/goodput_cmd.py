@@ -15,26 +15,90 @@ from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
 
 
 def goodput(
-    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution. [default: azure-conv]")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    workload: Annotated[
+        str | None, typer.Option("--workload", "-w", help="Length distribution. [default: azure-conv]")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")
+    ] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
-    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment(s), e.g. pp4@predictive; repeat to compare. [default: pp4]")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]")] = None,
-    seeds: Annotated[int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")] = 2,
+    deploy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deploy", "-d", help="Deployment(s), e.g. pp4@predictive; repeat to compare. [default: pp4]"
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", "-p", help="Policy spec for deployments that name none. [default: static:2048]"
+        ),
+    ] = None,
+    seeds: Annotated[
+        int, typer.Option(help="Seeds per probe (first seed .. first seed + N-1), records pooled.")
+    ] = 2,
     first_seed: Annotated[int, typer.Option(help="First workload seed of each probe.")] = 0,
-    precision: Annotated[float | None, typer.Option(help="Stop when the bracket is narrower than this, req/s. [default: 0.1; --protocol fixed: the grid step]")] = None,
-    low: Annotated[float, typer.Option(help="First probe, req/s (the search expands below it if needed).")] = 2.0,
-    high: Annotated[float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")] = 8.0,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed a probe starts with; probes whose verdict is unsettled are lengthened (doubled, up to 16x). [default: enough arrivals for a steady queue]")] = None,
-    attainment: Annotated[float | None, typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs.")] = None,
-    protocol: Annotated[str, typer.Option("--protocol", help="steady: the sustained-rate search; fixed: fixed runs of -n prompts (default 1000) per rate 1..11, judged on the P90s (the paper's benchmark); azure / cnn-reversed: the paper's presets (400 / 1,000 prompts). See docs/GOODPUT.md.")] = "steady",
-    steady: Annotated[bool, typer.Option("--steady/--no-steady", help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).")] = True,
+    precision: Annotated[
+        float | None,
+        typer.Option(
+            help="Stop when the bracket is narrower than this, req/s. [default: 0.1; --protocol fixed: the grid step]"
+        ),
+    ] = None,
+    low: Annotated[
+        float, typer.Option(help="First probe, req/s (the search expands below it if needed).")
+    ] = 2.0,
+    high: Annotated[
+        float, typer.Option(help="Upper bracket guess, req/s (expands above if feasible).")
+    ] = 8.0,
+    num_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--num-requests",
+            "-n",
+            help="Requests per seed a probe starts with; probes whose verdict is unsettled are lengthened (doubled, up to 16x). [default: enough arrivals for a steady queue]",
+        ),
+    ] = None,
+    attainment: Annotated[
+        float | None,
+        typer.Option(help="Use the attainment criterion: this share of requests must meet both SLOs."),
+    ] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            "--protocol",
+            help="steady: the sustained-rate search; fixed: fixed runs of -n prompts (default 1000) per rate 1..11, judged on the P90s (the paper's benchmark); azure / cnn-reversed: the paper's presets (400 / 1,000 prompts). See docs/GOODPUT.md.",
+        ),
+    ] = "steady",
+    steady: Annotated[
+        bool,
+        typer.Option(
+            "--steady/--no-steady",
+            help="Fail a probe whose queue still grows. --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n).",
+        ),
+    ] = True,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.")] = None,
-    profile: Annotated[str | None, typer.Option(help="Profile to search on instead of the analytic model: a JSON file (from `fastpp profile`), or a shipped profile's name; it fixes pp and tp (-d may name policies on its shape).")] = None,
-    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots, batch-queue (vLLM) or blocking-launch (as `fastpp simulate`). [default: free-slots]")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Profile to search on instead of the analytic model: a JSON file (from `fastpp profile`), or a shipped profile's name; it fixes pp and tp (-d may name policies on its shape)."
+        ),
+    ] = None,
+    host_loop: Annotated[
+        str | None,
+        typer.Option(
+            "--host-loop",
+            help="How the host launches microbatches: free-slots, batch-queue (vLLM) or blocking-launch (as `fastpp simulate`). [default: free-slots]",
+        ),
+    ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -53,11 +117,18 @@ def goodput(
         fail(f"--attainment must be in (0, 1] (a share of requests), got {attainment}")
     try:
         wl = WorkloadConfig(**given(WorkloadConfig, name=workload, data_dir=data_dir))
-        base = DeploymentConfig(**given(
-            DeploymentConfig, model=model, gpu=gpu, policy=policy, profile_path=profile,
-            host_loop=host_loop,
-            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
-        ), slo=slo)
+        base = DeploymentConfig(
+            **given(
+                DeploymentConfig,
+                model=model,
+                gpu=gpu,
+                policy=policy,
+                profile_path=profile,
+                host_loop=host_loop,
+                chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+            ),
+            slo=slo,
+        )
         deployments = deployments_for(base, deploy or (None if profile else ["pp4"]))
         if profile is not None:  # the file's own shape, in labels and results
             shape = base.load_profile()
@@ -75,9 +146,11 @@ def goodput(
     if plot is not None:
         writable_dir(plot, "--plot")
     if not steady and not as_json:
-        err_console.print("[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "
-                          "before its queue (or KV cache) fills may pass at a rate that a longer "
-                          "run would not sustain[/]")
+        err_console.print(
+            "[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "
+            "before its queue (or KV cache) fills may pass at a rate that a longer "
+            "run would not sustain[/]"
+        )
     try:
         from fastpp.sim.goodput_fixed import parse_protocol
 
@@ -92,23 +165,44 @@ def goodput(
             if fixed is not None:
                 from fastpp.sim.goodput_fixed import fixed_goodput
 
-                res = fixed_goodput(wl, dep, fixed, seeds=tuple(range(first_seed, first_seed + seeds)),
-                                    precision=precision,
-                                    progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"))
+                res = fixed_goodput(
+                    wl,
+                    dep,
+                    fixed,
+                    seeds=tuple(range(first_seed, first_seed + seeds)),
+                    precision=precision,
+                    progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
+                )
             else:
                 res = slo_goodput(
-                    wl, dep, seeds=tuple(range(first_seed, first_seed + seeds)),
-                    num_requests=num_requests, precision=precision or 0.1,
-                    low=low, high=high, criterion="p90" if attainment is None else "attainment",
-                    attainment=0.9 if attainment is None else attainment, require_steady=steady,
+                    wl,
+                    dep,
+                    seeds=tuple(range(first_seed, first_seed + seeds)),
+                    num_requests=num_requests,
+                    precision=precision or 0.1,
+                    low=low,
+                    high=high,
+                    criterion="p90" if attainment is None else "attainment",
+                    attainment=0.9 if attainment is None else attainment,
+                    require_steady=steady,
                     progress=None if as_json else lambda p: err_console.print(f"  {p.describe()}"),
                 )
         except ValueError as exc:
             fail(f"{dep.label}: {exc}")
         dep_model, dep_gpu = model_and_gpu(dep)  # the profile's, when there is one
-        results.append({"deployment": dep.label, "policy": dep.policy, "model": dep_model, "gpu": dep_gpu,
-                        "workload": wl.name, "slo_ttft_ms": slo.ttft_s * 1e3,
-                        "slo_tpot_ms": slo.tpot_s * 1e3, "protocol": protocol, **res.to_dict()})
+        results.append(
+            {
+                "deployment": dep.label,
+                "policy": dep.policy,
+                "model": dep_model,
+                "gpu": dep_gpu,
+                "workload": wl.name,
+                "slo_ttft_ms": slo.ttft_s * 1e3,
+                "slo_tpot_ms": slo.tpot_s * 1e3,
+                "protocol": protocol,
+                **res.to_dict(),
+            }
+        )
         if not as_json:
             console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
     if as_json:
@@ -116,5 +210,9 @@ def goodput(
     if plot is not None:
         from fastpp.cli.plot_cmd import draw
 
-        draw(write_json(results, plot / "goodput.json"), plot, slo_ttft_ms=slo.ttft_s * 1e3,
-             slo_tpot_ms=slo.tpot_s * 1e3)
+        draw(
+            write_json(results, plot / "goodput.json"),
+            plot,
+            slo_ttft_ms=slo.ttft_s * 1e3,
+            slo_tpot_ms=slo.tpot_s * 1e3,
+        )

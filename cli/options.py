@@ -8,12 +8,33 @@ from typing import Annotated
 
 import typer
 
-WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`), or random:IN:OUT[:RATIO] for uniform lengths like sglang's random dataset. [default: azure-conv]")]
+WorkloadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--workload",
+        "-w",
+        help="Length distribution (see `fastpp workloads`), or random:IN:OUT[:RATIO] for uniform lengths like sglang's random dataset. [default: azure-conv]",
+    ),
+]
 ArrivalOpt = Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")]
 CvOpt = Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")]
-ReplayOpt = Annotated[str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")]
+ReplayOpt = Annotated[
+    str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")
+]
 ReplayStartOpt = Annotated[float | None, typer.Option(help="Replay from this second of the trace.")]
 ReplayWindowOpt = Annotated[float | None, typer.Option(help="Replay this many seconds of the trace.")]
-ReplaySpeedOpt = Annotated[float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")]
-DataDirOpt = Annotated[str | None, typer.Option(help="Folder with the real traces. [default: $FASTPP_DATA_DIR, else ../shared/data beside the source checkout]")]
-ChunkCandidatesOpt = Annotated[str | None, typer.Option(help="Chunk sizes dynamic policies choose from: START:STOP:STEP or a comma list. [default: 128:2048:128; serve: 32:1024:32]")]
+ReplaySpeedOpt = Annotated[
+    float | None, typer.Option(help="Rate factor: 0.9 replays at 0.9x the trace's rate.")
+]
+DataDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Folder with the real traces. [default: $FASTPP_DATA_DIR, else ../shared/data beside the source checkout]"
+    ),
+]
+ChunkCandidatesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Chunk sizes dynamic policies choose from: START:STOP:STEP or a comma list. [default: 128:2048:128; serve: 32:1024:32]"
+    ),
+]

@@ -19,33 +19,121 @@ from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
 
 
 def plan(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model name, or a Hugging Face config.json / model directory (dense Llama, Qwen2, Qwen3, Mistral).")] = "Qwen2.5-32B",
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU name; 'list' shows the known ones and which are calibrated; an uncalibrated GPU by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=..[,interconnect=pcie4][,family=A100].")] = "A100-40GB-PCIe",
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model name, or a Hugging Face config.json / model directory (dense Llama, Qwen2, Qwen3, Mistral).",
+        ),
+    ] = "Qwen2.5-32B",
+    gpu: Annotated[
+        str,
+        typer.Option(
+            "--gpu",
+            help="GPU name; 'list' shows the known ones and which are calibrated; an uncalibrated GPU by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=..[,interconnect=pcie4][,family=A100].",
+        ),
+    ] = "A100-40GB-PCIe",
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to deploy on (a power of two).")] = 4,
-    workload: Annotated[str, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`).")] = "azure-conv",
+    workload: Annotated[
+        str, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`).")
+    ] = "azure-conv",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="P90 TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="P90 TPOT SLO in ms. [default: 200]")] = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Narrow the policy grid: comma list of static (chunks 256,512,1024,2048), static:N, greedy, predictive, specs such as predictive+ds, and ds (only +ds) or no-ds. [default: all, each with and without +ds]")] = None,
-    layouts: Annotated[str | None, typer.Option("--layouts", help="Only these layouts, comma list: pp4, tp4, pp2tp2, dp2pp2, dp4 (dp4 of one GPU). [default: every layout that fits]")] = None,
-    profile: Annotated[list[str] | None, typer.Option("--profile", help="Plan on measured costs: a profile (from `fastpp profile`, also --from-records) or a shipped profile's name; each fixes one layout. Repeat to compare layouts.")] = None,
-    interconnect: Annotated[str | None, typer.Option(help="GPU-GPU link: pcie4, nvlink3, nvlink4. [default: the GPU's]")] = None,
-    host_loop: Annotated[str | None, typer.Option("--host-loop", help="free-slots, batch-queue (vLLM) or blocking-launch. [default: free-slots]")] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            "--policies",
+            help="Narrow the policy grid: comma list of static (chunks 256,512,1024,2048), static:N, greedy, predictive, specs such as predictive+ds, and ds (only +ds) or no-ds. [default: all, each with and without +ds]",
+        ),
+    ] = None,
+    layouts: Annotated[
+        str | None,
+        typer.Option(
+            "--layouts",
+            help="Only these layouts, comma list: pp4, tp4, pp2tp2, dp2pp2, dp4 (dp4 of one GPU). [default: every layout that fits]",
+        ),
+    ] = None,
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            help="Plan on measured costs: a profile (from `fastpp profile`, also --from-records) or a shipped profile's name; each fixes one layout. Repeat to compare layouts.",
+        ),
+    ] = None,
+    interconnect: Annotated[
+        str | None, typer.Option(help="GPU-GPU link: pcie4, nvlink3, nvlink4. [default: the GPU's]")
+    ] = None,
+    host_loop: Annotated[
+        str | None,
+        typer.Option(
+            "--host-loop", help="free-slots, batch-queue (vLLM) or blocking-launch. [default: free-slots]"
+        ),
+    ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
     data_dir: DataDirOpt = None,
     seeds: Annotated[int, typer.Option(help="Seeds pooled per goodput probe.")] = 2,
     precision: Annotated[float, typer.Option(help="Goodput bracket width per replica, req/s.")] = 0.25,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed a probe starts with. [default: the goodput length rule]")] = None,
-    operating_point: Annotated[float, typer.Option("--operating-point", help="Latency is shown at this share of each candidate's goodput.")] = 0.8,
-    steady: Annotated[bool, typer.Option("--steady/--no-steady", help="As `fastpp goodput`: --no-steady judges fixed runs by the SLO alone (use with -n; no lengthening, no confirmation).")] = True,
-    exhaustive: Annotated[bool, typer.Option("--exhaustive", help="Search every candidate fully (no bound pruning, no challenge probe).")] = False,
-    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes for --executor process. [default: CPU count]")] = None,
-    executor: Annotated[str, typer.Option("--executor", help="process, serial or ray (the sweep's executors).")] = "process",
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join. [default: auto]")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan folder: plan.jsonl (finished candidates, reused by a rerun) and plan.json.")] = Path("runs/plan"),
-    model_path: Annotated[str | None, typer.Option(help="Model path or hub name the serve commands use. [default: the model's Hugging Face repository]")] = None,
-    show_all: Annotated[bool, typer.Option("--all", help="Show every candidate (default: the top 15).")] = False,
+    num_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--num-requests",
+            "-n",
+            help="Requests per seed a probe starts with. [default: the goodput length rule]",
+        ),
+    ] = None,
+    operating_point: Annotated[
+        float,
+        typer.Option("--operating-point", help="Latency is shown at this share of each candidate's goodput."),
+    ] = 0.8,
+    steady: Annotated[
+        bool,
+        typer.Option(
+            "--steady/--no-steady",
+            help="As `fastpp goodput`: --no-steady judges fixed runs by the SLO alone (use with -n; no lengthening, no confirmation).",
+        ),
+    ] = True,
+    exhaustive: Annotated[
+        bool,
+        typer.Option(
+            "--exhaustive", help="Search every candidate fully (no bound pruning, no challenge probe)."
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", help="Worker processes for --executor process. [default: CPU count]"),
+    ] = None,
+    executor: Annotated[
+        str, typer.Option("--executor", help="process, serial or ray (the sweep's executors).")
+    ] = "process",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join. [default: auto]")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Plan folder: plan.jsonl (finished candidates, reused by a rerun) and plan.json.",
+        ),
+    ] = Path("runs/plan"),
+    model_path: Annotated[
+        str | None,
+        typer.Option(
+            help="Model path or hub name the serve commands use. [default: the model's Hugging Face repository]"
+        ),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Show every candidate (default: the top 15).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write figures (goodput per candidate, goodput vs bound, latency at the operating point) into this folder.")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Write figures (goodput per candidate, goodput vs bound, latency at the operating point) into this folder.",
+        ),
+    ] = None,
 ) -> None:
     """Plan a deployment: rank dp x tp x pp layouts and policies by goodput on N GPUs."""
     from fastpp.sim.hardware import GPUS
@@ -61,16 +149,29 @@ def plan(
         fail(f"--seeds must be >= 1, got {seeds}")
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     try:
-        settings = SearchSettings(seeds=tuple(range(seeds)), precision=precision,
-                                  num_requests=num_requests, operating_share=operating_point,
-                                  require_steady=steady)
+        settings = SearchSettings(
+            seeds=tuple(range(seeds)),
+            precision=precision,
+            num_requests=num_requests,
+            operating_share=operating_point,
+            require_steady=steady,
+        )
         config = PlanConfig(
-            model=model, gpu=gpu, num_gpus=gpus, workload=workload, slo=slo,
+            model=model,
+            gpu=gpu,
+            num_gpus=gpus,
+            workload=workload,
+            slo=slo,
             policies=policies or "",
-            layouts=tuple(layouts.split(",")) if layouts else None, profiles=tuple(profile or ()), interconnect=interconnect,
+            layouts=tuple(layouts.split(",")) if layouts else None,
+            profiles=tuple(profile or ()),
+            interconnect=interconnect,
             host_loop=host_loop or "free-slots",
             chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
-            data_dir=data_dir, settings=settings, prune=not exhaustive)
+            data_dir=data_dir,
+            settings=settings,
+            prune=not exhaustive,
+        )
     except ValueError as exc:
         fail(str(exc))
         return
@@ -92,16 +193,32 @@ def _run(config, executor, workers, ray_address, out, quiet):
 
     from fastpp.sim.planner import plan_deployment
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as bar:
         task = bar.add_task("candidates", total=None)
 
         def progress(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total,
-                       description=f"candidates{f' (last: {label})' if label else ''}")
+            bar.update(
+                task,
+                completed=done,
+                total=total,
+                description=f"candidates{f' (last: {label})' if label else ''}",
+            )
 
-        return plan_deployment(config, executor=executor, workers=workers,
-                               ray_address=ray_address, out_dir=out, progress=progress)
+        return plan_deployment(
+            config,
+            executor=executor,
+            workers=workers,
+            ray_address=ray_address,
+            out_dir=out,
+            progress=progress,
+        )
 
 
 def _report(result, config, model_path, out, plot, as_json, show_all, known_gpu) -> None:
@@ -165,9 +282,19 @@ def _gpu_table() -> Table:
     for col in ("name", "BF16 TFLOP/s", "HBM GB/s", "memory GiB", "link", "cost model"):
         table.add_column(col, overflow="fold")
     for g in GPUS.values():
-        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:.0f}", f"{g.hbm_bytes_per_s / 1e9:.0f}",
-                      f"{g.memory_bytes / 1024**3:.1f}", g.interconnect, calibration_note(g))
-    table.caption = ("any other GPU, uncalibrated: --gpu 'NAME:" + ",".join(
-        f"{k}=.." for k in DATASHEET_KEYS) + "' (" + "; ".join(
-        f"{k}: {v}" for k, v in DATASHEET_KEYS.items()) + ")")
+        table.add_row(
+            g.name,
+            f"{g.peak_bf16_flops / 1e12:.0f}",
+            f"{g.hbm_bytes_per_s / 1e9:.0f}",
+            f"{g.memory_bytes / 1024**3:.1f}",
+            g.interconnect,
+            calibration_note(g),
+        )
+    table.caption = (
+        "any other GPU, uncalibrated: --gpu 'NAME:"
+        + ",".join(f"{k}=.." for k in DATASHEET_KEYS)
+        + "' ("
+        + "; ".join(f"{k}: {v}" for k, v in DATASHEET_KEYS.items())
+        + ")"
+    )
     return table

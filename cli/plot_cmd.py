@@ -15,11 +15,31 @@ from fastpp.sim.plot_inputs import PlotKind
 
 
 def plot(
-    results: Annotated[Path, typer.Argument(help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), or a `fastpp goodput --json` file.", show_default=False)],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default: plots/ inside RESULTS, or beside a file).")] = None,
-    kind: Annotated[PlotKind, typer.Option("--kind", "-k", help="auto makes every figure the data supports. Sweeps and goodput JSON: goodput, rate, slo; simulate folders: cdf, chunk, timeline.")] = "auto",
-    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO line in ms (default: the data's slo_ttft_ms).")] = None,
-    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO line in ms (default: the data's slo_tpot_ms).")] = None,
+    results: Annotated[
+        Path,
+        typer.Argument(
+            help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), or a `fastpp goodput --json` file.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default: plots/ inside RESULTS, or beside a file)."),
+    ] = None,
+    kind: Annotated[
+        PlotKind,
+        typer.Option(
+            "--kind",
+            "-k",
+            help="auto makes every figure the data supports. Sweeps and goodput JSON: goodput, rate, slo; simulate folders: cdf, chunk, timeline.",
+        ),
+    ] = "auto",
+    slo_ttft_ms: Annotated[
+        float | None, typer.Option(help="TTFT SLO line in ms (default: the data's slo_ttft_ms).")
+    ] = None,
+    slo_tpot_ms: Annotated[
+        float | None, typer.Option(help="TPOT SLO line in ms (default: the data's slo_tpot_ms).")
+    ] = None,
 ) -> None:
     """Draw paper-style figures (PNG and SVG) of simulation, sweep or goodput results.
 
@@ -29,16 +49,23 @@ def plot(
     draw(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
 
 
-def draw(results: Path, out: Path | None = None, *, kind: PlotKind = "auto",
-         slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> None:
+def draw(
+    results: Path,
+    out: Path | None = None,
+    *,
+    kind: PlotKind = "auto",
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+) -> None:
     """Plot ``results`` and print the files written (also used by `sweep --plot`, `goodput --plot`)."""
     from fastpp.sim.plot_inputs import PlotInputError
 
     try:
         from fastpp.sim.plot_report import plot_results
 
-        paths = plot_results(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
-                             progress=_log)
+        paths = plot_results(
+            results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, progress=_log
+        )
     except (PlotInputError, ImportError, OSError) as exc:
         fail(str(exc))
         return

@@ -24,32 +24,104 @@ ANALYTIC_MODEL, ANALYTIC_GPU, ANALYTIC_DEPLOY = "Qwen2.5-32B", "A100-40GB-PCIe",
 
 
 def profile(
-    backend: Annotated[str | None, typer.Option(help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine. [default: analytic]")] = None,
-    from_records: Annotated[Path | None, typer.Option("--from-records", help="Fit the profile to a recorded run folder instead (any engine: fastpp serve --record-dir, vLLM, SGLang, fastpp simulate -o).")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m; --from-records: the run's recorded shape] With --from-records also a Hugging Face directory or config.json.")] = None,
-    gpu: Annotated[str | None, typer.Option(help=f"GPU name (analytic only). [default: {ANALYTIC_GPU}]")] = None,
-    deploy: Annotated[str | None, typer.Option("--deploy", "-d", help=f"pp4, tp4, pp2tp2 ... (torch: ppN only). [default: {ANALYTIC_DEPLOY}; torch: pp2]")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="analytic: roofline model of a named GPU; torch: measure the CPU engine on this machine. [default: analytic]"
+        ),
+    ] = None,
+    from_records: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-records",
+            help="Fit the profile to a recorded run folder instead (any engine: fastpp serve --record-dir, vLLM, SGLang, fastpp simulate -o).",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help=f"Model name. [default: {ANALYTIC_MODEL}; torch: smollm2-135m; --from-records: the run's recorded shape] With --from-records also a Hugging Face directory or config.json.",
+        ),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help=f"GPU name (analytic only). [default: {ANALYTIC_GPU}]")
+    ] = None,
+    deploy: Annotated[
+        str | None,
+        typer.Option(
+            "--deploy",
+            "-d",
+            help=f"pp4, tp4, pp2tp2 ... (torch: ppN only). [default: {ANALYTIC_DEPLOY}; torch: pp2]",
+        ),
+    ] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (instead of --deploy).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the JSON. [default: ./<profile name>.json]")] = None,
-    weights: Annotated[str | None, typer.Option(help="torch: random (seeded, no download) or smollm2 (the real SmolLM2-135M weights). [default: random]")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Where to write the JSON. [default: ./<profile name>.json]"),
+    ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="torch: random (seeded, no download) or smollm2 (the real SmolLM2-135M weights). [default: random]"
+        ),
+    ] = None,
     dtype: Annotated[str | None, typer.Option(help="torch: float32 or bfloat16. [default: float32]")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch: intra-op threads per stage, as the engine runs. [default: 1]")] = None,
-    kv_tokens: Annotated[int | None, typer.Option(help="torch: KV pool per stage written into the profile, tokens. [default: 16384]")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="torch: a coarse grid (fewer shapes, 2 repeats), about 4x faster.")] = False,
-    max_tokens: Annotated[int | None, typer.Option(help="torch: largest microbatch of the linear table, tokens. [default: 1024]")] = None,
-    repeats: Annotated[int | None, typer.Option(help="torch: timed runs per shape at least (median kept). [default: 3]")] = None,
-    no_link: Annotated[bool, typer.Option("--no-link", help="torch: skip the gloo link measurement (an assumed link is written and said so).")] = False,
-    concurrent_load: Annotated[bool, typer.Option("--concurrent-load", help="torch, pp >= 2: time each stage while the other stages loop forward passes in their own processes, as they compute at once when serving.")] = False,
+    threads: Annotated[
+        int | None, typer.Option(help="torch: intra-op threads per stage, as the engine runs. [default: 1]")
+    ] = None,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(help="torch: KV pool per stage written into the profile, tokens. [default: 16384]"),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="torch: a coarse grid (fewer shapes, 2 repeats), about 4x faster.")
+    ] = False,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(help="torch: largest microbatch of the linear table, tokens. [default: 1024]"),
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="torch: timed runs per shape at least (median kept). [default: 3]")
+    ] = None,
+    no_link: Annotated[
+        bool,
+        typer.Option(
+            "--no-link",
+            help="torch: skip the gloo link measurement (an assumed link is written and said so).",
+        ),
+    ] = False,
+    concurrent_load: Annotated[
+        bool,
+        typer.Option(
+            "--concurrent-load",
+            help="torch, pp >= 2: time each stage while the other stages loop forward passes in their own processes, as they compute at once when serving.",
+        ),
+    ] = False,
 ) -> None:
     """Write a profile: analytic (roofline calibrated on measured GPU tables), measured on the CPU engine, or fitted to a recorded run (--from-records)."""
     if from_records is not None:
-        others = {"--backend": backend, "--gpu": gpu, "--deploy": deploy, "--pp": pp, "--weights": weights,
-                  "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens, "--max-tokens": max_tokens,
-                  "--repeats": repeats, "--quick": quick or None, "--no-link": no_link or None,
-                  "--concurrent-load": concurrent_load or None}
+        others = {
+            "--backend": backend,
+            "--gpu": gpu,
+            "--deploy": deploy,
+            "--pp": pp,
+            "--weights": weights,
+            "--dtype": dtype,
+            "--threads": threads,
+            "--kv-tokens": kv_tokens,
+            "--max-tokens": max_tokens,
+            "--repeats": repeats,
+            "--quick": quick or None,
+            "--no-link": no_link or None,
+            "--concurrent-load": concurrent_load or None,
+        }
         given_flags = [name for name, value in others.items() if value is not None]
         if given_flags:
-            fail(f"{', '.join(given_flags)} cannot be combined with --from-records (the run's setup says what ran)")
+            fail(
+                f"{', '.join(given_flags)} cannot be combined with --from-records (the run's setup says what ran)"
+            )
         _from_records(from_records, model, out)
         return
     backend = backend or "analytic"
@@ -58,19 +130,44 @@ def profile(
     if deploy is not None and pp is not None:
         fail("give --deploy or --pp, not both")
     if backend == "analytic":
-        torch_only = {"--weights": weights, "--dtype": dtype, "--threads": threads, "--kv-tokens": kv_tokens,
-                      "--max-tokens": max_tokens, "--repeats": repeats,
-                      "--quick": quick or None, "--no-link": no_link or None,
-                      "--concurrent-load": concurrent_load or None}
+        torch_only = {
+            "--weights": weights,
+            "--dtype": dtype,
+            "--threads": threads,
+            "--kv-tokens": kv_tokens,
+            "--max-tokens": max_tokens,
+            "--repeats": repeats,
+            "--quick": quick or None,
+            "--no-link": no_link or None,
+            "--concurrent-load": concurrent_load or None,
+        }
         given = [name for name, value in torch_only.items() if value is not None]
         if given:
             fail(f"{', '.join(given)} apply to --backend torch only")
-        _analytic(model or ANALYTIC_MODEL, gpu or ANALYTIC_GPU, deploy or (f"pp{pp}" if pp else ANALYTIC_DEPLOY), out)
+        _analytic(
+            model or ANALYTIC_MODEL,
+            gpu or ANALYTIC_GPU,
+            deploy or (f"pp{pp}" if pp else ANALYTIC_DEPLOY),
+            out,
+        )
         return
     if gpu is not None:
         fail("--gpu applies to --backend analytic only (the torch backend measures this machine's CPU)")
-    _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           concurrent_load)
+    _torch(
+        model,
+        deploy,
+        pp,
+        out,
+        weights,
+        dtype,
+        threads,
+        kv_tokens,
+        quick,
+        max_tokens,
+        repeats,
+        no_link,
+        concurrent_load,
+    )
 
 
 def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
@@ -111,12 +208,27 @@ def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
     path = out or Path(f"{prof.name}.json")
     save_profile(prof, path)
     st = prof.stages
-    console.print(f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "
-                  f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}")
+    console.print(
+        f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "
+        f"KV pool {prof.kv_capacity_tokens:,} tokens, stage layers {[s.num_layers for s in st]}"
+    )
 
 
-def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, max_tokens, repeats, no_link,
-           concurrent_load=False) -> None:
+def _torch(
+    model,
+    deploy,
+    pp,
+    out,
+    weights,
+    dtype,
+    threads,
+    kv_tokens,
+    quick,
+    max_tokens,
+    repeats,
+    no_link,
+    concurrent_load=False,
+) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fastpp.sim.run import parse_deployment
@@ -137,19 +249,39 @@ def _torch(model, deploy, pp, out, weights, dtype, threads, kv_tokens, quick, ma
             grid = grid.with_max_tokens(max_tokens)
         if repeats is not None:
             grid = replace(grid, repeats=repeats)
-        config = TorchProfileConfig(**given(
-            TorchProfileConfig, model=model, pp=pp, weights=weights, dtype=dtype, num_threads=threads,
-            kv_capacity_tokens=kv_tokens, measure_link=False if no_link else None,
-            concurrent_load=concurrent_load or None), grid=grid)
+        config = TorchProfileConfig(
+            **given(
+                TorchProfileConfig,
+                model=model,
+                pp=pp,
+                weights=weights,
+                dtype=dtype,
+                num_threads=threads,
+                kv_capacity_tokens=kv_tokens,
+                measure_link=False if no_link else None,
+                concurrent_load=concurrent_load or None,
+            ),
+            grid=grid,
+        )
     except ValueError as exc:
         fail(str(exc))
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, disable=not sys.stderr.isatty()) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
         task = bar.add_task("profiling", total=None)
         try:
-            result = profile_torch(config, progress=lambda what, done, total: bar.update(
-                task, description=f"profiling {what}", completed=done, total=total))
+            result = profile_torch(
+                config,
+                progress=lambda what, done, total: bar.update(
+                    task, description=f"profiling {what}", completed=done, total=total
+                ),
+            )
         except (ValueError, RuntimeError, OSError) as exc:
             fail(str(exc))
             return

@@ -17,8 +17,7 @@ def model_and_gpu(deployment: Any) -> tuple[str, str]:
     return profile.model.name, str(profile.gpu)
 
 
-def check_profile_against(profile: str | None, model: str | None, gpu: str | None,
-                          deployment: Any) -> None:
+def check_profile_against(profile: str | None, model: str | None, gpu: str | None, deployment: Any) -> None:
     """Fail naming ``--profile`` and the flag when ``model`` or ``gpu`` (as given, or None when
     not given) differ from the profile's; a name the resolvers map to the profile's is no
     conflict."""
@@ -29,8 +28,10 @@ def check_profile_against(profile: str | None, model: str | None, gpu: str | Non
 
     actual_model, actual_gpu = model_and_gpu(deployment)
     conflicts = []
-    for flag, asked, resolve, actual in (("-m/--model", model, resolve_model, actual_model),
-                                         ("--gpu", gpu, resolve_gpu, actual_gpu)):
+    for flag, asked, resolve, actual in (
+        ("-m/--model", model, resolve_model, actual_model),
+        ("--gpu", gpu, resolve_gpu, actual_gpu),
+    ):
         if asked is None:
             continue
         try:
@@ -40,7 +41,9 @@ def check_profile_against(profile: str | None, model: str | None, gpu: str | Non
         if actual.lower() not in (name.lower(), asked.lower()):
             conflicts.append((flag, f"{flag} {asked} (the profile's is {actual})"))
     if conflicts:
-        fail(f"--profile {profile} is {actual_model} on {actual_gpu}; it conflicts with "
-             f"{' and '.join(text for _, text in conflicts)}: drop "
-             f"{' and '.join(flag for flag, _ in conflicts)}, or pass a profile measured for that "
-             f"model and GPU")
+        fail(
+            f"--profile {profile} is {actual_model} on {actual_gpu}; it conflicts with "
+            f"{' and '.join(text for _, text in conflicts)}: drop "
+            f"{' and '.join(flag for flag, _ in conflicts)}, or pass a profile measured for that "
+            f"model and GPU"
+        )

@@ -19,7 +19,11 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
     ("P90 TPOT (ms)", "p90_tpot_ms", "{:.1f}"),
     ("P99 TPOT (ms)", "p99_tpot_ms", "{:.1f}"),
     ("P99 ITL (ms)", "p99_itl_ms", "{:.1f}"),
-    ("mean E2E (s)", "mean_e2e_latency_ms", "{:.2f}", ),
+    (
+        "mean E2E (s)",
+        "mean_e2e_latency_ms",
+        "{:.2f}",
+    ),
     ("P99 queueing (s)", "p99_queueing_delay_ms", "{:.2f}"),
     ("SLO met (P90s)", "slo_met", ""),
     ("SLO attainment", "slo_attainment", "{:.1%}"),
@@ -51,8 +55,9 @@ def summary_table(summaries: Sequence[Mapping], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("metric", no_wrap=True)
     for s in summaries:
-        table.add_column(f"{s.get('deployment', '?')}\n{s.get('policy', '')}", justify="right",
-                         overflow="fold")
+        table.add_column(
+            f"{s.get('deployment', '?')}\n{s.get('policy', '')}", justify="right", overflow="fold"
+        )
     for label, key, fmt in SUMMARY_ROWS:
         table.add_row(label, *(_cell(s, key, fmt) for s in summaries))
     return table
@@ -60,8 +65,11 @@ def summary_table(summaries: Sequence[Mapping], title: str) -> Table:
 
 def workloads_table(rows: Sequence[Mapping]) -> Table:
     """One row per workload; sources go in the caption, numbered, so the table stays narrow."""
-    table = Table(title="Built-in workloads (tokens; statistics of 20,000 samples)",
-                  title_justify="left", caption_justify="left")
+    table = Table(
+        title="Built-in workloads (tokens; statistics of 20,000 samples)",
+        title_justify="left",
+        caption_justify="left",
+    )
     table.add_column("name", no_wrap=True)
     for col in ("in mean", "in p50", "in p90", "out mean", "out p50", "out p90"):
         table.add_column(col, justify="right")
@@ -71,8 +79,13 @@ def workloads_table(rows: Sequence[Mapping]) -> Table:
         if r["source"] not in sources:
             sources.append(r["source"])
         table.add_row(
-            r["name"], f"{r['input_mean']:.0f}", f"{r['input_median']:.0f}", f"{r['input_p90']:.0f}",
-            f"{r['output_mean']:.0f}", f"{r['output_median']:.0f}", f"{r['output_p90']:.0f}",
+            r["name"],
+            f"{r['input_mean']:.0f}",
+            f"{r['input_median']:.0f}",
+            f"{r['input_p90']:.0f}",
+            f"{r['output_mean']:.0f}",
+            f"{r['output_median']:.0f}",
+            f"{r['output_p90']:.0f}",
             f"[{sources.index(r['source']) + 1}]",
         )
     table.caption = "\n".join(f"[{i + 1}] {src}" for i, src in enumerate(sources))

@@ -72,12 +72,14 @@ def claim_out_dir(path: Path, *, overwrite: bool, option: str = "--out") -> Path
         raise RunDirError(
             f"{option} {path} holds {len(whole)} earlier runs in subfolders ({', '.join(whole[:3])}"
             f"{' ...' if len(whole) > 3 else ''}); give a new {option} (or none: each run then "
-            f"gets its own folder under it)")
+            f"gets its own folder under it)"
+        )
     if not overwrite:
         names = ", ".join(p.name for p in held[:6]) + (" ..." if len(held) > 6 else "")
         raise RunDirError(
             f"{option} {path} already holds a run ({names}); pass --overwrite to replace it, "
-            f"or give another {option} (without {option}, each run gets its own folder)")
+            f"or give another {option} (without {option}, each run gets its own folder)"
+        )
     for p in held:
         if p.is_dir():
             shutil.rmtree(p)

@@ -29,9 +29,15 @@ from fastpp.cli.render import summary_table
 
 def simulate(
     workload: WorkloadOpt = None,
-    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 4.0]")] = None,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")] = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", "-r", help="Arrival rate, requests/s. [default: 4.0]")
+    ] = None,
+    num_requests: Annotated[
+        int | None, typer.Option("--num-requests", "-n", help="Requests to send. [default: 1000]")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Send requests for this many seconds instead of -n.")
+    ] = None,
     arrival: ArrivalOpt = None,
     cv: CvOpt = None,
     replay: ReplayOpt = None,
@@ -39,22 +45,67 @@ def simulate(
     replay_window: ReplayWindowOpt = None,
     replay_speed: ReplaySpeedOpt = None,
     data_dir: DataDirOpt = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")
+    ] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
-    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]")] = None,
-    profile: Annotated[str | None, typer.Option(help="Profile to simulate instead of the analytic model: a JSON file, or a shipped profile's name (cpu_smollm2-135m_pp2, ...).")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`).")] = None,
+    deploy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deploy",
+            "-d",
+            help="Deployment like pp4, tp4, pp2tp2, optionally with its own policy: pp4@static:512. Repeat to compare. [default: tp4, pp4, pp4@static:512, pp4@predictive]",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Profile to simulate instead of the analytic model: a JSON file, or a shipped profile's name (cpu_smollm2-135m_pp2, ...)."
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", "-p", help="Policy spec, e.g. static:2048 (see `fastpp policies`)."),
+    ] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
-    host_loop: Annotated[str | None, typer.Option("--host-loop", help="How the host launches microbatches: free-slots (our engines, SGLang on GPUs), batch-queue (vLLM's engine-core loop: slots strictly in turn, the host blocks on the oldest output) or blocking-launch (free slots, but the host computes stage 0 itself and folds in returned tokens only between its launches: SGLang on CPU). [default: free-slots]")] = None,
+    host_loop: Annotated[
+        str | None,
+        typer.Option(
+            "--host-loop",
+            help="How the host launches microbatches: free-slots (our engines, SGLang on GPUs), batch-queue (vLLM's engine-core loop: slots strictly in turn, the host blocks on the oldest output) or blocking-launch (free slots, but the host computes stage 0 itself and folds in returned tokens only between its launches: SGLang on CPU). [default: free-slots]",
+        ),
+    ] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO in ms. [default: 200]")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed. [default: 0]")] = None,
-    max_time: Annotated[float | None, typer.Option(help="Stop at this simulated second (> 0); abort what is left.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder; one that holds another run is refused unless --overwrite. [default: a new folder per run, runs/simulate/YYYYmmdd-HHMMSS]", show_default=False)] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Clear the run already in --out (its summary.json, run folders and plots) instead of refusing.")] = False,
+    max_time: Annotated[
+        float | None, typer.Option(help="Stop at this simulated second (> 0); abort what is left.")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder; one that holds another run is refused unless --overwrite. [default: a new folder per run, runs/simulate/YYYYmmdd-HHMMSS]",
+            show_default=False,
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Clear the run already in --out (its summary.json, run folders and plots) instead of refusing.",
+        ),
+    ] = False,
     timeline: Annotated[bool, typer.Option(help="Write a Chrome-trace timeline per deployment.")] = True,
-    table_format: Annotated[str, typer.Option("--table-format", help="How each run's request and iteration tables are written: text (requests.jsonl, iterations.csv) or parquet (requests.parquet, iterations.parquet: typed columns, written in C, for pandas / polars / DuckDB; needs pyarrow, pip install 'fastpp[parquet]').")] = "text",
+    table_format: Annotated[
+        str,
+        typer.Option(
+            "--table-format",
+            help="How each run's request and iteration tables are written: text (requests.jsonl, iterations.csv) or parquet (requests.parquet, iterations.parquet: typed columns, written in C, for pandas / polars / DuckDB; needs pyarrow, pip install 'fastpp[parquet]').",
+        ),
+    ] = "text",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summaries as JSON.")] = False,
 ) -> None:
     """Simulate a deployment serving a workload; compare PP and TP side by side."""
@@ -67,19 +118,35 @@ def simulate(
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     try:
         wl_values = given(
-            WorkloadConfig, name=workload, rate=rate, num_requests=num_requests, duration_s=duration,
-            arrival=arrival, cv=cv, replay=replay, replay_start_s=replay_start,
-            replay_window_s=replay_window, replay_speed=replay_speed, seed=seed, data_dir=data_dir,
+            WorkloadConfig,
+            name=workload,
+            rate=rate,
+            num_requests=num_requests,
+            duration_s=duration,
+            arrival=arrival,
+            cv=cv,
+            replay=replay,
+            replay_start_s=replay_start,
+            replay_window_s=replay_window,
+            replay_speed=replay_speed,
+            seed=seed,
+            data_dir=data_dir,
         )
         if duration is not None and num_requests is None:
             wl_values["num_requests"] = None  # a duration replaces the default request count
         wl = WorkloadConfig(**wl_values)
-        base = DeploymentConfig(**given(
-            DeploymentConfig, model=model, gpu=gpu, profile_path=profile,
-            policy=f"static:{chunk}" if chunk is not None else policy,
-            chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
-            host_loop=host_loop,
-        ), slo=slo)
+        base = DeploymentConfig(
+            **given(
+                DeploymentConfig,
+                model=model,
+                gpu=gpu,
+                profile_path=profile,
+                policy=f"static:{chunk}" if chunk is not None else policy,
+                chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
+                host_loop=host_loop,
+            ),
+            slo=slo,
+        )
         deployments = deployments_for(base, deploy)
         for dep in deployments:
             check_deployment(dep)
@@ -123,8 +190,16 @@ def _check_table_format(table_format: str) -> None:
             fail("--table-format parquet needs pyarrow: pip install 'fastpp[parquet]'")
 
 
-def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_json: bool,
-                    max_time: float | None, table_format: str = "text") -> None:
+def _run_and_report(
+    wl,
+    deployments,
+    requests,
+    out: Path,
+    timeline: bool,
+    as_json: bool,
+    max_time: float | None,
+    table_format: str = "text",
+) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fastpp.cli.forked_writes import ForkedWrites
@@ -135,20 +210,28 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
     runs = []
     writes = ForkedWrites()  # each run's files are written while the next run simulates
     quiet = as_json or not sys.stderr.isatty()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as bar:
         for dep in deployments:
             task = bar.add_task(f"simulating {dep.label}", total=len(requests))
             try:
                 run = run_simulation(
-                    wl, dep, requests=requests, max_time_s=max_time,
+                    wl,
+                    dep,
+                    requests=requests,
+                    max_time_s=max_time,
                     progress=lambda done, total, t=task: bar.update(t, completed=done),
                 )
             except (ValueError, OSError) as exc:
                 fail(f"{dep.label}: {exc}")
             runs.append(run)
-            write_simulation(run, out, timeline=timeline, submit=writes.submit,
-                             table_format=table_format)
+            write_simulation(run, out, timeline=timeline, submit=writes.submit, table_format=table_format)
     summaries = [r.summary for r in runs]
     write_json(summaries, out / "summary.json")
     if failed := writes.wait():
@@ -157,14 +240,24 @@ def _run_and_report(wl, deployments, requests, out: Path, timeline: bool, as_jso
         console.print_json(json.dumps(json_safe(summaries)))
         return
     first = runs[0]
-    title = (f"{first.profile.model.name} on {first.profile.gpu} ({first.profile.interconnect}), "
-             f"{wl.describe()}, SLO {first.deployment.slo.ttft_s * 1e3:.0f}/"
-             f"{first.deployment.slo.tpot_s * 1e3:.0f} ms")
+    title = (
+        f"{first.profile.model.name} on {first.profile.gpu} ({first.profile.interconnect}), "
+        f"{wl.describe()}, SLO {first.deployment.slo.ttft_s * 1e3:.0f}/"
+        f"{first.deployment.slo.tpot_s * 1e3:.0f} ms"
+    )
     console.print(summary_table(summaries, title))
     for r in runs:
         for note in r.summary.get("notes", []):
             console.print(f"[yellow]{r.deployment.label}: {note}[/]")
-    tables = "requests.parquet, iterations.parquet" if table_format == "parquet" else "requests.jsonl, iterations.csv"
+    tables = (
+        "requests.parquet, iterations.parquet"
+        if table_format == "parquet"
+        else "requests.jsonl, iterations.csv"
+    )
     files = f"summary.json, {tables}" + (", timeline.json for Perfetto" if timeline else "")
-    console.print(f"outputs in {out}/: summary.json, and one folder per deployment ({files}); "
-                  f"figures: fastpp plot {out}", markup=False, highlight=False)
+    console.print(
+        f"outputs in {out}/: summary.json, and one folder per deployment ({files}); "
+        f"figures: fastpp plot {out}",
+        markup=False,
+        highlight=False,
+    )

@@ -31,35 +31,140 @@ _SHOWN = {
     "goodput": ("goodput", "margin", "attainment", "num_probes"),
     "best-static": ("goodput", "margin", "attainment", "num_candidates"),
 }
-_AXES_SHOWN = ("metric", "workload", "model", "gpu", "deploy", "policy", "chunk", "slo_scale", "rate", "seeds")
+_AXES_SHOWN = (
+    "metric",
+    "workload",
+    "model",
+    "gpu",
+    "deploy",
+    "policy",
+    "chunk",
+    "slo_scale",
+    "rate",
+    "seeds",
+)
 
 
 def sweep(
-    workload: Annotated[list[str] | None, typer.Option("--workload", "-w", help="Workload axis (repeat or comma list). [default: azure-conv]")] = None,
-    policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Policy axis, e.g. static:512,predictive. [default: static:2048]")] = None,
-    rate: Annotated[list[str] | None, typer.Option("--rate", "-r", help="Rate axis, req/s (metric simulate only). [default: 4.0]")] = None,
-    chunk: Annotated[list[str] | None, typer.Option("--chunk", help="Static chunk axis: adds static:N policies; with --best-static, the candidates. [default for best-static: 128..2048 step 128]")] = None,
-    deploy: Annotated[list[str] | None, typer.Option("--deploy", "-d", help="Deployment axis: pp4, tp4, pp2tp2 (pp4@POLICY pins a policy). [default: pp4]")] = None,
-    gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU axis. [default: A100-40GB-PCIe]")] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model axis. [default: Qwen2.5-32B]")] = None,
-    slo_scale: Annotated[list[str] | None, typer.Option("--slo-scale", help="SLO scale axis: factors on the base SLO. [default: 1]")] = None,
-    metric: Annotated[str | None, typer.Option("--metric", help="What each point computes: simulate, goodput or best-static. [default: simulate]")] = None,
-    best_static: Annotated[bool, typer.Option("--best-static", help="Find the static chunk with the highest goodput per workload/deployment/GPU/model/SLO scale.")] = False,
-    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds 0..N-1: one simulate row each, pooled per goodput probe. [default: 1 for simulate, 2 for goodput]")] = None,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", "-n", help="Requests per seed (for goodput: a probe's starting length, doubled while its verdict is unsettled). [default: 1000 / the goodput length rule]")] = None,
-    precision: Annotated[float | None, typer.Option("--precision", help="Goodput bracket width, req/s. [default: 0.1]")] = None,
-    steady: Annotated[bool | None, typer.Option("--steady/--no-steady", help="Goodput: fail a probe whose queue still grows; --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n). [default: --steady]")] = None,
-    slo_ttft_ms: Annotated[float | None, typer.Option(help="Base TTFT SLO in ms, before --slo-scale. [default: 2000]")] = None,
-    slo_tpot_ms: Annotated[float | None, typer.Option(help="Base TPOT SLO in ms, before --slo-scale. [default: 200]")] = None,
-    grid: Annotated[Path | None, typer.Option("--grid", help="TOML file with any of these options as keys (lists for axes).")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes for --executor process. [default: CPU count]")] = None,
+    workload: Annotated[
+        list[str] | None,
+        typer.Option("--workload", "-w", help="Workload axis (repeat or comma list). [default: azure-conv]"),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy", "-p", help="Policy axis, e.g. static:512,predictive. [default: static:2048]"
+        ),
+    ] = None,
+    rate: Annotated[
+        list[str] | None,
+        typer.Option("--rate", "-r", help="Rate axis, req/s (metric simulate only). [default: 4.0]"),
+    ] = None,
+    chunk: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--chunk",
+            help="Static chunk axis: adds static:N policies; with --best-static, the candidates. [default for best-static: 128..2048 step 128]",
+        ),
+    ] = None,
+    deploy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deploy",
+            "-d",
+            help="Deployment axis: pp4, tp4, pp2tp2 (pp4@POLICY pins a policy). [default: pp4]",
+        ),
+    ] = None,
+    gpu: Annotated[
+        list[str] | None, typer.Option("--gpu", help="GPU axis. [default: A100-40GB-PCIe]")
+    ] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="Model axis. [default: Qwen2.5-32B]")
+    ] = None,
+    slo_scale: Annotated[
+        list[str] | None,
+        typer.Option("--slo-scale", help="SLO scale axis: factors on the base SLO. [default: 1]"),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            "--metric", help="What each point computes: simulate, goodput or best-static. [default: simulate]"
+        ),
+    ] = None,
+    best_static: Annotated[
+        bool,
+        typer.Option(
+            "--best-static",
+            help="Find the static chunk with the highest goodput per workload/deployment/GPU/model/SLO scale.",
+        ),
+    ] = False,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            "--seeds",
+            help="Seeds 0..N-1: one simulate row each, pooled per goodput probe. [default: 1 for simulate, 2 for goodput]",
+        ),
+    ] = None,
+    num_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--num-requests",
+            "-n",
+            help="Requests per seed (for goodput: a probe's starting length, doubled while its verdict is unsettled). [default: 1000 / the goodput length rule]",
+        ),
+    ] = None,
+    precision: Annotated[
+        float | None, typer.Option("--precision", help="Goodput bracket width, req/s. [default: 0.1]")
+    ] = None,
+    steady: Annotated[
+        bool | None,
+        typer.Option(
+            "--steady/--no-steady",
+            help="Goodput: fail a probe whose queue still grows; --no-steady judges the SLO alone, as the paper's fixed 1,000-prompt runs did (use with -n). [default: --steady]",
+        ),
+    ] = None,
+    slo_ttft_ms: Annotated[
+        float | None, typer.Option(help="Base TTFT SLO in ms, before --slo-scale. [default: 2000]")
+    ] = None,
+    slo_tpot_ms: Annotated[
+        float | None, typer.Option(help="Base TPOT SLO in ms, before --slo-scale. [default: 200]")
+    ] = None,
+    grid: Annotated[
+        Path | None,
+        typer.Option("--grid", help="TOML file with any of these options as keys (lists for axes)."),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", help="Worker processes for --executor process. [default: CPU count]"),
+    ] = None,
     executor: Annotated[str, typer.Option("--executor", help="process, serial or ray.")] = "process",
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join; 'auto' falls back to a local instance. [default: auto]")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")] = Path("runs/sweep"),
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Ray cluster to join; 'auto' falls back to a local instance. [default: auto]",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")
+    ] = Path("runs/sweep"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the result rows as JSON.")] = False,
-    plot: Annotated[bool, typer.Option("--plot", help="Also draw the figures (PNG and SVG) into OUT/plots.")] = False,
-    profile: Annotated[str | None, typer.Option(help="Sweep on this profile instead of the analytic model (a JSON file or a shipped profile's name); it fixes the model, GPU, pp and tp.")] = None,
-    host_loop: Annotated[str | None, typer.Option("--host-loop", help="free-slots, batch-queue (vLLM) or blocking-launch, as `fastpp simulate`. [default: free-slots]")] = None,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Also draw the figures (PNG and SVG) into OUT/plots.")
+    ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Sweep on this profile instead of the analytic model (a JSON file or a shipped profile's name); it fixes the model, GPU, pp and tp."
+        ),
+    ] = None,
+    host_loop: Annotated[
+        str | None,
+        typer.Option(
+            "--host-loop",
+            help="free-slots, batch-queue (vLLM) or blocking-launch, as `fastpp simulate`. [default: free-slots]",
+        ),
+    ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -68,16 +173,34 @@ def sweep(
 
     try:
         values: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
-        values.update({k: v for k, v in {
-            "workload": _split(workload), "policy": _split(policy),
-            "rate": _split(rate, float, "--rate"), "chunk": _split(chunk, int, "--chunk"),
-            "deploy": _split(deploy), "gpu": _split(gpu), "model": _split(model),
-            "slo_scale": _split(slo_scale, float, "--slo-scale"), "metric": metric,
-            "best_static": best_static or None, "seeds": seeds, "num_requests": num_requests,
-            "precision": precision, "steady": steady, "slo_ttft_ms": slo_ttft_ms,
-            "slo_tpot_ms": slo_tpot_ms, "profile": profile, "host_loop": host_loop,
-            "chunk_candidates": chunk_candidates, "data_dir": data_dir,
-        }.items() if v is not None})
+        values.update(
+            {
+                k: v
+                for k, v in {
+                    "workload": _split(workload),
+                    "policy": _split(policy),
+                    "rate": _split(rate, float, "--rate"),
+                    "chunk": _split(chunk, int, "--chunk"),
+                    "deploy": _split(deploy),
+                    "gpu": _split(gpu),
+                    "model": _split(model),
+                    "slo_scale": _split(slo_scale, float, "--slo-scale"),
+                    "metric": metric,
+                    "best_static": best_static or None,
+                    "seeds": seeds,
+                    "num_requests": num_requests,
+                    "precision": precision,
+                    "steady": steady,
+                    "slo_ttft_ms": slo_ttft_ms,
+                    "slo_tpot_ms": slo_tpot_ms,
+                    "profile": profile,
+                    "host_loop": host_loop,
+                    "chunk_candidates": chunk_candidates,
+                    "data_dir": data_dir,
+                }.items()
+                if v is not None
+            }
+        )
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
         plan = plan_sweep(grid_from_mapping(values), out)
     except (ValueError, OSError, ImportError) as exc:
@@ -93,20 +216,35 @@ def sweep(
     if as_json:
         from fastpp.run_files import json_safe
 
-        print(json.dumps(json_safe({
-            "out_dir": str(out), "num_points": result.num_points, "num_run": result.num_run,
-            "num_skipped": result.num_skipped, "rows": result.rows,
-        })))
+        print(
+            json.dumps(
+                json_safe(
+                    {
+                        "out_dir": str(out),
+                        "num_points": result.num_points,
+                        "num_run": result.num_run,
+                        "num_skipped": result.num_skipped,
+                        "rows": result.rows,
+                    }
+                )
+            )
+        )
         return
-    console.print(_results_table(result.rows, f"sweep: {result.num_points} points, "
-                                 f"{result.num_run} run, {result.num_skipped} resumed"))
+    console.print(
+        _results_table(
+            result.rows,
+            f"sweep: {result.num_points} points, {result.num_run} run, {result.num_skipped} resumed",
+        )
+    )
     for row in result.best_static:
         group = f"{row['workload']} {row['model']} on {row['gpu']} {row['deploy']} SLO x{row['slo_scale']:g}"
         if row["chunk"] is None:
             console.print(f"best static chunk for {group}: none ({row['reason']})")
         else:
-            console.print(f"best static chunk for {group}: [bold]{row['chunk']}[/] "
-                          f"(goodput {row['goodput']:.4g} req/s of {row['num_candidates']} candidates)")
+            console.print(
+                f"best static chunk for {group}: [bold]{row['chunk']}[/] "
+                f"(goodput {row['goodput']:.4g} req/s of {row['num_candidates']} candidates)"
+            )
     console.print(f"table in {result.jsonl_path} and {result.csv_path}")
     if plot:
         from fastpp.cli.plot_cmd import draw
@@ -114,7 +252,9 @@ def sweep(
         draw(result.jsonl_path)
 
 
-def _split(values: list[str] | None, convert: Callable[[str], Any] = str, option: str = "") -> list[Any] | None:
+def _split(
+    values: list[str] | None, convert: Callable[[str], Any] = str, option: str = ""
+) -> list[Any] | None:
     """Repeated options and comma lists as one list (None when not given; [] when given empty)."""
     if values is None:
         return None
@@ -140,8 +280,14 @@ def _execute(plan: SweepPlan, runner: PointExecutor, *, quiet: bool) -> SweepRes
 
     from fastpp.sim.sweep import execute_plan
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as bar:
         task = bar.add_task("sweep points", total=len(plan.todo))
         return execute_plan(plan, runner, lambda done, total: bar.update(task, completed=done, total=total))
 

@@ -14,12 +14,16 @@ from fastpp import DeploymentConfig, WorkloadConfig, run_simulation
 
 # %% Simulate: 400 Azure-conversation requests at 4 req/s on 4 x A100-40GB (PCIe), Qwen2.5-32B.
 workload = WorkloadConfig(name="azure-conv", rate=4.0, num_requests=400, seed=0)
-runs = {policy: run_simulation(workload, DeploymentConfig(pp=4, policy=policy), record_iterations=False)
-        for policy in ("static:512", "predictive")}
+runs = {
+    policy: run_simulation(workload, DeploymentConfig(pp=4, policy=policy), record_iterations=False)
+    for policy in ("static:512", "predictive")
+}
 for policy, run in runs.items():
     s = run.summary
-    print(f"{policy:>11}: P90 TTFT {s['p90_ttft_ms']:7.1f} ms, P90 TPOT {s['p90_tpot_ms']:6.1f} ms, "
-          f"SLO met: {s['slo_met']}")
+    print(
+        f"{policy:>11}: P90 TTFT {s['p90_ttft_ms']:7.1f} ms, P90 TPOT {s['p90_tpot_ms']:6.1f} ms, "
+        f"SLO met: {s['slo_met']}"
+    )
 
 # %% Plot the two latency CDFs from the per-request records.
 import matplotlib  # noqa: E402  (optional dependency, needed from here on)

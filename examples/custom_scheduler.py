@@ -88,8 +88,9 @@ def serve(num_requests: int = 200, seed: int = 0) -> dict[str, float]:
     rng, view = random.Random(seed), ToyView()
     chunk_policy, balancer = make_chunk_policy("greedy"), make_balancer("ds")
     assert isinstance(view, PolicyView)
-    arrivals = deque(Req(i, i * 0.02, rng.randint(20, 400), rng.randint(10, 120))
-                     for i in range(num_requests))
+    arrivals = deque(
+        Req(i, i * 0.02, rng.randint(20, 400), rng.randint(10, 120)) for i in range(num_requests)
+    )
     done: list[Req] = []
     budgets: set[int] = set()
     last_return = [0.0] * STAGES
@@ -131,13 +132,28 @@ def serve(num_requests: int = 200, seed: int = 0) -> dict[str, float]:
                 view.now = max(view.now, arrivals[0].arrived_at) if arrivals else view.now
             continue
         tokens = len(decodes) + sum(n for _, _, n in chunks)
-        features = (sum(p * n for _, p, n in chunks), sum(n * n for _, _, n in chunks),
-                    sum(r.ctx_len for r in decodes))  # the ALP features: L_past*L_pre, L_pre^2, L_dec
+        features = (
+            sum(p * n for _, p, n in chunks),
+            sum(n * n for _, _, n in chunks),
+            sum(r.ctx_len for r in decodes),
+        )  # the ALP features: L_past*L_pre, L_pre^2, L_dec
         stage_s = 0.004 + 2e-5 * tokens + 1e-9 * features[1] + 2e-9 * features[2]  # the toy cost model
         for stage in range(STAGES):  # the stages run it one after another; each reports a record
             start = view.now + stage * stage_s
-            chunk_policy.observe(IterationRecord(mb_id, stage, slot, start, start + stage_s, tokens,
-                                                 tokens - len(decodes), len(decodes), *features, budget))
+            chunk_policy.observe(
+                IterationRecord(
+                    mb_id,
+                    stage,
+                    slot,
+                    start,
+                    start + stage_s,
+                    tokens,
+                    tokens - len(decodes),
+                    len(decodes),
+                    *features,
+                    budget,
+                )
+            )
         view.now += STAGES * stage_s
         if decodes:
             view.recent_token_gap.append((view.now, view.now - last_return[slot]))
@@ -156,8 +172,13 @@ def serve(num_requests: int = 200, seed: int = 0) -> dict[str, float]:
                 view.running[slot].append(r)
         mb_id += 1
     ttft = sorted(r.first_token_at - r.arrived_at for r in done)
-    return {"requests": len(done), "microbatches": mb_id, "p90_ttft_s": round(ttft[int(0.9 * len(ttft))], 3),
-            "parks": balancer.num_parks, "chunk_budgets": sorted(budgets)}
+    return {
+        "requests": len(done),
+        "microbatches": mb_id,
+        "p90_ttft_s": round(ttft[int(0.9 * len(ttft))], 3),
+        "parks": balancer.num_parks,
+        "chunk_budgets": sorted(budgets),
+    }
 
 
 if __name__ == "__main__":

@@ -44,8 +44,12 @@ from fastpp.view import PolicyView, RequestView
 
 # The simulator lives in fastpp.sim (a layer above this core, which must not import it at load
 # time): its entry points are public names here, imported on first use.
-_SIMULATOR = {"run_simulation": "run_simulation", "WorkloadConfig": "WorkloadConfig",
-              "DeploymentConfig": "DeploymentConfig", "SimulationRun": "SimulationRun"}
+_SIMULATOR = {
+    "run_simulation": "run_simulation",
+    "WorkloadConfig": "WorkloadConfig",
+    "DeploymentConfig": "DeploymentConfig",
+    "SimulationRun": "SimulationRun",
+}
 
 # The deployment planner (fastpp.sim.planner), likewise imported on first use.
 _PLANNER = ("plan_deployment", "PlanConfig", "DeploymentPlan", "CandidateResult")
@@ -72,20 +76,53 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "__version__",
     # policies: the two protocols, the view they read, building them, the classes and configs
-    "ChunkPolicy", "DecodeBalancer", "PolicyView", "RequestView", "BalancePlan",
-    "make_chunk_policy", "make_balancer", "make_policies",
-    "StaticChunkPolicy", "GreedyChunkPolicy", "GreedyConfig", "PredictiveChunkPolicy",
-    "PredictiveConfig", "UpstreamChunkPolicy", "UpstreamChunkConfig", "DelayScheduler",
-    "DelayConfig", "NoBalancer",
+    "ChunkPolicy",
+    "DecodeBalancer",
+    "PolicyView",
+    "RequestView",
+    "BalancePlan",
+    "make_chunk_policy",
+    "make_balancer",
+    "make_policies",
+    "StaticChunkPolicy",
+    "GreedyChunkPolicy",
+    "GreedyConfig",
+    "PredictiveChunkPolicy",
+    "PredictiveConfig",
+    "UpstreamChunkPolicy",
+    "UpstreamChunkConfig",
+    "DelayScheduler",
+    "DelayConfig",
+    "NoBalancer",
     # the latency predictor (scikit-learn style fit / predict / partial_fit)
-    "ALPPredictor", "TokensOnlyPredictor", "LatencyPredictor",
+    "ALPPredictor",
+    "TokensOnlyPredictor",
+    "LatencyPredictor",
     # records, objectives, profiles
-    "IterationRecord", "IterationLog", "Request", "RequestRecord", "FinishReason", "SLO", "Profile",
-    "load_profile", "summarize",
+    "IterationRecord",
+    "IterationLog",
+    "Request",
+    "RequestRecord",
+    "FinishReason",
+    "SLO",
+    "Profile",
+    "load_profile",
+    "summarize",
     # our scheduler and its executor contract
-    "Scheduler", "SchedulerConfig", "MicroBatchPlan", "StepOutput", "RequestEnd", "SchedulerStats",
+    "Scheduler",
+    "SchedulerConfig",
+    "MicroBatchPlan",
+    "StepOutput",
+    "RequestEnd",
+    "SchedulerStats",
     # the simulator
-    "run_simulation", "WorkloadConfig", "DeploymentConfig", "SimulationRun",
+    "run_simulation",
+    "WorkloadConfig",
+    "DeploymentConfig",
+    "SimulationRun",
     # the deployment planner
-    "plan_deployment", "PlanConfig", "DeploymentPlan", "CandidateResult",
+    "plan_deployment",
+    "PlanConfig",
+    "DeploymentPlan",
+    "CandidateResult",
 ]

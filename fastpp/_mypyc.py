@@ -21,4 +21,5 @@ else:
         def mypyc_attr(*_args, **_kwargs):
             return lambda cls: cls
 
+
 __all__ = ["mypyc_attr"]

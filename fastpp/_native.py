@@ -49,10 +49,22 @@ from types import ModuleType
 # its own type). mypyc keeps the __init__ that dataclasses generates as Python, so the hottest
 # value types write theirs out (tests/test_plan_types.py).
 MODULES = (
-    "fastpp.alp_rls", "fastpp.iteration_log", "fastpp.kv_ledger", "fastpp.kv_pool", "fastpp.live_request",
-    "fastpp.pipeline", "fastpp.plan", "fastpp.scheduler", "fastpp.signals",
-    "fastpp.stage_cost_fn", "fastpp.types", "fastpp.waiting_queue",
-    "fastpp.policies.predictive", "fastpp.policies.rules", "fastpp.sim.engine", "fastpp.sim.events",
+    "fastpp.alp_rls",
+    "fastpp.iteration_log",
+    "fastpp.kv_ledger",
+    "fastpp.kv_pool",
+    "fastpp.live_request",
+    "fastpp.pipeline",
+    "fastpp.plan",
+    "fastpp.scheduler",
+    "fastpp.signals",
+    "fastpp.stage_cost_fn",
+    "fastpp.types",
+    "fastpp.waiting_queue",
+    "fastpp.policies.predictive",
+    "fastpp.policies.rules",
+    "fastpp.sim.engine",
+    "fastpp.sim.events",
 )
 SWITCH = "FASTPP_NATIVE"  # "1" turns the build on; unset or "0": pure Python
 MANIFEST = "manifest.json"
@@ -91,8 +103,7 @@ def source_key(staged: Path | None = None) -> str:
     installation of fastpp, gives another key. ``staged``: read the sources from that copy
     (laid out by module name) instead, as the builder compiles them."""
     digest = hashlib.sha256()
-    digest.update(f"{sys.implementation.cache_tag} {importlib.machinery.EXTENSION_SUFFIXES[0]}"
-                  .encode())
+    digest.update(f"{sys.implementation.cache_tag} {importlib.machinery.EXTENSION_SUFFIXES[0]}".encode())
     digest.update(str(package_dir("fastpp").resolve()).encode() + b"\0")
     for module in MODULES:
         path = source_path(module) if staged is None else staged / (module.replace(".", "/") + ".py")
@@ -177,7 +188,7 @@ class _BuildFinder(importlib.abc.MetaPathFinder):
 
 
 def status() -> str:
-    """"on: N modules compiled (folder)" or "off: why", for speed reports."""
+    """ "on: N modules compiled (folder)" or "off: why", for speed reports."""
     return _state["status"]
 
 

@@ -26,11 +26,17 @@ MIN_PREDICTION_S = 1e-6  # fastpp.predictor's floor (the controller divides by p
 class AlpBeatModel:
     """``T = table(N) + w . [sum L_past*L_pre, sum L_pre^2, sum L_dec, 1]`` and its RLS step."""
 
-    __slots__ = ("dense", "top", "slope", "s0", "s1", "s2", "x3", "theta", "cov",
-                 "w0", "w1", "w2", "w3")
+    __slots__ = ("dense", "top", "slope", "s0", "s1", "s2", "x3", "theta", "cov", "w0", "w1", "w2", "w3")
 
-    def __init__(self, dense: list[float], top: int, slope: float,
-                 scales: tuple[float, ...], theta: list[float], cov: list[float]) -> None:
+    def __init__(
+        self,
+        dense: list[float],
+        top: int,
+        slope: float,
+        scales: tuple[float, ...],
+        theta: list[float],
+        cov: list[float],
+    ) -> None:
         """``dense``/``top``/``slope``: the table's (``LinearTable``); ``scales``: the four
         feature scales (the last is the bias feature's value); ``theta`` (4) and ``cov`` (10,
         upper triangle by rows): the predictor's own lists, which the RLS step updates."""
@@ -51,24 +57,39 @@ class AlpBeatModel:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         return dense_at(self.dense, self.top, self.slope, num_tokens)
 
-    def predict(self, num_tokens: int, sum_past_x_pre: int, sum_pre_sq: int,
-                sum_dec_ctx: int) -> float:
+    def predict(self, num_tokens: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int) -> float:
         """``ALPPredictor.predict_one``: seconds, floored at ``MIN_PREDICTION_S``."""
-        t = (self.table_at(num_tokens) + self.w0 * sum_past_x_pre + self.w1 * sum_pre_sq
-             + self.w2 * sum_dec_ctx + self.w3)
+        t = (
+            self.table_at(num_tokens)
+            + self.w0 * sum_past_x_pre
+            + self.w1 * sum_pre_sq
+            + self.w2 * sum_dec_ctx
+            + self.w3
+        )
         return t if t > MIN_PREDICTION_S else MIN_PREDICTION_S
 
-    def fitted(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-               sum_dec_ctx: float) -> float:
+    def fitted(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float) -> float:
         """The prediction ``learn_one`` compares a measured beat with (scaled features times
         the scaled coefficients; not floored)."""
         theta = self.theta
-        return (self.table_at(num_tokens) + theta[0] * (sum_past_x_pre * self.s0)
-                + theta[1] * (sum_pre_sq * self.s1) + theta[2] * (sum_dec_ctx * self.s2)
-                + theta[3] * self.x3)
+        return (
+            self.table_at(num_tokens)
+            + theta[0] * (sum_past_x_pre * self.s0)
+            + theta[1] * (sum_pre_sq * self.s1)
+            + theta[2] * (sum_dec_ctx * self.s2)
+            + theta[3] * self.x3
+        )
 
-    def step(self, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, e: float,
-             forgetting_factor: float, cap: float, learn_covariance: bool) -> None:
+    def step(
+        self,
+        sum_past_x_pre: float,
+        sum_pre_sq: float,
+        sum_dec_ctx: float,
+        e: float,
+        forgetting_factor: float,
+        cap: float,
+        learn_covariance: bool,
+    ) -> None:
         """One exponentially weighted RLS step on the (screened) error ``e``: the coefficients
         move by ``g * e``; with ``learn_covariance`` (not for a clipped outlier) the covariance
         too, each diagonal entry above ``cap`` scaled back to it (``ALPPredictor.learn_one``)."""
@@ -123,8 +144,14 @@ def _constructor_call(model: AlpBeatModel) -> tuple[type, tuple[object, ...]]:
     restored by calling ``__init__`` without arguments). Pickled with its predictor, the
     coefficient and covariance lists stay the predictor's own (pickle keeps shared objects
     shared)."""
-    return AlpBeatModel, (model.dense, model.top, model.slope,
-                          (model.s0, model.s1, model.s2, model.x3), model.theta, model.cov)
+    return AlpBeatModel, (
+        model.dense,
+        model.top,
+        model.slope,
+        (model.s0, model.s1, model.s2, model.x3),
+        model.theta,
+        model.cov,
+    )
 
 
 copyreg.pickle(AlpBeatModel, _constructor_call)

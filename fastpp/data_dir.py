@@ -54,9 +54,10 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     path, source = data_dir_source(data_dir)
     how = f"pass {DATA_DIR_OPTION} DIR or set {DATA_DIR_ENV}"
     if path is None:
-        raise DataDirError(f"no data directory: {how} (FastPP is not running from a source "
-                           f"checkout, so there is no {CHECKOUT_DATA} default)")
+        raise DataDirError(
+            f"no data directory: {how} (FastPP is not running from a source "
+            f"checkout, so there is no {CHECKOUT_DATA} default)"
+        )
     if not path.is_dir():
-        raise DataDirError(f"data directory not found: {path.resolve()} (from {source}; {how})",
-                           path=path)
+        raise DataDirError(f"data directory not found: {path.resolve()} (from {source}; {how})", path=path)
     return path

@@ -73,7 +73,7 @@ class DecodeSlots:
         start = self._cursor[slot] % n
         self._cursor[slot] = (start + budget) % n
         end = start + budget
-        return run[start:end] if end <= n else run[start:] + run[:end - n]
+        return run[start:end] if end <= n else run[start:] + run[: end - n]
 
     def decoded(self, slot: int, num_decodes: int) -> None:
         """``num_decodes`` requests running in ``slot`` each fed one token: the caller grew

@@ -22,20 +22,51 @@ from fastpp._mypyc import mypyc_attr
 from fastpp.types import IterationRecord
 
 # The fields of IterationRecord other than stage, started_at and finished_at, in its order.
-HEAD_FIELDS = ("mb_id", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
-               "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget", "reason",
-               "num_sampled")
+HEAD_FIELDS = (
+    "mb_id",
+    "slot",
+    "num_tokens",
+    "num_prefill_tokens",
+    "num_decode_reqs",
+    "sum_past_x_pre",
+    "sum_pre_sq",
+    "sum_dec_ctx",
+    "chunk_budget",
+    "reason",
+    "num_sampled",
+)
 Head = tuple  # the values of HEAD_FIELDS, in that order
 
 record_head: attrgetter = attrgetter(*HEAD_FIELDS)  # an IterationRecord's head
 
 
-def make_head(mb_id: int, slot: int, num_tokens: int, num_prefill_tokens: int, num_decode_reqs: int,
-              sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int, chunk_budget: int, reason: str,
-              num_sampled: int) -> Head:
+def make_head(
+    mb_id: int,
+    slot: int,
+    num_tokens: int,
+    num_prefill_tokens: int,
+    num_decode_reqs: int,
+    sum_past_x_pre: int,
+    sum_pre_sq: int,
+    sum_dec_ctx: int,
+    chunk_budget: int,
+    reason: str,
+    num_sampled: int,
+) -> Head:
     """The head of one microbatch (HEAD_FIELDS, in that order): the one place it is built."""
-    return (mb_id, slot, num_tokens, num_prefill_tokens, num_decode_reqs, sum_past_x_pre, sum_pre_sq,
-            sum_dec_ctx, chunk_budget, reason, num_sampled)
+    return (
+        mb_id,
+        slot,
+        num_tokens,
+        num_prefill_tokens,
+        num_decode_reqs,
+        sum_past_x_pre,
+        sum_pre_sq,
+        sum_dec_ctx,
+        chunk_budget,
+        reason,
+        num_sampled,
+    )
 
 
 def make_record(head: Head, stage: int, started_at: float, finished_at: float) -> IterationRecord:
@@ -99,8 +130,12 @@ class IterationLog(Sequence[IterationRecord]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, IterationLog):
-            return (self.stages == other.stages and self.started_at == other.started_at
-                    and self.finished_at == other.finished_at and self.heads == other.heads)
+            return (
+                self.stages == other.stages
+                and self.started_at == other.started_at
+                and self.finished_at == other.finished_at
+                and self.heads == other.heads
+            )
         if isinstance(other, list | tuple):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented

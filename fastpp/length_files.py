@@ -232,8 +232,9 @@ def read_azure_trace(path: str | Path) -> Trace:
         h, m, s = int(hours), int(minutes), int(seconds)
         if h > 23 or m > 59 or s > 59:
             raise WorkloadError.at(path, line, time_col, f"invalid time of day in {text!r}")
-        ns = ((ordinal * 86400 + h * 3600 + m * 60 + s) * 10**9
-              + (int(fraction.ljust(9, "0")) if fraction else 0))
+        ns = (ordinal * 86400 + h * 3600 + m * 60 + s) * 10**9 + (
+            int(fraction.ljust(9, "0")) if fraction else 0
+        )
         if arrival_ns and ns < arrival_ns[-1]:
             raise WorkloadError.at(
                 path, line, time_col, f"timestamp {text!r} is earlier than the previous row's"
@@ -241,11 +242,13 @@ def read_azure_trace(path: str | Path) -> Trace:
         if arrival_ns and ns - arrival_ns[0] > MAX_SPAN_NS:
             years = (ns - arrival_ns[0]) / 1e9 / (365.25 * 86400)
             raise WorkloadError.at(
-                path, line, time_col, f"timestamp {text!r} is {years:,.0f} years after the first "
-                f"row's; a trace spans at most {MAX_SPAN_NS / 1e9 / (365.25 * 86400):.0f} years")
-        prompt_len, output_len = _read_lengths(
-            path, line, (prompt_col, output_col), prompt_text, output_text
-        )
+                path,
+                line,
+                time_col,
+                f"timestamp {text!r} is {years:,.0f} years after the first "
+                f"row's; a trace spans at most {MAX_SPAN_NS / 1e9 / (365.25 * 86400):.0f} years",
+            )
+        prompt_len, output_len = _read_lengths(path, line, (prompt_col, output_col), prompt_text, output_text)
         arrival_ns.append(ns)
         prompt_lens.append(prompt_len)
         output_lens.append(output_len)

@@ -27,8 +27,6 @@ from fastpp.length_files import LengthTable, Trace, check_lengths, frozen_int64
 BUILTIN_TABLES_FILE = "length_tables.json"
 
 
-
-
 class LengthSampler(Protocol):
     """Draws request lengths. ``sample`` returns (prompt_lens, output_lens): int64 arrays of
     length ``n``, every value >= 1, a pure function of the generator's state."""
@@ -49,8 +47,7 @@ def _norm_cdf(x: np.ndarray) -> np.ndarray:
     # Capping |z| at 6 (where 1 - erf < 3e-17) keeps exp() out of denormals, which are ~20x slower.
     z = np.minimum(np.abs(x) / math.sqrt(2.0), 6.0)
     t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                         + t * 1.061405429))))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     erf = 1.0 - poly * np.exp(-z * z)
     return 0.5 * (1.0 + np.sign(x) * erf)
 
@@ -134,8 +131,10 @@ class QuantileLengths:
         return self.input.quantile(_norm_cdf(z[0])), self.output.quantile(_norm_cdf(z_out))
 
     def describe(self) -> str:
-        return (f"quantile table of {self.name} (Gaussian copula, rank correlation "
-                f"{self.rank_correlation:.3f}); derived from {self.source}")
+        return (
+            f"quantile table of {self.name} (Gaussian copula, rank correlation "
+            f"{self.rank_correlation:.3f}); derived from {self.source}"
+        )
 
 
 def load_builtin_tables() -> dict[str, Any]:
@@ -239,6 +238,8 @@ class SyntheticLengths:
         return prompt_lens, output_lens
 
     def describe(self) -> str:
-        return (f"synthetic lognormal lengths ({self.name}): input mean {self.mean_in:g} "
-                f"cv {self.cv_in:g} max {self.max_in}, output mean {self.mean_out:g} "
-                f"cv {self.cv_out:g} max {self.max_out}; independent")
+        return (
+            f"synthetic lognormal lengths ({self.name}): input mean {self.mean_in:g} "
+            f"cv {self.cv_in:g} max {self.max_in}, output mean {self.mean_out:g} "
+            f"cv {self.cv_out:g} max {self.max_out}; independent"
+        )

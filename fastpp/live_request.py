@@ -39,10 +39,20 @@ class LiveRequest:
     aborted: bool = False
 
     # Written out (as fastpp/plan.py's value types): one per admitted request.
-    def __init__(self, rec: RequestRecord, target_len: int, fill_len: int, ctx_len: int = 0,
-                 num_computed: int = 0, kv_tokens: int = 0, slot: int = -1, admit_seq: int = -1,
-                 parked_at: float | None = None, in_flight: bool = False,
-                 aborted: bool = False) -> None:
+    def __init__(
+        self,
+        rec: RequestRecord,
+        target_len: int,
+        fill_len: int,
+        ctx_len: int = 0,
+        num_computed: int = 0,
+        kv_tokens: int = 0,
+        slot: int = -1,
+        admit_seq: int = -1,
+        parked_at: float | None = None,
+        in_flight: bool = False,
+        aborted: bool = False,
+    ) -> None:
         self.rec = rec
         self.target_len = target_len
         self.fill_len = fill_len

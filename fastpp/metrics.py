@@ -244,8 +244,10 @@ def pipeline_fields(stage_busy_s: Sequence[float], start: float, end: float) -> 
     """The summary keys a pipeline run adds: per-stage and mean bubble fraction over
     [start, end], rounded to 4 places."""
     bubbles = bubble_fraction(stage_busy_s, start, end)
-    return {"bubble_fraction": [round(b, 4) for b in bubbles],
-            "mean_bubble_fraction": round(sum(bubbles) / len(bubbles), 4) if bubbles else math.nan}
+    return {
+        "bubble_fraction": [round(b, 4) for b in bubbles],
+        "mean_bubble_fraction": round(sum(bubbles) / len(bubbles), 4) if bubbles else math.nan,
+    }
 
 
 def stage_busy_seconds(

@@ -46,8 +46,14 @@ def stage(into: Path) -> list[Path]:
 
 def compile_in(workdir: Path, files: list[Path]) -> None:
     """mypyc over ``files`` (imports it cannot type are not followed into errors)."""
-    cmd = [sys.executable, "-m", "mypyc", "--ignore-missing-imports", "--follow-imports=silent",
-           *(str(f.relative_to(workdir)) for f in files)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mypyc",
+        "--ignore-missing-imports",
+        "--follow-imports=silent",
+        *(str(f.relative_to(workdir)) for f in files),
+    ]
     env = {**os.environ, "MYPYC_OPT_LEVEL": "3"}
     done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -77,8 +83,9 @@ def publish(workdir: Path, folder: Path) -> dict[str, dict[str, object]]:
 def check_in_child() -> str:
     """Import fastpp in a fresh process with the build asked for; its build status line."""
     code = "import fastpp._native as n; print(n.status())"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, _native.SWITCH: "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, _native.SWITCH: "1"}
+    )
     if done.returncode != 0:
         return f"import failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
     return done.stdout.strip()
@@ -111,14 +118,17 @@ def build() -> str:
         work = Path(tmp)
         files = stage(work)
         folder = _native.cache_root() / _native.source_key(work)  # the sources compiled
-        print(f"compiling {len(files)} modules with mypyc {mypy.version.__version__} ...",
-              flush=True)
+        print(f"compiling {len(files)} modules with mypyc {mypy.version.__version__} ...", flush=True)
         compile_in(work, files)
         if folder.exists():
             shutil.rmtree(folder)
         built = publish(work, folder)
-    manifest = {"files": built, "mypy": mypy.version.__version__, "python": sys.version.split()[0],
-                "sources": str(_native.package_dir("fastpp").resolve())}
+    manifest = {
+        "files": built,
+        "mypy": mypy.version.__version__,
+        "python": sys.version.split()[0],
+        "sources": str(_native.package_dir("fastpp").resolve()),
+    }
     (folder / _native.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     verdict = check_in_child()
     if not verdict.startswith("on:"):
@@ -131,10 +141,12 @@ def build() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog=_native.BUILD_COMMAND, description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--check", action="store_true",
-                    help=f"only report whether {_native.SWITCH}=1 would use a build")
+    ap = argparse.ArgumentParser(
+        prog=_native.BUILD_COMMAND, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument(
+        "--check", action="store_true", help=f"only report whether {_native.SWITCH}=1 would use a build"
+    )
     args = ap.parse_args(argv)
     if args.check:
         print(check_in_child())

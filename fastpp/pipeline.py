@@ -25,13 +25,24 @@ from fastpp.types import IterationRecord
 
 def microbatch_head(plan: MicroBatchPlan) -> Head:
     """The fields every stage record of ``plan`` shares (``fastpp.iteration_log``)."""
-    return make_head(plan.mb_id, plan.slot, plan.num_tokens, plan.num_prefill_tokens,
-                     len(plan.decode_req_ids), plan.sum_past_x_pre, plan.sum_pre_sq, plan.sum_dec_ctx,
-                     plan.chunk_budget, plan.reason, plan.num_sampled)
+    return make_head(
+        plan.mb_id,
+        plan.slot,
+        plan.num_tokens,
+        plan.num_prefill_tokens,
+        len(plan.decode_req_ids),
+        plan.sum_past_x_pre,
+        plan.sum_pre_sq,
+        plan.sum_dec_ctx,
+        plan.chunk_budget,
+        plan.reason,
+        plan.num_sampled,
+    )
 
 
-def iteration_record(plan: MicroBatchPlan, stage: int, started_at: float,
-                     finished_at: float) -> IterationRecord:
+def iteration_record(
+    plan: MicroBatchPlan, stage: int, started_at: float, finished_at: float
+) -> IterationRecord:
     """The IterationRecord of ``plan`` on ``stage`` between the two instants (seconds)."""
     return make_record(microbatch_head(plan), stage, started_at, finished_at)
 
@@ -73,8 +84,9 @@ class PipelineDriver:
         until something arrives or returns. Here: some slot is free."""
         return any(self.scheduler.is_slot_free(slot) for slot in range(self._num_slots))
 
-    def stage_finished(self, plan: MicroBatchPlan, stage: int, started_at: float,
-                       finished_at: float) -> IterationRecord:
+    def stage_finished(
+        self, plan: MicroBatchPlan, stage: int, started_at: float, finished_at: float
+    ) -> IterationRecord:
         """Stage ``stage`` computed ``plan`` between the two instants: record it, let the
         policies observe it, and return the record."""
         rec = iteration_record(plan, stage, started_at, finished_at)

@@ -88,13 +88,26 @@ class MicroBatchPlan:
     # Written out, as PrefillChunk's: one plan per microbatch. Each store spelled
     # ``object.__setattr__(self, ...)``: mypyc compiles that form to a direct field store, an
     # alias of it (``set = object.__setattr__``) to a generic attribute call.
-    def __init__(self, mb_id: int, slot: int, scheduled_at: float, chunk_budget: int,
-                 decode_req_ids: tuple[int, ...], decode_ctx: tuple[int, ...],
-                 prefill: tuple[PrefillChunk, ...], num_tokens: int, num_prefill_tokens: int,
-                 num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int,
-                 reason: str = "", kv_frees: tuple[int, ...] = (),
-                 kv_allocs: tuple[tuple[int, int], ...] = (),
-                 retracted_ids: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        mb_id: int,
+        slot: int,
+        scheduled_at: float,
+        chunk_budget: int,
+        decode_req_ids: tuple[int, ...],
+        decode_ctx: tuple[int, ...],
+        prefill: tuple[PrefillChunk, ...],
+        num_tokens: int,
+        num_prefill_tokens: int,
+        num_sampled: int,
+        sum_past_x_pre: int,
+        sum_pre_sq: int,
+        sum_dec_ctx: int,
+        reason: str = "",
+        kv_frees: tuple[int, ...] = (),
+        kv_allocs: tuple[tuple[int, int], ...] = (),
+        retracted_ids: tuple[int, ...] = (),
+    ) -> None:
         object.__setattr__(self, "mb_id", mb_id)
         object.__setattr__(self, "slot", slot)
         object.__setattr__(self, "scheduled_at", scheduled_at)
@@ -141,8 +154,7 @@ class RequestEnd:
     record: RequestRecord
 
     # Written out, as MicroBatchPlan's: one per request.
-    def __init__(self, req_id: int, reason: FinishReason, detail: str,
-                 record: RequestRecord) -> None:
+    def __init__(self, req_id: int, reason: FinishReason, detail: str, record: RequestRecord) -> None:
         object.__setattr__(self, "req_id", req_id)
         object.__setattr__(self, "reason", reason)
         object.__setattr__(self, "detail", detail)
@@ -206,5 +218,4 @@ class BalancePlan:
 NO_BALANCE = BalancePlan()
 
 
-pickle_by_constructor(PrefillChunk, MicroBatchPlan, RequestEnd, StepOutput, SchedulerStats,
-                      BalancePlan)
+pickle_by_constructor(PrefillChunk, MicroBatchPlan, RequestEnd, StepOutput, SchedulerStats, BalancePlan)

@@ -86,8 +86,11 @@ def check_balance(plan: BalancePlan, slot: int, slots: SlotState) -> None:
         if not slots.is_parked(rid):
             raise ValueError(f"balancer restores request {rid}, which is not parked")
     park = set(plan.park_ids)
-    if len(park) != len(plan.park_ids) or park & set(plan.restore_ids) \
-            or len(set(plan.restore_ids)) != len(plan.restore_ids):
+    if (
+        len(park) != len(plan.park_ids)
+        or park & set(plan.restore_ids)
+        or len(set(plan.restore_ids)) != len(plan.restore_ids)
+    ):
         raise ValueError("balancer plan repeats a request")
 
 
@@ -120,9 +123,19 @@ class BatchFeatures:
 
     def head(self, mb_id: int, slot: int, budget: int, reason: str) -> Head:
         """The fields every stage record of this microbatch shares (fastpp.iteration_log)."""
-        return make_head(mb_id, slot, self.num_tokens, self.num_prefill_tokens, self.num_decode_reqs,
-                         self.sum_past_x_pre, self.sum_pre_sq, self.sum_dec_ctx, budget, reason,
-                         self.num_sampled)
+        return make_head(
+            mb_id,
+            slot,
+            self.num_tokens,
+            self.num_prefill_tokens,
+            self.num_decode_reqs,
+            self.sum_past_x_pre,
+            self.sum_pre_sq,
+            self.sum_dec_ctx,
+            budget,
+            reason,
+            self.num_sampled,
+        )
 
 
 @dataclass(slots=True)
@@ -218,8 +231,9 @@ class PolicyHost:
             budget, reason = self.fit_budget(budget, reason)
         decodes = slots.pick(slot, budget)
         counters.decode_sitouts += num_running - len(decodes)
-        decision = StepDecision(slot, now, budget, reason, park, restore, num_liveness, decodes, balance,
-                                fallback)
+        decision = StepDecision(
+            slot, now, budget, reason, park, restore, num_liveness, decodes, balance, fallback
+        )
         if self.trace is not None:
             self.trace(("step", now, slot, decision))
         return decision

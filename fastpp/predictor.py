@@ -53,13 +53,21 @@ from fastpp.predictor_fit import (
 from fastpp.predictor_sklearn import SklearnPredictor
 from fastpp.profile import LinearTable, Profile
 
-__all__ = ["ALPPredictor", "LatencyPredictor", "SklearnPredictor", "TokensOnlyPredictor", "mape",
-           "DEFAULT_FEATURE_SCALES", "MIN_PREDICTION_S", "PREDICTOR_SCHEMA_VERSION"]
+__all__ = [
+    "ALPPredictor",
+    "LatencyPredictor",
+    "SklearnPredictor",
+    "TokensOnlyPredictor",
+    "mape",
+    "DEFAULT_FEATURE_SCALES",
+    "MIN_PREDICTION_S",
+    "PREDICTOR_SCHEMA_VERSION",
+]
 
 # MIN_PREDICTION_S (fastpp.alp_rls): predictions are floored there, the controller divides by them
 # phi scales: 2^21 = 1024*2048 (a 1k chunk on a 2k prefix), 2^20 = 1024^2, 1e5 = ~100 decodes
 # at 1k context; the last entry is the value of the constant bias feature.
-DEFAULT_FEATURE_SCALES = (2.0 ** -21, 2.0 ** -20, 1e-5, 1.0)
+DEFAULT_FEATURE_SCALES = (2.0**-21, 2.0**-20, 1e-5, 1.0)
 OUTLIER_MODES = ("clip", "skip", "none")
 _INF = math.inf
 
@@ -70,13 +78,15 @@ class LatencyPredictor(Protocol):
     per microbatch). ALPPredictor, TokensOnlyPredictor and SklearnPredictor implement it; they
     also have scikit-learn's ``fit`` / ``predict`` / ``partial_fit`` for batch use."""
 
-    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
-                    sum_dec_ctx: int = 0) -> float:
+    def predict_one(
+        self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0, sum_dec_ctx: int = 0
+    ) -> float:
         """Seconds one beat takes for a microbatch with these ALP features."""
         ...
 
-    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-                  sum_dec_ctx: float, duration_s: float) -> float:
+    def learn_one(
+        self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
+    ) -> float:
         """Learn from one measured beat; returns the prediction error before learning."""
         ...
 
@@ -143,7 +153,8 @@ class _OnlinePredictor(ABC):
         if not all(isinstance(s, int | float) and 0.0 < s < _INF for s in self._scales()):
             raise ValueError(f"{name}: feature scales must be positive and finite, got {self._scales()}")
         if self.prior_coef is not None and (
-                len(self.prior_coef) != k or not all(math.isfinite(c) for c in self.prior_coef)):
+            len(self.prior_coef) != k or not all(math.isfinite(c) for c in self.prior_coef)
+        ):
             raise ValueError(f"{name}: prior_coef must be {k} finite numbers, got {self.prior_coef!r}")
         for key in ("model", "hardware"):
             if not isinstance(getattr(self, key), str):
@@ -163,8 +174,12 @@ class _OnlinePredictor(ABC):
         """A predictor for ``profile``'s deployment: its bottleneck table (no attention, no LM
         head), a prior from its costs, and its (model, hardware, pp, tp) keys. ``params``
         override the other constructor parameters."""
-        return cls(bottleneck_table(profile), prior_coef=cls._profile_prior(profile),
-                   **deployment_keys(profile), **params)
+        return cls(
+            bottleneck_table(profile),
+            prior_coef=cls._profile_prior(profile),
+            **deployment_keys(profile),
+            **params,
+        )
 
     # ---------------------------------------------------------------- sklearn-style params
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -220,8 +235,12 @@ class _OnlinePredictor(ABC):
         ya = as_targets(y, Xa.shape[0])
         k = len(self._scales())
         prior = np.asarray(self.prior_coef if self.prior_coef is not None else (0.0,) * k)
-        theta, cov = solve_rls_batch(self._phi(Xa), ya - self._table_values(Xa[:, 0]),
-                                     prior / np.asarray(self._scales()), self.initial_covariance)
+        theta, cov = solve_rls_batch(
+            self._phi(Xa),
+            ya - self._table_values(Xa[:, 0]),
+            prior / np.asarray(self._scales()),
+            self.initial_covariance,
+        )
         self._theta = [float(t) for t in theta]
         self._P = pack_upper(cov)
         self.n_updates_ = self.n_outliers_ = self._outlier_run = 0
@@ -241,8 +260,9 @@ class _OnlinePredictor(ABC):
         return self
 
     @abstractmethod
-    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-                  sum_dec_ctx: float, duration_s: float) -> float:
+    def learn_one(
+        self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
+    ) -> float:
         """One online step from a measured beat; returns the error before the step."""
 
     def _screened(self, error: float, pred: float) -> float | None:
@@ -291,12 +311,20 @@ class _OnlinePredictor(ABC):
         params = self.get_params()
         dep = {k: params.pop(k) for k in DEPLOYMENT_KEYS}
         table = params.pop("table")
-        write_predictor_file(path, {
-            "kind": type(self).__name__, "deployment": dep,
-            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
-            "table": table.to_dict(), "coef": list(self._coef()), "theta_scaled": self._theta,
-            "covariance": self.covariance_.tolist(), "n_updates": self.n_updates_,
-            "n_outliers": self.n_outliers_})
+        write_predictor_file(
+            path,
+            {
+                "kind": type(self).__name__,
+                "deployment": dep,
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+                "table": table.to_dict(),
+                "coef": list(self._coef()),
+                "theta_scaled": self._theta,
+                "covariance": self.covariance_.tolist(),
+                "n_updates": self.n_updates_,
+                "n_outliers": self.n_outliers_,
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path, *, model: str, hardware: str, pp: int, tp: int) -> Self:
@@ -337,8 +365,9 @@ class ALPPredictor(_OnlinePredictor):
     def _sync(self) -> None:
         _OnlinePredictor._sync(self)  # (a slotted dataclass has no zero-argument super())
         table = self.table
-        self._model = AlpBeatModel(table._dense, table._top, table._slope, self._scales(),
-                                   self._theta, self._P)
+        self._model = AlpBeatModel(
+            table._dense, table._top, table._slope, self._scales(), self._theta, self._P
+        )
 
     def __copy__(self) -> Self:
         """An independent copy: the beat model updates the coefficient and covariance lists
@@ -358,14 +387,16 @@ class ALPPredictor(_OnlinePredictor):
     def _profile_prior(profile: Profile) -> tuple[float, ...]:
         return alp_prior(profile)
 
-    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
-                    sum_dec_ctx: int = 0) -> float:
+    def predict_one(
+        self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0, sum_dec_ctx: int = 0
+    ) -> float:
         """Predicted beat seconds for one microbatch (non-negative ints), floored at
         ``MIN_PREDICTION_S``. The controller calls it per candidate chunk and slot."""
         return self._model.predict(num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx)
 
-    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-                  sum_dec_ctx: float, duration_s: float) -> float:
+    def learn_one(
+        self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
+    ) -> float:
         """One exponentially weighted RLS step on the residual ``duration_s - table(N)``.
 
         Returns the prediction error before the step (seconds, measured - predicted).
@@ -386,8 +417,15 @@ class ALPPredictor(_OnlinePredictor):
         if e is None:  # skipped outlier
             return error
         # a clipped sample (e != error) moves the coefficients but is no information: P stays
-        model.step(sum_past_x_pre, sum_pre_sq, sum_dec_ctx, e, self.forgetting_factor,
-                   self.initial_covariance, e == error)
+        model.step(
+            sum_past_x_pre,
+            sum_pre_sq,
+            sum_dec_ctx,
+            e,
+            self.forgetting_factor,
+            self.initial_covariance,
+            e == error,
+        )
         self.n_updates_ += 1
         return error
 
@@ -407,14 +445,16 @@ class TokensOnlyPredictor(_OnlinePredictor):
     def _profile_prior(profile: Profile) -> tuple[float, ...]:
         return (profile_bias_s(profile),)
 
-    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
-                    sum_dec_ctx: int = 0) -> float:
+    def predict_one(
+        self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0, sum_dec_ctx: int = 0
+    ) -> float:
         """Predicted beat seconds, floored at ``MIN_PREDICTION_S``; ignores attention."""
         t = self._table_at(num_tokens) + self._theta[0]
         return t if t > MIN_PREDICTION_S else MIN_PREDICTION_S
 
-    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-                  sum_dec_ctx: float, duration_s: float) -> float:
+    def learn_one(
+        self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
+    ) -> float:
         """Scalar RLS step on the bias (see :meth:`ALPPredictor.learn_one`); returns the error."""
         if not 0.0 < duration_s < _INF:
             raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")

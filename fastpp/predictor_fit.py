@@ -33,8 +33,10 @@ def as_features(X: object, what: str = "X") -> np.ndarray:
     if arr.ndim == 1 and arr.shape[0] == 4:
         arr = arr.reshape(1, 4)
     if arr.ndim != 2 or arr.shape[1] != 4:
-        raise ValueError(f"{what} must have shape (n, 4) [num_tokens, sum_past_x_pre, sum_pre_sq, "
-                         f"sum_dec_ctx], got {arr.shape}")
+        raise ValueError(
+            f"{what} must have shape (n, 4) [num_tokens, sum_past_x_pre, sum_pre_sq, "
+            f"sum_dec_ctx], got {arr.shape}"
+        )
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError(f"{what} must be finite and >= 0")
     if np.any(arr[:, 0] != np.floor(arr[:, 0])):
@@ -72,8 +74,9 @@ def unpack_upper(upper: list[float], k: int) -> np.ndarray:
     return out
 
 
-def solve_rls_batch(phi: np.ndarray, residual: np.ndarray, prior: np.ndarray,
-                    initial_covariance: float) -> tuple[np.ndarray, np.ndarray]:
+def solve_rls_batch(
+    phi: np.ndarray, residual: np.ndarray, prior: np.ndarray, initial_covariance: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Ridge least squares of ``residual`` on ``phi`` pulled towards ``prior``.
 
     Returns ``(theta, cov)`` with ``theta = argmin |phi theta - r|^2 + |theta - prior|^2 / P0``
@@ -98,8 +101,7 @@ def apply_params(estimator: Any, params: dict[str, Any]) -> None:
     old = estimator.get_params()
     unknown = sorted(set(params) - set(old))
     if unknown:
-        raise ValueError(f"{type(estimator).__name__}: unknown parameter(s) {unknown}; "
-                         f"valid: {sorted(old)}")
+        raise ValueError(f"{type(estimator).__name__}: unknown parameter(s) {unknown}; valid: {sorted(old)}")
     for key, value in params.items():
         setattr(estimator, key, value)
     try:
@@ -115,9 +117,13 @@ def apply_params(estimator: Any, params: dict[str, Any]) -> None:
 
 def _stage_table_s(stage: StageCost, num_tokens: int) -> float:
     """Token-proportional seconds of ``stage`` without attention and LM head."""
-    return (stage.linear.at(num_tokens) + stage.fixed_s
-            + stage.embedding_s_per_token * num_tokens
-            + stage.allreduce_fixed_s + stage.allreduce_s_per_token * num_tokens)
+    return (
+        stage.linear.at(num_tokens)
+        + stage.fixed_s
+        + stage.embedding_s_per_token * num_tokens
+        + stage.allreduce_fixed_s
+        + stage.allreduce_s_per_token * num_tokens
+    )
 
 
 def bottleneck_table(profile: Profile) -> LinearTable:
@@ -150,14 +156,12 @@ def alp_prior(profile: Profile) -> tuple[float, float, float, float]:
     """Unscaled prior coefficients (s per sum_past_x_pre, s per sum_pre_sq, s per sum_dec_ctx,
     bias s) from the bottleneck stage's attention costs and the LM head."""
     stage = bottleneck_stage(profile)
-    return (stage.attn_past_x_pre_s, stage.attn_pre_sq_s, stage.attn_dec_ctx_s,
-            profile_bias_s(profile))
+    return (stage.attn_past_x_pre_s, stage.attn_pre_sq_s, stage.attn_dec_ctx_s, profile_bias_s(profile))
 
 
 def deployment_keys(profile: Profile) -> dict[str, object]:
     """The (model, hardware, pp, tp) keys a predictor made for ``profile`` carries."""
-    return {"model": profile.model.name, "hardware": profile.gpu, "pp": profile.pp,
-            "tp": profile.tp}
+    return {"model": profile.model.name, "hardware": profile.gpu, "pp": profile.pp, "tp": profile.tp}
 
 
 # --------------------------------------------------------------------------- files
@@ -195,7 +199,9 @@ def read_predictor_file(path: str | Path, kind: str, deployment: dict[str, Any])
         raise ValueError(f"{path}: holds a {doc.get('kind')!r}, not a {kind}")
     if doc.get("deployment") != deployment:
         made_for = _fmt_deployment(doc.get("deployment"))
-        raise ValueError(f"{path}: predictor was made for deployment ({made_for}), "
-                         f"not for this deployment ({_fmt_deployment(deployment)}); "
-                         "refit it or use its own file")
+        raise ValueError(
+            f"{path}: predictor was made for deployment ({made_for}), "
+            f"not for this deployment ({_fmt_deployment(deployment)}); "
+            "refit it or use its own file"
+        )
     return doc

@@ -31,8 +31,10 @@ def _require_sklearn() -> None:
     try:
         import sklearn  # noqa: F401
     except ImportError as e:
-        raise ImportError("SklearnPredictor needs scikit-learn, which is not installed; "
-                          "install the extra: pip install 'fastpp[sklearn]'") from e
+        raise ImportError(
+            "SklearnPredictor needs scikit-learn, which is not installed; "
+            "install the extra: pip install 'fastpp[sklearn]'"
+        ) from e
 
 
 @dataclass(slots=True, eq=False)
@@ -65,8 +67,9 @@ class SklearnPredictor:
 
     def _validate(self) -> None:
         if not isinstance(self.table, LinearTable):
-            raise ValueError("SklearnPredictor: table must be a LinearTable, "
-                             f"got {type(self.table).__name__}")
+            raise ValueError(
+                f"SklearnPredictor: table must be a LinearTable, got {type(self.table).__name__}"
+            )
         if self.kind not in SKLEARN_KINDS:
             raise ValueError(f"SklearnPredictor: kind must be one of {SKLEARN_KINDS}, got {self.kind!r}")
         for key in ("buffer_size", "refit_every", "pp", "tp"):
@@ -78,18 +81,19 @@ class SklearnPredictor:
         if self.kind == "tree":
             from sklearn.ensemble import GradientBoostingRegressor
 
-            return GradientBoostingRegressor(n_estimators=300, max_depth=3, learning_rate=0.05,
-                                             random_state=self.random_state)
+            return GradientBoostingRegressor(
+                n_estimators=300, max_depth=3, learning_rate=0.05, random_state=self.random_state
+            )
         from sklearn.compose import TransformedTargetRegressor
         from sklearn.neural_network import MLPRegressor
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
 
         # lbfgs: small, deterministic full-batch problems (a few thousand beats)
-        mlp = MLPRegressor(hidden_layer_sizes=(32, 32), solver="lbfgs", max_iter=500,
-                           random_state=self.random_state)
-        return TransformedTargetRegressor(make_pipeline(StandardScaler(), mlp),
-                                          transformer=StandardScaler())
+        mlp = MLPRegressor(
+            hidden_layer_sizes=(32, 32), solver="lbfgs", max_iter=500, random_state=self.random_state
+        )
+        return TransformedTargetRegressor(make_pipeline(StandardScaler(), mlp), transformer=StandardScaler())
 
     def _inputs(self, X: np.ndarray) -> np.ndarray:
         # X: [n, 4] -> [n, 5] with the table value appended
@@ -137,11 +141,13 @@ class SklearnPredictor:
                 self._since_refit = 0
         return self
 
-    def learn_one(self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float,
-                  sum_dec_ctx: float, duration_s: float) -> float:
+    def learn_one(
+        self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
+    ) -> float:
         """One measured beat into the buffer (``partial_fit``); returns the error before it."""
-        error = duration_s - self.predict_one(num_tokens, int(sum_past_x_pre), int(sum_pre_sq),
-                                              int(sum_dec_ctx))
+        error = duration_s - self.predict_one(
+            num_tokens, int(sum_past_x_pre), int(sum_pre_sq), int(sum_dec_ctx)
+        )
         self.partial_fit([num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx], [duration_s])
         return error
 
@@ -154,7 +160,8 @@ class SklearnPredictor:
             return np.maximum(inputs[:, 4], 1e-6)
         return np.maximum(np.asarray(self.estimator_.predict(inputs)) / _MS, 1e-6)
 
-    def predict_one(self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0,
-                    sum_dec_ctx: int = 0) -> float:
+    def predict_one(
+        self, num_tokens: int, sum_past_x_pre: int = 0, sum_pre_sq: int = 0, sum_dec_ctx: int = 0
+    ) -> float:
         """``predict`` for one microbatch (a model call: slow, see module docstring)."""
         return float(self.predict([[num_tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx]])[0])

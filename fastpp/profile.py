@@ -115,8 +115,17 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         _check_str("name", self.name)
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size", "max_context", "dtype_bytes"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "max_context",
+            "dtype_bytes",
+        ):
             _check_int(name, getattr(self, name), 1)
         for name in ("qkv_bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
@@ -124,16 +133,23 @@ class ModelShape:
         if self.num_heads % self.num_kv_heads:
             raise ProfileError(
                 f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}",
-                "num_kv_heads")
+                "num_kv_heads",
+            )
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], name: str | None = None,
-                       dtype_bytes: int | None = None) -> ModelShape:
+    def from_hf_config(
+        cls, cfg: dict[str, Any], name: str | None = None, dtype_bytes: int | None = None
+    ) -> ModelShape:
         """The shape in a Hugging Face ``config.json`` (as a dict) of a decoder-only model.
         ``dtype_bytes`` defaults to the config's ``torch_dtype`` / ``dtype`` (2 when it names
         none). ProfileError names a missing key."""
-        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                    "vocab_size"):
+        for key in (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
             if key not in cfg:
                 raise ProfileError("missing key in the model's config.json", key)
         heads = cfg["num_attention_heads"]
@@ -142,13 +158,18 @@ class ModelShape:
             dtype_bytes = DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)
         return cls(
             name=name or cfg.get("_name_or_path") or cfg.get("model_type") or "model",
-            num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"], num_heads=heads,
+            num_layers=cfg["num_hidden_layers"],
+            hidden_size=cfg["hidden_size"],
+            num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
-            max_context=cfg.get("max_position_embeddings") or 2048, dtype_bytes=dtype_bytes,
+            intermediate_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"],
+            max_context=cfg.get("max_position_embeddings") or 2048,
+            dtype_bytes=dtype_bytes,
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -180,30 +201,34 @@ class LinearTable:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(self.tokens))
         # JSON may spell 2.0 as 2: store floats (bools stay bools and fail the check below)
-        object.__setattr__(self, "seconds", tuple(
-            float(s) if type(s) is int else s for s in self.seconds))
+        object.__setattr__(self, "seconds", tuple(float(s) if type(s) is int else s for s in self.seconds))
         if not self.tokens:
             raise ProfileError("must have at least one point", "tokens")
         if len(self.seconds) != len(self.tokens):
             raise ProfileError(
-                f"length {len(self.seconds)} != length of tokens {len(self.tokens)}", "seconds")
+                f"length {len(self.seconds)} != length of tokens {len(self.tokens)}", "seconds"
+            )
         for i, t in enumerate(self.tokens):
             _check_int(f"tokens[{i}]", t, 1)
             if i and t <= self.tokens[i - 1]:
-                raise ProfileError(f"must be strictly ascending, got {self.tokens[i - 1]} then {t}",
-                                   f"tokens[{i}]")
+                raise ProfileError(
+                    f"must be strictly ascending, got {self.tokens[i - 1]} then {t}", f"tokens[{i}]"
+                )
         for i, s in enumerate(self.seconds):
             _check_float(f"seconds[{i}]", s)
         if self.tokens[-1] > MAX_TABLE_TOKENS:
-            raise ProfileError(f"last point {self.tokens[-1]} exceeds {MAX_TABLE_TOKENS}",
-                               f"tokens[{len(self.tokens) - 1}]")
+            raise ProfileError(
+                f"last point {self.tokens[-1]} exceeds {MAX_TABLE_TOKENS}", f"tokens[{len(self.tokens) - 1}]"
+            )
         dense = [0.0] * (self.tokens[-1] + 1)
         t0, s0 = self.tokens[0], self.seconds[0]
         for n in range(1, t0 + 1):
             dense[n] = s0
-        for (ta, sa), (tb, sb) in zip(zip(self.tokens, self.seconds, strict=True),
-                                      zip(self.tokens[1:], self.seconds[1:], strict=True),
-                                      strict=False):
+        for (ta, sa), (tb, sb) in zip(
+            zip(self.tokens, self.seconds, strict=True),
+            zip(self.tokens[1:], self.seconds[1:], strict=True),
+            strict=False,
+        ):
             step = (sb - sa) / (tb - ta)
             for n in range(ta + 1, tb + 1):
                 dense[n] = sa + step * (n - ta)
@@ -211,8 +236,7 @@ class LinearTable:
         if len(self.tokens) == 1:
             slope = s0 / t0
         elif top - _EXTRAPOLATION_WINDOW_TOKENS >= t0:
-            slope = (dense[top] - dense[top - _EXTRAPOLATION_WINDOW_TOKENS]) \
-                / _EXTRAPOLATION_WINDOW_TOKENS
+            slope = (dense[top] - dense[top - _EXTRAPOLATION_WINDOW_TOKENS]) / _EXTRAPOLATION_WINDOW_TOKENS
         else:
             slope = (self.seconds[-1] - self.seconds[-2]) / (top - self.tokens[-2])
         object.__setattr__(self, "_dense", dense)
@@ -252,26 +276,39 @@ class StageCost:
     def __post_init__(self) -> None:
         _check_int("num_layers", self.num_layers, 1)
         if not isinstance(self.linear, LinearTable):
-            raise ProfileError(f"expected a LinearTable, got {type(self.linear).__name__}",
-                               "linear")
+            raise ProfileError(f"expected a LinearTable, got {type(self.linear).__name__}", "linear")
         if self.lm_head is not None and not isinstance(self.lm_head, LinearTable):
-            raise ProfileError(f"expected a LinearTable or null, got "
-                               f"{type(self.lm_head).__name__}", "lm_head")
-        for name in ("attn_past_x_pre_s", "attn_pre_sq_s", "attn_dec_ctx_s", "fixed_s",
-                     "embedding_s_per_token", "allreduce_fixed_s", "allreduce_s_per_token"):
+            raise ProfileError(
+                f"expected a LinearTable or null, got {type(self.lm_head).__name__}", "lm_head"
+            )
+        for name in (
+            "attn_past_x_pre_s",
+            "attn_pre_sq_s",
+            "attn_dec_ctx_s",
+            "fixed_s",
+            "embedding_s_per_token",
+            "allreduce_fixed_s",
+            "allreduce_s_per_token",
+        ):
             _check_float(name, getattr(self, name))
 
-    def time_s(self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int,
-               sum_dec_ctx: int) -> float:
+    def time_s(
+        self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int
+    ) -> float:
         """Seconds of one iteration of this stage on a microbatch of ``num_tokens`` tokens of
         which ``num_sampled`` produce logits. Pure Python arithmetic (hot path)."""
         if num_tokens <= 0:
             return 0.0
-        t = (self.linear.at(num_tokens) + self.fixed_s
-             + self.attn_past_x_pre_s * sum_past_x_pre + self.attn_pre_sq_s * sum_pre_sq
-             + self.attn_dec_ctx_s * sum_dec_ctx
-             + self.embedding_s_per_token * num_tokens
-             + self.allreduce_fixed_s + self.allreduce_s_per_token * num_tokens)
+        t = (
+            self.linear.at(num_tokens)
+            + self.fixed_s
+            + self.attn_past_x_pre_s * sum_past_x_pre
+            + self.attn_pre_sq_s * sum_pre_sq
+            + self.attn_dec_ctx_s * sum_dec_ctx
+            + self.embedding_s_per_token * num_tokens
+            + self.allreduce_fixed_s
+            + self.allreduce_s_per_token * num_tokens
+        )
         if self.lm_head is not None and num_sampled > 0:
             t += self.lm_head.at(num_sampled)
         return t
@@ -284,10 +321,18 @@ class StageCost:
         with the simulator)."""
         head = self.lm_head
         return StageCostFn(
-            self.linear._dense, self.linear._top, self.linear._slope, self.fixed_s,
-            self.attn_past_x_pre_s, self.attn_pre_sq_s, self.attn_dec_ctx_s,
-            self.embedding_s_per_token, self.allreduce_fixed_s, self.allreduce_s_per_token,
-            None if head is None else (head._dense, head._top, head._slope))
+            self.linear._dense,
+            self.linear._top,
+            self.linear._slope,
+            self.fixed_s,
+            self.attn_past_x_pre_s,
+            self.attn_pre_sq_s,
+            self.attn_dec_ctx_s,
+            self.embedding_s_per_token,
+            self.allreduce_fixed_s,
+            self.allreduce_s_per_token,
+            None if head is None else (head._dense, head._top, head._slope),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -359,8 +404,14 @@ class Profile:
                 raise ProfileError(f"expected a string, got {v!r}", f"provenance.{k}")
         if not isinstance(self.model, ModelShape):
             raise ProfileError("expected a ModelShape", "model")
-        for name, minimum in (("pp", 1), ("tp", 1), ("kv_capacity_tokens", 1), ("page_size", 1),
-                              ("token_step", 0), ("activation_bytes_per_token", 1)):
+        for name, minimum in (
+            ("pp", 1),
+            ("tp", 1),
+            ("kv_capacity_tokens", 1),
+            ("page_size", 1),
+            ("token_step", 0),
+            ("activation_bytes_per_token", 1),
+        ):
             _check_int(name, getattr(self, name), minimum)
         _check_float("host_overhead_s", self.host_overhead_s)
         _check_float("token_return_s", self.token_return_s)
@@ -374,19 +425,21 @@ class Profile:
             if i < self.pp - 1 and stage.lm_head is not None:
                 raise ProfileError("only the last stage has an LM head", f"stages[{i}].lm_head")
             if i > 0 and stage.embedding_s_per_token > 0:
-                raise ProfileError("only the first stage has an embedding",
-                                   f"stages[{i}].embedding_s_per_token")
+                raise ProfileError(
+                    "only the first stage has an embedding", f"stages[{i}].embedding_s_per_token"
+                )
         object.__setattr__(self, "stage_turnaround_s", tuple(self.stage_turnaround_s) or (0.0,) * self.pp)
         if len(self.stage_turnaround_s) != self.pp:
-            raise ProfileError(f"has {len(self.stage_turnaround_s)} values but pp is {self.pp}",
-                               "stage_turnaround_s")
+            raise ProfileError(
+                f"has {len(self.stage_turnaround_s)} values but pp is {self.pp}", "stage_turnaround_s"
+            )
         for i, t in enumerate(self.stage_turnaround_s):
             _check_float(f"stage_turnaround_s[{i}]", t)
         total = sum(s.num_layers for s in self.stages)
         if total != self.model.num_layers:
             raise ProfileError(
-                f"stage layers sum to {total} but model.num_layers is {self.model.num_layers}",
-                "stages")
+                f"stage layers sum to {total} but model.num_layers is {self.model.num_layers}", "stages"
+            )
 
     # ----------------------------------------------------------------------- (de)serialise
 
@@ -408,8 +461,10 @@ class Profile:
             "host_overhead_s": self.host_overhead_s,
             "token_return_s": self.token_return_s,
             "activation_bytes_per_token": self.activation_bytes_per_token,
-            "link": {"latency_s": self.link.latency_s,
-                     "bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s},
+            "link": {
+                "latency_s": self.link.latency_s,
+                "bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
+            },
             "stages": [s.to_dict() for s in self.stages],
             "stage_turnaround_s": list(self.stage_turnaround_s),
         }
@@ -468,17 +523,18 @@ def _profile_from_dict(d: Any) -> Profile:
     if version not in READABLE_VERSIONS:
         raise ProfileError(
             f"unsupported version {version!r}, this fastpp reads {', '.join(map(str, READABLE_VERSIONS))}",
-            "schema_version")
+            "schema_version",
+        )
     names = _names(Profile)
     if version == 1:
         names = tuple(n for n in names if n != "stage_turnaround_s")
     kw = _take({k: v for k, v in d.items() if k != "schema_version"}, names, "")
     if "stage_turnaround_s" in kw and not isinstance(kw["stage_turnaround_s"], list):
-        raise ProfileError(f"expected a list, got {type(kw['stage_turnaround_s']).__name__}",
-                           "stage_turnaround_s")
+        raise ProfileError(
+            f"expected a list, got {type(kw['stage_turnaround_s']).__name__}", "stage_turnaround_s"
+        )
     kw["model"] = ModelShape.from_dict(kw["model"])
-    kw["link"] = _build(LinkCost, _take(_obj(kw["link"], "link"), _names(LinkCost), "link"),
-                        "link")
+    kw["link"] = _build(LinkCost, _take(_obj(kw["link"], "link"), _names(LinkCost), "link"), "link")
     if not isinstance(kw["stages"], list):
         raise ProfileError(f"expected a list, got {type(kw['stages']).__name__}", "stages")
     stages = []
@@ -556,6 +612,7 @@ def load_profile(path: str | Path) -> Profile:
         raise ProfileError(f"not valid JSON: {e}", "", path.name) from None
     except RecursionError:  # a crafted or broken file: say where, not Python's parser error
         where = json_depth_error(text) or "somewhere"
-        raise ProfileError(f"nested more than {MAX_JSON_DEPTH} levels deep at {where}", "",
-                           path.name) from None
+        raise ProfileError(
+            f"nested more than {MAX_JSON_DEPTH} levels deep at {where}", "", path.name
+        ) from None
     return Profile.from_dict(data, source=path.name)

@@ -28,12 +28,14 @@ def resolve_profile(value: str | Path) -> Path:
         return path
     name = str(value)
     if name.startswith(_CHECKOUT_DIR):
-        name = name[len(_CHECKOUT_DIR):]
+        name = name[len(_CHECKOUT_DIR) :]
     if "/" not in name:
         if not name.endswith(".json"):
             name += ".json"
         shipped = resources.files(_SHIPPED_PACKAGE) / name
         if shipped.is_file():
             return Path(str(shipped))  # installed packages are plain directories (no zip imports)
-    raise FileNotFoundError(f"profile {str(value)!r}: no such file, and no shipped profile of that name "
-                            f"(shipped: {', '.join(shipped_profiles())})")
+    raise FileNotFoundError(
+        f"profile {str(value)!r}: no such file, and no shipped profile of that name "
+        f"(shipped: {', '.join(shipped_profiles())})"
+    )

@@ -90,8 +90,10 @@ class GapEstimate:
     def describe(self) -> str:
         if not self.samples:
             return "no usable gap"
-        return (f"median {self.seconds * 1e3:.3f} ms of {self.samples} gaps "
-                f"(p10 {self.p10_s * 1e3:.3f}, p90 {self.p90_s * 1e3:.3f} ms)")
+        return (
+            f"median {self.seconds * 1e3:.3f} ms of {self.samples} gaps "
+            f"(p10 {self.p10_s * 1e3:.3f}, p90 {self.p90_s * 1e3:.3f} ms)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,22 +114,31 @@ class RecordsProfile:
     def summary_lines(self) -> list[str]:
         """What the CLI prints."""
         p = self.profile
-        lines = [f"{p.model.name} pp={p.pp} tp={p.tp} recorded by {p.provenance['engine']} on {p.gpu}: "
-                 f"KV pool {p.kv_capacity_tokens:,} tokens, page {p.page_size}"]
+        lines = [
+            f"{p.model.name} pp={p.pp} tp={p.tp} recorded by {p.provenance['engine']} on {p.gpu}: "
+            f"KV pool {p.kv_capacity_tokens:,} tokens, page {p.page_size}"
+        ]
         for i, (stage, fit) in enumerate(zip(p.stages, self.stage_fits, strict=True)):
             head = f", LM head {fit.sampled_s * 1e3:.3f} ms/sampled row" if stage.lm_head is not None else ""
             lines.append(
                 f"stage {i} ({stage.num_layers} layers): {self.num_iterations[i]} iterations "
                 f"({self.num_outliers[i]} outliers dropped), table {fit.table.at(1) * 1e3:.2f} ms @1 .. "
                 f"{fit.table.at(fit.table.tokens[-1]) * 1e3:.1f} ms @{fit.table.tokens[-1]} tokens{head}; "
-                f"median error {self.stage_median_ape[i]:.1%}, mean {fit.mape:.1%}")
-        lines.append(f"host overhead {p.host_overhead_s * 1e3:.3f} ms/launch; token return "
-                     f"{p.token_return_s * 1e3:.3f} ms; link {p.link.latency_s * 1e3:.3f} ms + "
-                     f"{_bandwidth_text(p.link.bandwidth_bytes_per_s)} ({self.link_gaps} gaps)")
+                f"median error {self.stage_median_ape[i]:.1%}, mean {fit.mape:.1%}"
+            )
+        lines.append(
+            f"host overhead {p.host_overhead_s * 1e3:.3f} ms/launch; token return "
+            f"{p.token_return_s * 1e3:.3f} ms; link {p.link.latency_s * 1e3:.3f} ms + "
+            f"{_bandwidth_text(p.link.bandwidth_bytes_per_s)} ({self.link_gaps} gaps)"
+        )
         if p.pp > 1:
-            lines.append("stage turnaround " + ", ".join(
-                f"{t * 1e3:.3f} ms" + (f" ({est.samples} gaps)" if i else " (in host overhead)")
-                for i, (t, est) in enumerate(zip(p.stage_turnaround_s, self.turnaround, strict=True))))
+            lines.append(
+                "stage turnaround "
+                + ", ".join(
+                    f"{t * 1e3:.3f} ms" + (f" ({est.samples} gaps)" if i else " (in host overhead)")
+                    for i, (t, est) in enumerate(zip(p.stage_turnaround_s, self.turnaround, strict=True))
+                )
+            )
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -142,8 +153,13 @@ def sampled_rows(rec: IterationRecord) -> int:
     return rec.num_sampled if rec.num_sampled >= 0 else rec.num_decode_reqs
 
 
-def profile_from_records(run_dir: str | Path, *, model: ModelShape | None = None, name: str | None = None,
-                         created_at: str | None = None) -> RecordsProfile:
+def profile_from_records(
+    run_dir: str | Path,
+    *,
+    model: ModelShape | None = None,
+    name: str | None = None,
+    created_at: str | None = None,
+) -> RecordsProfile:
     """Fit a profile to the run folder ``run_dir`` (module docstring). ``model`` replaces (or
     stands in for a missing) ``setup.model``. Raises FileNotFoundError naming a missing file,
     RecordsProfileError (a ValueError) naming a missing or unusable field."""
@@ -153,14 +169,23 @@ def profile_from_records(run_dir: str | Path, *, model: ModelShape | None = None
     return profile_from_run(run, setup, source=str(run_dir), model=model, name=name, created_at=created_at)
 
 
-def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: ModelShape | None = None,
-                     name: str | None = None, created_at: str | None = None) -> RecordsProfile:
+def profile_from_run(
+    run: RunFiles,
+    setup: RunSetup,
+    *,
+    source: str,
+    model: ModelShape | None = None,
+    name: str | None = None,
+    created_at: str | None = None,
+) -> RecordsProfile:
     """:func:`profile_from_records` on a run already read."""
     notes: list[str] = []
     shape = model or setup.model
     if shape is None:
-        raise RecordsProfileError(f"{source}/{SUMMARY}: setup.model is null (the executor did not record the "
-                                  "model's shape): give the model (--model DIR_OR_NAME)")
+        raise RecordsProfileError(
+            f"{source}/{SUMMARY}: setup.model is null (the executor did not record the "
+            "model's shape): give the model (--model DIR_OR_NAME)"
+        )
     if model is not None and setup.model is not None and model != setup.model:
         notes.append(f"model shape from the caller ({model.name}), not the run's setup ({setup.model.name})")
     pp = setup.pp
@@ -183,20 +208,25 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         median_ape.append(med)
 
     top = min(fit.table.tokens[-1] for fit in fits)
-    notes.append(f"stage tables cover the recorded microbatch sizes, 1 .. {top} tokens; larger microbatches "
-                 "are extrapolated along the last segment (record a run with the sizes you will simulate)")
+    notes.append(
+        f"stage tables cover the recorded microbatch sizes, 1 .. {top} tokens; larger microbatches "
+        "are extrapolated along the last segment (record a run with the sizes you will simulate)"
+    )
     dtype_bytes = DTYPE_BYTES.get(setup.dtype or "", shape.dtype_bytes)
     act_bytes = shape.hidden_size * dtype_bytes
     link, link_gaps, link_note = _fit_link(by_stage, act_bytes)
-    turnaround = (_estimate([]),) + tuple(_turnaround(by_stage[s - 1], by_stage[s], link.latency_s)
-                                          for s in range(1, pp))
+    turnaround = (_estimate([]),) + tuple(
+        _turnaround(by_stage[s - 1], by_stage[s], link.latency_s) for s in range(1, pp)
+    )
     turnaround_s = [0.0] * pp
     for s, est in enumerate(turnaround[1:], start=1):
         if est.samples >= MIN_TURNAROUND_GAPS:
             turnaround_s[s] = est.seconds
         else:
-            notes.append(f"stage {s}: {est.samples} back-to-back iterations with their input waiting "
-                         f"(fewer than {MIN_TURNAROUND_GAPS}): turnaround 0 (not measurable here)")
+            notes.append(
+                f"stage {s}: {est.samples} back-to-back iterations with their input waiting "
+                f"(fewer than {MIN_TURNAROUND_GAPS}): turnaround 0 (not measurable here)"
+            )
     token_return = _token_return(by_stage[pp - 1], run.records)
     cycle = _cycle_gap(by_stage[0], by_stage[pp - 1])
     if pp == 1:
@@ -210,11 +240,18 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         notes.append(f"no token time after a last-stage end in {REQUESTS}: token return 0 (not measurable)")
 
     stages = tuple(
-        StageCost(num_layers=layers[s], linear=fit.table, attn_past_x_pre_s=fit.attn_past_x_pre_s,
-                  attn_pre_sq_s=fit.attn_pre_sq_s, attn_dec_ctx_s=fit.attn_dec_ctx_s, fixed_s=0.0,
-                  embedding_s_per_token=0.0,
-                  lm_head=LinearTable((1,), (fit.sampled_s,)) if s == pp - 1 else None)
-        for s, fit in enumerate(fits))
+        StageCost(
+            num_layers=layers[s],
+            linear=fit.table,
+            attn_past_x_pre_s=fit.attn_past_x_pre_s,
+            attn_pre_sq_s=fit.attn_pre_sq_s,
+            attn_dec_ctx_s=fit.attn_dec_ctx_s,
+            fixed_s=0.0,
+            embedding_s_per_token=0.0,
+            lm_head=LinearTable((1,), (fit.sampled_s,)) if s == pp - 1 else None,
+        )
+        for s, fit in enumerate(fits)
+    )
     engine = setup.engine
     provenance = {
         "source": "records",
@@ -229,19 +266,26 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
         "fit_median_ape_per_stage": json.dumps([round(m, 4) for m in median_ape]),
         "fit_mean_ape_per_stage": json.dumps([round(f.mape, 4) for f in fits]),
         "stage_cost": "per stage, NNLS of its recorded durations on table(N) + ALP terms (+ LM head per "
-                      "sampled row on the last); table points from the recorded token counts; fixed, "
-                      "embedding and per-iteration costs are inside the table",
+        "sampled row on the last); table points from the recorded token counts; fixed, "
+        "embedding and per-iteration costs are inside the table",
         "link": link_note,
-        "token_return": ("not used (pp = 1)" if pp == 1 else
-                         "first token instant at/after the last stage's end, per sampling microbatch: "
-                         + token_return.describe()),
-        "stage_turnaround": ("per stage after the first, its end -> its next start where the next "
-                             "input had arrived (previous stage ended a link latency before): "
-                             + "; ".join(f"stage {i}: {t.describe()}" for i, t in enumerate(turnaround) if i)
-                             if pp > 1 else "not used (pp = 1)"),
-        "host_overhead": ("slot cycle gap (last-stage end -> next stage-0 start of the same slot, next "
-                          "microbatch carrying decodes, stage 0 idle) minus token return: "
-                          + cycle.describe()),
+        "token_return": (
+            "not used (pp = 1)"
+            if pp == 1
+            else "first token instant at/after the last stage's end, per sampling microbatch: "
+            + token_return.describe()
+        ),
+        "stage_turnaround": (
+            "per stage after the first, its end -> its next start where the next "
+            "input had arrived (previous stage ended a link latency before): "
+            + "; ".join(f"stage {i}: {t.describe()}" for i, t in enumerate(turnaround) if i)
+            if pp > 1
+            else "not used (pp = 1)"
+        ),
+        "host_overhead": (
+            "slot cycle gap (last-stage end -> next stage-0 start of the same slot, next "
+            "microbatch carrying decodes, stage 0 idle) minus token return: " + cycle.describe()
+        ),
         "kv_capacity_and_page": "the run's scheduler (setup.scheduler)",
         "notes": "; ".join(notes) if notes else "none",
         "created_at": created_at or datetime.now(UTC).replace(microsecond=0).isoformat(),
@@ -250,47 +294,77 @@ def profile_from_run(run: RunFiles, setup: RunSetup, *, source: str, model: Mode
     tp_text = f"tp{setup.tp}" if setup.tp > 1 else ""
     profile = Profile(
         name=name or _slug(f"records_{executor}_{shape.name}_pp{pp}{tp_text}"),
-        kind="measured", provenance=provenance, gpu=setup.device, interconnect=f"{executor} (from records)",
-        model=shape, pp=pp, tp=setup.tp, kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
-        page_size=setup.scheduler.page_size, token_step=setup.scheduler.token_step, host_overhead_s=host_s,
-        token_return_s=return_s, activation_bytes_per_token=act_bytes, link=link, stages=stages,
-        stage_turnaround_s=tuple(turnaround_s))
-    return RecordsProfile(profile, tuple(fits), tuple(median_ape), tuple(counts), tuple(outliers),
-                          token_return, cycle, link_gaps, turnaround, tuple(notes))
+        kind="measured",
+        provenance=provenance,
+        gpu=setup.device,
+        interconnect=f"{executor} (from records)",
+        model=shape,
+        pp=pp,
+        tp=setup.tp,
+        kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
+        page_size=setup.scheduler.page_size,
+        token_step=setup.scheduler.token_step,
+        host_overhead_s=host_s,
+        token_return_s=return_s,
+        activation_bytes_per_token=act_bytes,
+        link=link,
+        stages=stages,
+        stage_turnaround_s=tuple(turnaround_s),
+    )
+    return RecordsProfile(
+        profile,
+        tuple(fits),
+        tuple(median_ape),
+        tuple(counts),
+        tuple(outliers),
+        token_return,
+        cycle,
+        link_gaps,
+        turnaround,
+        tuple(notes),
+    )
 
 
 # ------------------------------------------------------------------------------ stage costs
+
 
 def _by_stage(iterations: Sequence[IterationRecord], pp: int, source: str) -> list[list[IterationRecord]]:
     by_stage: list[list[IterationRecord]] = [[] for _ in range(pp)]
     for rec in iterations:
         if not 0 <= rec.stage < pp:
-            raise RecordsProfileError(f"{source}/{ITERATIONS}: an iteration of stage {rec.stage} in a run "
-                                      f"with pp={pp} (setup.pp)")
+            raise RecordsProfileError(
+                f"{source}/{ITERATIONS}: an iteration of stage {rec.stage} in a run with pp={pp} (setup.pp)"
+            )
         if rec.num_tokens > 0:
             by_stage[rec.stage].append(rec)
     for s, recs in enumerate(by_stage):
         if len(recs) < MIN_ITERATIONS_PER_STAGE:
-            raise RecordsProfileError(f"{source}/{ITERATIONS}: {len(recs)} iterations of stage {s}, need at "
-                                      f"least {MIN_ITERATIONS_PER_STAGE} to fit its costs")
+            raise RecordsProfileError(
+                f"{source}/{ITERATIONS}: {len(recs)} iterations of stage {s}, need at "
+                f"least {MIN_ITERATIONS_PER_STAGE} to fit its costs"
+            )
         recs.sort(key=lambda r: (r.started_at, r.mb_id))
     return by_stage
 
 
 def _features(recs: Sequence[IterationRecord]) -> np.ndarray:
     # [n, 4]: N, sum L_past*L_pre, sum L_pre^2, sum L_dec
-    return np.array([[r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx] for r in recs],
-                    dtype=np.float64)
+    return np.array(
+        [[r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx] for r in recs], dtype=np.float64
+    )
 
 
-def _fit_stage_records(recs: Sequence[IterationRecord], *, last: bool, source: str,
-                       stage: int) -> tuple[StageFit, int, int, float]:
+def _fit_stage_records(
+    recs: Sequence[IterationRecord], *, last: bool, source: str, stage: int
+) -> tuple[StageFit, int, int, float]:
     """Fit one stage; returns the fit, iterations used, outliers dropped, median APE (on the
     iterations used)."""
     timed = [r for r in recs if r.duration_s > 0]
     if len(timed) < MIN_ITERATIONS_PER_STAGE:
-        raise RecordsProfileError(f"{source}/{ITERATIONS}: stage {stage} has {len(timed)} iterations with a "
-                                  f"positive duration, need {MIN_ITERATIONS_PER_STAGE}")
+        raise RecordsProfileError(
+            f"{source}/{ITERATIONS}: stage {stage} has {len(timed)} iterations with a "
+            f"positive duration, need {MIN_ITERATIONS_PER_STAGE}"
+        )
     X = _features(timed)
     y = np.array([r.duration_s for r in timed])
     S = np.array([sampled_rows(r) for r in timed], dtype=np.float64) if last else None
@@ -300,7 +374,7 @@ def _fit_stage_records(recs: Sequence[IterationRecord], *, last: bool, source: s
     med = np.median(rel)
     mad = np.median(np.abs(rel - med)) * 1.4826
     # drop the worst iterations beyond OUTLIER_MADS, at most MAX_OUTLIER_SHARE of them, and refit
-    order = np.argsort(-np.abs(rel - med))[:int(MAX_OUTLIER_SHARE * len(y))]
+    order = np.argsort(-np.abs(rel - med))[: int(MAX_OUTLIER_SHARE * len(y))]
     keep = np.ones(len(y), dtype=bool)
     keep[[i for i in order if abs(rel[i] - med) > max(OUTLIER_MADS * mad, OUTLIER_FLOOR)]] = False
     if not keep.all():
@@ -325,6 +399,7 @@ def _slug(text: str) -> str:
 
 # ------------------------------------------------------------------------------ hand-offs
 
+
 def _estimate(gaps: Sequence[float]) -> GapEstimate:
     if not gaps:
         return GapEstimate(0.0, 0, 0.0, 0.0)
@@ -344,21 +419,28 @@ def _fit_link(by_stage: list[list[IterationRecord]], act_bytes: int) -> tuple[Li
                 sizes.append(r.num_tokens * act_bytes)
                 gaps.append(max(r.started_at - sent, 0.0))
     if not gaps:
-        return (LinkCost(0.0, UNSEEN_BANDWIDTH_BYTES_PER_S), 0,
-                "no hand-off with an idle receiving stage: assumed free")
+        return (
+            LinkCost(0.0, UNSEEN_BANDWIDTH_BYTES_PER_S),
+            0,
+            "no hand-off with an idle receiving stage: assumed free",
+        )
     b = np.asarray(sizes, dtype=np.float64)
     g = np.asarray(gaps)
     latency, per_byte = _robust_line(b, g)
-    bandwidth = UNSEEN_BANDWIDTH_BYTES_PER_S if per_byte <= 1.0 / UNSEEN_BANDWIDTH_BYTES_PER_S \
-        else 1.0 / per_byte
-    note = (f"alpha-beta fit of {len(g)} stage hand-off gaps (receiving stage idle): latency "
-            f"{latency * 1e3:.4f} ms, {_bandwidth_text(bandwidth)}; gap median {np.median(g) * 1e3:.4f} ms, "
-            f"p90 {np.quantile(g, 0.9) * 1e3:.4f} ms")
+    bandwidth = (
+        UNSEEN_BANDWIDTH_BYTES_PER_S if per_byte <= 1.0 / UNSEEN_BANDWIDTH_BYTES_PER_S else 1.0 / per_byte
+    )
+    note = (
+        f"alpha-beta fit of {len(g)} stage hand-off gaps (receiving stage idle): latency "
+        f"{latency * 1e3:.4f} ms, {_bandwidth_text(bandwidth)}; gap median {np.median(g) * 1e3:.4f} ms, "
+        f"p90 {np.quantile(g, 0.9) * 1e3:.4f} ms"
+    )
     return LinkCost(latency, bandwidth), len(g), note
 
 
-def _handoffs(sender: Sequence[IterationRecord],
-              receiver: Sequence[IterationRecord]) -> list[tuple[IterationRecord, float, float]]:
+def _handoffs(
+    sender: Sequence[IterationRecord], receiver: Sequence[IterationRecord]
+) -> list[tuple[IterationRecord, float, float]]:
     """For each receiver iteration (in start order, as ``_by_stage`` keeps them) whose microbatch
     the sender ran: (that iteration, the sender's end of it, the receiver's previous end)."""
     ends = {r.mb_id: r.finished_at for r in sender}
@@ -371,12 +453,18 @@ def _handoffs(sender: Sequence[IterationRecord],
     return out
 
 
-def _turnaround(sender: Sequence[IterationRecord], stage: Sequence[IterationRecord],
-                link_s: float) -> GapEstimate:
+def _turnaround(
+    sender: Sequence[IterationRecord], stage: Sequence[IterationRecord], link_s: float
+) -> GapEstimate:
     """Median of (start - previous end) of ``stage``'s iterations whose input had arrived by that
     previous end: ``sender`` (the stage before) ended it ``link_s`` earlier."""
-    return _estimate([max(r.started_at - prev_end, 0.0) for r, sent, prev_end in _handoffs(sender, stage)
-                      if sent + link_s <= prev_end])
+    return _estimate(
+        [
+            max(r.started_at - prev_end, 0.0)
+            for r, sent, prev_end in _handoffs(sender, stage)
+            if sent + link_s <= prev_end
+        ]
+    )
 
 
 def _robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -443,6 +531,7 @@ def _cycle_gap(first: Sequence[IterationRecord], last: Sequence[IterationRecord]
 
 # ------------------------------------------------------------------------------ checking
 
+
 def iteration_errors(profile: Profile, iterations: Sequence[IterationRecord]) -> list[dict]:
     """Per stage: how the profile's stage cost predicts each recorded iteration. Rows with
     ``stage``, ``n``, ``median_ape``, ``mean_ape``, ``p90_ape`` and ``median_bias`` (median of
@@ -451,14 +540,33 @@ def iteration_errors(profile: Profile, iterations: Sequence[IterationRecord]) ->
     for s, stage in enumerate(profile.stages):
         recs = [r for r in iterations if r.stage == s and r.num_tokens > 0 and r.duration_s > 0]
         if not recs:
-            out.append({"stage": s, "n": 0, "median_ape": math.nan, "mean_ape": math.nan, "p90_ape": math.nan,
-                        "median_bias": math.nan})
+            out.append(
+                {
+                    "stage": s,
+                    "n": 0,
+                    "median_ape": math.nan,
+                    "mean_ape": math.nan,
+                    "p90_ape": math.nan,
+                    "median_bias": math.nan,
+                }
+            )
             continue
-        pred = np.array([stage.time_s(r.num_tokens, sampled_rows(r), r.sum_past_x_pre, r.sum_pre_sq,
-                                      r.sum_dec_ctx) for r in recs])
+        pred = np.array(
+            [
+                stage.time_s(r.num_tokens, sampled_rows(r), r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx)
+                for r in recs
+            ]
+        )
         y = np.array([r.duration_s for r in recs])
         rel = (pred - y) / y
-        out.append({"stage": s, "n": len(recs), "median_ape": float(np.median(np.abs(rel))),
-                    "mean_ape": float(np.mean(np.abs(rel))), "p90_ape": float(np.quantile(np.abs(rel), 0.9)),
-                    "median_bias": float(np.median(rel))})
+        out.append(
+            {
+                "stage": s,
+                "n": len(recs),
+                "median_ape": float(np.median(np.abs(rel))),
+                "mean_ape": float(np.mean(np.abs(rel))),
+                "p90_ape": float(np.quantile(np.abs(rel), 0.9)),
+                "median_bias": float(np.median(rel)),
+            }
+        )
     return out

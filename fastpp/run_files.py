@@ -85,15 +85,14 @@ def write_records_jsonl(records: Iterable[RequestRecord], path: str | Path) -> P
 def _itl_ms_texts(records: Sequence[RequestRecord]) -> list[str]:
     """Per record, the text json writes inside the brackets of its ``itl_ms`` list."""
     lengths = np.fromiter((len(r.token_times) for r in records), np.int64, count=len(records))
-    times = np.fromiter(chain.from_iterable(r.token_times for r in records), float,
-                        count=int(lengths.sum()))
+    times = np.fromiter(chain.from_iterable(r.token_times for r in records), float, count=int(lengths.sum()))
     gaps = np.round(np.diff(times) * 1e3, 4)  # gap i: token i to token i + 1, any record
     distinct = np.unique(gaps)
     which = np.searchsorted(distinct, gaps)  # cheaper than unique's return_inverse (no argsort)
     texts = np.array([repr(g) for g in distinct.tolist()], dtype=object)[which].tolist()
     out, start = [], 0
     for n in lengths.tolist():
-        out.append(", ".join(texts[start:start + n - 1]))
+        out.append(", ".join(texts[start : start + n - 1]))
         start += n  # skip the gap from this record's last token to the next record's first
     return out
 
@@ -115,8 +114,9 @@ def write_iterations_csv(iterations: Iterable[IterationRecord], path: str | Path
     prev, suffix = None, ""
     with path.open("w", encoding="utf-8", newline="") as f:
         f.write(_csv_line(fields))
-        for head, stage, start, end in zip(log.heads, log.stages, log.started_at, log.finished_at,
-                                            strict=True):
+        for head, stage, start, end in zip(
+            log.heads, log.stages, log.started_at, log.finished_at, strict=True
+        ):
             if head is not prev and head != prev:
                 suffix = _csv_line([0, *head[2:]])[2:]  # as csv quotes them
             prev = head
@@ -135,10 +135,17 @@ WriteFn = Callable[[], object]
 Submit = Callable[[str, WriteFn], None]  # (file name, a call that writes it)
 
 
-def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations: Sequence[IterationRecord],
-              summary: dict, *, stage_names: Sequence[str] | None = None,
-              timeline: bool = True, submit: Submit | None = None,
-              table_format: str = "text") -> dict[str, Path]:
+def write_run(
+    out_dir: str | Path,
+    records: Sequence[RequestRecord],
+    iterations: Sequence[IterationRecord],
+    summary: dict,
+    *,
+    stage_names: Sequence[str] | None = None,
+    timeline: bool = True,
+    submit: Submit | None = None,
+    table_format: str = "text",
+) -> dict[str, Path]:
     """Write one run's folder (module docstring); returns the paths by kind. The timeline is
     written only when there are iterations and ``timeline`` is set; ``table_format`` is one of
     TABLE_FORMATS.
@@ -160,11 +167,16 @@ def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations:
     paths["records"], paths["iterations"] = out / tables[0][0], out / tables[1][0]
     writes: list[tuple[Path, WriteFn]] = [
         (paths["records"], partial(tables[0][1], records, paths["records"])),
-        (paths["iterations"], partial(tables[1][1], iterations, paths["iterations"]))]
+        (paths["iterations"], partial(tables[1][1], iterations, paths["iterations"])),
+    ]
     if timeline and iterations:
         paths["timeline"] = out / TIMELINE
-        writes.append((paths["timeline"], partial(write_chrome_trace, iterations, paths["timeline"],
-                                                  stage_names=stage_names)))
+        writes.append(
+            (
+                paths["timeline"],
+                partial(write_chrome_trace, iterations, paths["timeline"], stage_names=stage_names),
+            )
+        )
     for path, write in writes:
         if submit is None:
             write()
@@ -175,8 +187,19 @@ def write_run(out_dir: str | Path, records: Sequence[RequestRecord], iterations:
 
 # ------------------------------------------------------------------------------------ reading
 
-_INT_FIELDS = {"mb_id", "stage", "slot", "num_tokens", "num_prefill_tokens", "num_decode_reqs",
-               "sum_past_x_pre", "sum_pre_sq", "sum_dec_ctx", "chunk_budget", "num_sampled"}
+_INT_FIELDS = {
+    "mb_id",
+    "stage",
+    "slot",
+    "num_tokens",
+    "num_prefill_tokens",
+    "num_decode_reqs",
+    "sum_past_x_pre",
+    "sum_pre_sq",
+    "sum_dec_ctx",
+    "chunk_budget",
+    "num_sampled",
+}
 # columns a file may lack (written before they existed): their defaults are used
 _OPTIONAL_FIELDS = {"num_sampled": -1}
 
@@ -204,11 +227,11 @@ def read_iterations_csv(path: str | Path, *, torn_tail: bool = False) -> list[It
                     continue
                 text = row[name]
                 try:
-                    values[name] = (int(text) if name in _INT_FIELDS else
-                                    text if name == "reason" else float(text))
+                    values[name] = (
+                        int(text) if name in _INT_FIELDS else text if name == "reason" else float(text)
+                    )
                 except (TypeError, ValueError):
-                    raise ValueError(f"{path}, line {line}: field {name}: {text!r} is not a number") \
-                        from None
+                    raise ValueError(f"{path}, line {line}: field {name}: {text!r} is not a number") from None
             out.append(IterationRecord(**values))
     return out
 
@@ -240,8 +263,9 @@ def read_records_jsonl(path: str | Path, *, torn_tail: bool = False) -> list[Req
             continue
         try:
             d = json.loads(text)
-            rec = RequestRecord(int(d["req_id"]), float(d["arrived_at"]), int(d["prompt_len"]),
-                                int(d["output_len"]))
+            rec = RequestRecord(
+                int(d["req_id"]), float(d["arrived_at"]), int(d["prompt_len"]), int(d["output_len"])
+            )
             rec.num_generated = int(d["num_generated"])
             rec.scheduled_at = d["scheduled_at"]
             rec.first_token_at = d["first_token_at"]
@@ -292,8 +316,12 @@ def read_run(run_dir: str | Path) -> RunFiles:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{d / SUMMARY}: not JSON: {exc}") from None
     requests, iterations = tables
-    records = (read_records_parquet(requests) if requests.name == REQUESTS_PARQUET
-               else read_records_jsonl(requests))
-    iters = (list(read_iterations_parquet(iterations)) if iterations.name == ITERATIONS_PARQUET
-             else read_iterations_csv(iterations))
+    records = (
+        read_records_parquet(requests) if requests.name == REQUESTS_PARQUET else read_records_jsonl(requests)
+    )
+    iters = (
+        list(read_iterations_parquet(iterations))
+        if iterations.name == ITERATIONS_PARQUET
+        else read_iterations_csv(iterations)
+    )
     return RunFiles(summary, records, iters)

@@ -29,11 +29,20 @@ REQUESTS_PARQUET = "requests.parquet"
 ITERATIONS_PARQUET = "iterations.parquet"
 
 # requests.parquet: (column, arrow type name) in to_dict's order, itl_ms last
-_REQUEST_COLUMNS = (("req_id", "int64"), ("arrived_at", "float64"), ("prompt_len", "int64"),
-                    ("output_len", "int64"), ("num_generated", "int64"),
-                    ("scheduled_at", "float64"), ("first_token_at", "float64"),
-                    ("finished_at", "float64"), ("finish_reason", "string"), ("detail", "string"),
-                    ("num_retractions", "int64"), ("num_parked", "int64"))
+_REQUEST_COLUMNS = (
+    ("req_id", "int64"),
+    ("arrived_at", "float64"),
+    ("prompt_len", "int64"),
+    ("output_len", "int64"),
+    ("num_generated", "int64"),
+    ("scheduled_at", "float64"),
+    ("first_token_at", "float64"),
+    ("finished_at", "float64"),
+    ("finish_reason", "string"),
+    ("detail", "string"),
+    ("num_retractions", "int64"),
+    ("num_parked", "int64"),
+)
 _ITERATION_TYPES = {"started_at": "float64", "finished_at": "float64", "reason": "string"}
 
 
@@ -64,8 +73,9 @@ def write_records_parquet(records: Iterable[RequestRecord], path: str | Path) ->
     within = np.ones(gaps.size, bool)  # drop each record's last token -> next record's first
     within[ends[(ends > 0) & (ends <= gaps.size)] - 1] = False
     offsets = np.concatenate(([0], np.cumsum(np.maximum(lengths - 1, 0))))
-    columns["itl_ms"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                                 pa.array(gaps[within], pa.float64()))
+    columns["itl_ms"] = pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(gaps[within], pa.float64())
+    )
     pq.write_table(pa.table(columns), path)
     return path
 
@@ -87,8 +97,10 @@ def write_iterations_parquet(iterations: Iterable[IterationRecord], path: str | 
         row_head.append(len(heads) - 1)
     take = pa.array(row_head, pa.int64())
     shared = zip(*heads, strict=True) if heads else [()] * len(HEAD_FIELDS)
-    columns = {name: pa.array(values, type=_arrow_type(pa, name)).take(take)
-               for name, values in zip(HEAD_FIELDS, shared, strict=True)}
+    columns = {
+        name: pa.array(values, type=_arrow_type(pa, name)).take(take)
+        for name, values in zip(HEAD_FIELDS, shared, strict=True)
+    }
     columns["stage"] = pa.array(log.stages, pa.int64())
     columns["started_at"] = pa.array(log.started_at, pa.float64())
     columns["finished_at"] = pa.array(log.finished_at, pa.float64())
@@ -119,8 +131,9 @@ def read_records_parquet(path: str | Path) -> list[RequestRecord]:
     cols = _read_columns(path, [name for name, _ in _REQUEST_COLUMNS] + ["itl_ms"])
     out = []
     for i in range(len(cols["req_id"])):
-        rec = RequestRecord(cols["req_id"][i], cols["arrived_at"][i], cols["prompt_len"][i],
-                            cols["output_len"][i])
+        rec = RequestRecord(
+            cols["req_id"][i], cols["arrived_at"][i], cols["prompt_len"][i], cols["output_len"][i]
+        )
         rec.num_generated = cols["num_generated"][i]
         rec.scheduled_at = cols["scheduled_at"][i]
         rec.first_token_at = cols["first_token_at"][i]
@@ -129,8 +142,10 @@ def read_records_parquet(path: str | Path) -> list[RequestRecord]:
         try:
             rec.finish_reason = None if reason is None else FinishReason(reason)
         except ValueError:
-            raise ValueError(f"{path}, row {i}: finish_reason {reason!r} is not one of "
-                             f"{', '.join(str(r) for r in FinishReason)}") from None
+            raise ValueError(
+                f"{path}, row {i}: finish_reason {reason!r} is not one of "
+                f"{', '.join(str(r) for r in FinishReason)}"
+            ) from None
         rec.detail = cols["detail"][i] or ""
         rec.num_retractions = cols["num_retractions"][i]
         rec.num_parked = cols["num_parked"][i]
@@ -147,7 +162,8 @@ def read_iterations_parquet(path: str | Path) -> IterationLog:
     cols = _read_columns(path, ITERATION_FIELDS)
     log = IterationLog()
     heads = zip(*(cols[name] for name in HEAD_FIELDS), strict=True)
-    for head, stage, start, end in zip(heads, cols["stage"], cols["started_at"], cols["finished_at"],
-                                       strict=True):
+    for head, stage, start, end in zip(
+        heads, cols["stage"], cols["started_at"], cols["finished_at"], strict=True
+    ):
         log.add(head, stage, start, end)
     return log

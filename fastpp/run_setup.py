@@ -53,16 +53,21 @@ class RunSetup:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "engine": self.engine, "device": self.device, "pp": self.pp, "tp": self.tp,
+            "engine": self.engine,
+            "device": self.device,
+            "pp": self.pp,
+            "tp": self.tp,
             "model": None if self.model is None else self.model.to_dict(),
             "layers_per_stage": None if self.layers_per_stage is None else list(self.layers_per_stage),
-            "dtype": self.dtype, "policy": self.policy,
+            "dtype": self.dtype,
+            "policy": self.policy,
             "scheduler": scheduler_config_to_dict(self.scheduler),
         }
 
     @classmethod
     def from_summary(cls, summary: Any, source: str | Path = "summary.json") -> RunSetup:
         """The setup in a run's summary dict; SetupError naming ``source`` and the field."""
+
         def fail(field: str, reason: str) -> SetupError:
             return SetupError(f"{source}: {field}: {reason}")
 
@@ -70,8 +75,11 @@ class RunSetup:
             raise fail("(top level)", "expected a JSON object")
         d = summary.get(SETUP_KEY)
         if d is None:
-            raise fail(SETUP_KEY, "missing field (the run was recorded by an executor that does not write "
-                       "its setup; record it again with this fastpp)")
+            raise fail(
+                SETUP_KEY,
+                "missing field (the run was recorded by an executor that does not write "
+                "its setup; record it again with this fastpp)",
+            )
         if not isinstance(d, dict):
             raise fail(SETUP_KEY, f"expected an object, got {type(d).__name__}")
         for key in ("engine", "device", "pp", "tp", "policy", "scheduler"):
@@ -93,9 +101,17 @@ class RunSetup:
             if isinstance(d[key], bool) or not isinstance(d[key], int):
                 raise fail(f"{SETUP_KEY}.{key}", f"expected an integer, got {d[key]!r}")
         try:
-            return cls(engine=str(d["engine"]), device=str(d["device"]), pp=d["pp"], tp=d["tp"],
-                       policy=str(d["policy"]), scheduler=scheduler, model=model,
-                       layers_per_stage=d.get("layers_per_stage"), dtype=d.get("dtype"))
+            return cls(
+                engine=str(d["engine"]),
+                device=str(d["device"]),
+                pp=d["pp"],
+                tp=d["tp"],
+                policy=str(d["policy"]),
+                scheduler=scheduler,
+                model=model,
+                layers_per_stage=d.get("layers_per_stage"),
+                dtype=d.get("dtype"),
+            )
         except SetupError as e:
             raise fail(SETUP_KEY, str(e)) from None
 
@@ -124,7 +140,7 @@ def scheduler_config_from_dict(d: Any) -> SchedulerConfig:
         kwargs[f.name] = d[f.name]
     slo = kwargs["slo"]
     if not isinstance(slo, dict) or set(slo) != {"ttft_s", "tpot_s"}:
-        raise ValueError(f"slo must be {{\"ttft_s\": s, \"tpot_s\": s}}, got {slo!r}")
+        raise ValueError(f'slo must be {{"ttft_s": s, "tpot_s": s}}, got {slo!r}')
     kwargs["slo"] = SLO(float(slo["ttft_s"]), float(slo["tpot_s"]))
     kwargs["chunk_candidates"] = tuple(kwargs["chunk_candidates"])
     return SchedulerConfig(**kwargs)

@@ -54,14 +54,20 @@ class Scheduler:
         self._slots = DecodeSlots(n, self._any_in_flight)
         # the policies, their failure counts, the signals, the records and the decision step:
         # the same PolicyHost every executor uses (fastpp/policy_host.py)
-        self.host = PolicyHost(config, chunk_policy or StaticChunkPolicy(config.default_chunk),
-                               balancer or NoBalancer(), self._slots, keep_token_times=record_token_times)
+        self.host = PolicyHost(
+            config,
+            chunk_policy or StaticChunkPolicy(config.default_chunk),
+            balancer or NoBalancer(),
+            self._slots,
+            keep_token_times=record_token_times,
+        )
         self.policies = self.host.policies
         self._signals = self.host.signals
         self._log = self.host.records
         self._inflight_decodes: list[list[LiveRequest]] = [[] for _ in range(n)]
-        self.view = SchedulerView(config, self._queue, self._slots, self._kv.pool, self._signals,
-                                  self._in_flight)
+        self.view = SchedulerView(
+            config, self._queue, self._slots, self._kv.pool, self._signals, self._in_flight
+        )
         self.host.view = self.view
         self._live: dict[int, LiveRequest] = {}  # every admitted or waiting, unended request by id
         self._records = self._log.by_id  # until forget(): every request ever added
@@ -83,11 +89,13 @@ class Scheduler:
         rec = self.host.arrive(req.req_id, req.arrived_at, req.prompt_len, req.output_len)
         cfg, kv = self.config, self._kv.pool
         if req.prompt_len >= cfg.max_context:
-            return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the context "
-                                          f"limit {cfg.max_context}")
+            return self._reject(
+                rec, now, f"prompt of {req.prompt_len} tokens exceeds the context limit {cfg.max_context}"
+            )
         if kv.round_up(req.prompt_len + 1) > kv.capacity:
-            return self._reject(rec, now, f"prompt of {req.prompt_len} tokens exceeds the KV pool "
-                                          f"of {kv.capacity}")
+            return self._reject(
+                rec, now, f"prompt of {req.prompt_len} tokens exceeds the KV pool of {kv.capacity}"
+            )
         # Prompt + output must fit the context, and the KV of all but the last token must fit
         # the pool: else a retracted request could never be admitted again.
         target = min(req.output_len, cfg.max_context - req.prompt_len, kv.capacity - req.prompt_len + 1)
@@ -204,8 +212,9 @@ class Scheduler:
         cap = cfg.max_running_requests
         every = cfg.admission_reserve == "all"  # every admitted request's remaining output
         if not every:  # "slot": the launching slot's running decodes only, as the reference
-            reserve = int(cfg.new_token_ratio * sum(d.remaining_output
-                                                    for d in self._slots.running[self.view.slot]))
+            reserve = int(
+                cfg.new_token_ratio * sum(d.remaining_output for d in self._slots.running[self.view.slot])
+            )
         while budget > 0 and queue.chunked is None and (r := queue.head) is not None:
             if cap is not None and len(self._live) - len(queue) >= cap:
                 break
@@ -347,8 +356,9 @@ class Scheduler:
             return NO_OUTPUT
         return StepOutput(tuple(ended), frozenset(discarded))
 
-    def _end_aborted_decodes(self, decodes: list[LiveRequest], now: float, ended: list[RequestEnd],
-                             discarded: list[int]) -> list[LiveRequest]:
+    def _end_aborted_decodes(
+        self, decodes: list[LiveRequest], now: float, ended: list[RequestEnd], discarded: list[int]
+    ) -> list[LiveRequest]:
         """End the aborted ones among a returned microbatch's decodes (their token is dropped)
         and return the others."""
         kept = []
@@ -398,9 +408,14 @@ class Scheduler:
         if r.req_id in stop_ids:
             return self._end(r, now, FinishReason.STOP, "")
         rec = r.rec
-        detail = "" if r.target_len == rec.output_len else (
-            f"output capped at {r.target_len} tokens: prompt + output must fit the context of "
-            f"{self.config.max_context} and the KV pool of {self._kv.pool.capacity} tokens")
+        detail = (
+            ""
+            if r.target_len == rec.output_len
+            else (
+                f"output capped at {r.target_len} tokens: prompt + output must fit the context of "
+                f"{self.config.max_context} and the KV pool of {self._kv.pool.capacity} tokens"
+            )
+        )
         return self._end(r, now, FinishReason.LENGTH, detail)
 
     def _end(self, r: LiveRequest, now: float, reason: FinishReason, detail: str) -> RequestEnd:
@@ -460,4 +475,3 @@ class Scheduler:
         if rec is None or not rec.is_finished or req_id in self._live:
             raise ValueError(f"request {req_id} is unknown or has not ended")
         return self._records.pop(req_id)
-

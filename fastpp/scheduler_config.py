@@ -18,6 +18,8 @@ def static_chunk(chunk: int | None = None, *, limit: int | None = None) -> int:
     DEFAULT_STATIC_CHUNK; never above the engine's own ``limit`` (tokens per batch)."""
     value = DEFAULT_STATIC_CHUNK if chunk is None else chunk
     return value if limit is None else min(value, limit)
+
+
 ADMISSION_RESERVES = ("all", "slot")
 RETRACTIONS = ("newest_front", "fewest_output_back")
 MAX_CHUNK_CANDIDATES = 4096  # a policy looks at each candidate: more is memory and time, no use
@@ -35,8 +37,9 @@ def parse_chunk_candidates(text: str) -> tuple[int, ...]:
         else:
             values = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"chunk candidates {text!r}: expected START:STOP:STEP or a comma list of integers") \
-            from None
+        raise ValueError(
+            f"chunk candidates {text!r}: expected START:STOP:STEP or a comma list of integers"
+        ) from None
     except OverflowError:
         raise ValueError(f"chunk candidates {text!r}: more than {MAX_CHUNK_CANDIDATES:,} values") from None
     if len(values) > MAX_CHUNK_CANDIDATES:
@@ -93,10 +96,11 @@ class SchedulerConfig:
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
         if self.admission_reserve not in ADMISSION_RESERVES:
-            raise ValueError(f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
-                             f"got {self.admission_reserve!r}")
+            raise ValueError(
+                f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
+                f"got {self.admission_reserve!r}"
+            )
         if self.retraction not in RETRACTIONS:
-            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got "
-                             f"{self.retraction!r}")
+            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")

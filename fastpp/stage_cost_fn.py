@@ -26,14 +26,37 @@ def dense_at(dense: list[float], top: int, slope: float, num_tokens: int) -> flo
 class StageCostFn:
     """Seconds of one iteration of one stage from a microbatch's token counts."""
 
-    __slots__ = ("dense", "top", "slope", "fixed", "a_past_x_pre", "a_pre_sq", "a_dec_ctx",
-                 "embedding", "allreduce_fixed", "allreduce_token", "has_head", "head_dense",
-                 "head_top", "head_slope")
+    __slots__ = (
+        "dense",
+        "top",
+        "slope",
+        "fixed",
+        "a_past_x_pre",
+        "a_pre_sq",
+        "a_dec_ctx",
+        "embedding",
+        "allreduce_fixed",
+        "allreduce_token",
+        "has_head",
+        "head_dense",
+        "head_top",
+        "head_slope",
+    )
 
-    def __init__(self, dense: list[float], top: int, slope: float, fixed: float,
-                 a_past_x_pre: float, a_pre_sq: float, a_dec_ctx: float, embedding: float,
-                 allreduce_fixed: float, allreduce_token: float,
-                 head: tuple[list[float], int, float] | None) -> None:
+    def __init__(
+        self,
+        dense: list[float],
+        top: int,
+        slope: float,
+        fixed: float,
+        a_past_x_pre: float,
+        a_pre_sq: float,
+        a_dec_ctx: float,
+        embedding: float,
+        allreduce_fixed: float,
+        allreduce_token: float,
+        head: tuple[list[float], int, float] | None,
+    ) -> None:
         """``dense``/``top``/``slope``: the linear table's dense values, last point and
         extrapolation slope (``LinearTable``); ``head``: the LM head table's, or None."""
         self.dense = dense
@@ -51,14 +74,19 @@ class StageCostFn:
         self.head_top = 0 if head is None else head[1]
         self.head_slope = 0.0 if head is None else head[2]
 
-    def time_s(self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int,
-               sum_dec_ctx: int) -> float:
+    def time_s(
+        self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int
+    ) -> float:
         """``StageCost.time_s`` of the same counts, the very same float."""
         if num_tokens <= 0:
             return 0.0
-        t = (dense_at(self.dense, self.top, self.slope, num_tokens)
-             + self.fixed + self.a_past_x_pre * sum_past_x_pre + self.a_pre_sq * sum_pre_sq
-             + self.a_dec_ctx * sum_dec_ctx)
+        t = (
+            dense_at(self.dense, self.top, self.slope, num_tokens)
+            + self.fixed
+            + self.a_past_x_pre * sum_past_x_pre
+            + self.a_pre_sq * sum_pre_sq
+            + self.a_dec_ctx * sum_dec_ctx
+        )
         if self.embedding:
             t += self.embedding * num_tokens
         if self.allreduce_fixed:
@@ -69,6 +97,7 @@ class StageCostFn:
             t += dense_at(self.head_dense, self.head_top, self.head_slope, num_sampled)
         return t
 
-    def __call__(self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int,
-                 sum_dec_ctx: int) -> float:
+    def __call__(
+        self, num_tokens: int, num_sampled: int, sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int
+    ) -> float:
         return self.time_s(num_tokens, num_sampled, sum_past_x_pre, sum_pre_sq, sum_dec_ctx)

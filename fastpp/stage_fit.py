@@ -87,8 +87,9 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def table_points(token_counts: Sequence[int], ratio: float = POINT_RATIO,
-                 min_count: int = POINT_MIN_COUNT) -> tuple[int, ...]:
+def table_points(
+    token_counts: Sequence[int], ratio: float = POINT_RATIO, min_count: int = POINT_MIN_COUNT
+) -> tuple[int, ...]:
     """Table points for shapes with these token counts: every count seen at least ``min_count``
     times (its own value is well measured), the smallest and the largest count, and between
     them rarer counts at least ``ratio`` apart, so every point has data at it and the table
@@ -121,8 +122,12 @@ def _table_rows(ns: np.ndarray, points: Sequence[int]) -> np.ndarray:
     return rows
 
 
-def fit_stage(features: Sequence[Sequence[int]], seconds: Sequence[float], tokens: Sequence[int],
-              sampled: Sequence[int] | None = None) -> StageFit:
+def fit_stage(
+    features: Sequence[Sequence[int]],
+    seconds: Sequence[float],
+    tokens: Sequence[int],
+    sampled: Sequence[int] | None = None,
+) -> StageFit:
     """Fit ``seconds`` (one per shape) of shapes with ``features`` rows [N, sum_past_x_pre,
     sum_pre_sq, sum_dec_ctx]; ``tokens`` are the table's points and every N must be within 1 ..
     ``tokens[-1]`` (between points the table interpolates). With ``sampled`` (tokens sampled
@@ -137,8 +142,10 @@ def fit_stage(features: Sequence[Sequence[int]], seconds: Sequence[float], token
     points = sorted(tokens)
     outside = sorted({int(n) for n in X[:, 0] if n < 1 or n > points[-1]})
     if outside:
-        raise ValueError(f"shapes with N = {outside} are not on the table's points {points} "
-                         f"(N must be within 1 .. {points[-1]})")
+        raise ValueError(
+            f"shapes with N = {outside} are not on the table's points {points} "
+            f"(N must be within 1 .. {points[-1]})"
+        )
     columns = [X[:, 1:]]
     if sampled is not None:
         S = np.asarray(sampled, dtype=np.float64).reshape(-1, 1)
@@ -161,10 +168,17 @@ def fit_stage(features: Sequence[Sequence[int]], seconds: Sequence[float], token
     for _ in range(1 + REWEIGHT_ROUNDS):
         sol = nnls(A * w[:, None], y * w)
         w = 1.0 / np.maximum(A @ sol, 0.1 * y)
-    coef = sol[len(points):] / scale
-    table = LinearTable(tuple(points), tuple(float(s) for s in np.cumsum(sol[:len(points)])))
+    coef = sol[len(points) :] / scale
+    table = LinearTable(tuple(points), tuple(float(s) for s in np.cumsum(sol[: len(points)])))
     sampled_s = float(coef[3]) if sampled is not None else 0.0
     fit = StageFit(table, float(coef[0]), float(coef[1]), float(coef[2]), 0.0, 0.0, sampled_s)
     ape = np.abs(fit.predict(X, None if sampled is None else np.asarray(sampled)) - y) / y
-    return StageFit(table, fit.attn_past_x_pre_s, fit.attn_pre_sq_s, fit.attn_dec_ctx_s,
-                    float(ape.mean()), float(ape.max()), sampled_s)
+    return StageFit(
+        table,
+        fit.attn_past_x_pre_s,
+        fit.attn_pre_sq_s,
+        fit.attn_dec_ctx_s,
+        float(ape.mean()),
+        float(ape.max()),
+        sampled_s,
+    )

@@ -76,8 +76,7 @@ def chrome_trace(
     """
     log = IterationLog.of(iterations)
     plan = _TracePlan(log, stage_names, extra_tracks, max_events)
-    events = [_slice(log[i]) if i < len(log) else _counter(plan.sample(i))
-              for i in plan.kept]
+    events = [_slice(log[i]) if i < len(log) else _counter(plan.sample(i)) for i in plan.kept]
     return {"traceEvents": plan.meta + events, "displayTimeUnit": "ms", "otherData": plan.other}
 
 
@@ -103,8 +102,11 @@ def write_chrome_trace(
     heads, stages, starts, ends = log.heads, log.stages, log.started_at, log.finished_at
     n = len(log)
     for i in plan.kept:
-        parts.append(_slice_json(heads[i], stages[i], starts[i], ends[i], slice_parts) if i < n
-                     else dumps(_counter(plan.sample(i))))
+        parts.append(
+            _slice_json(heads[i], stages[i], starts[i], ends[i], slice_parts)
+            if i < n
+            else dumps(_counter(plan.sample(i)))
+        )
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
         f.write('{"traceEvents":[')
@@ -119,9 +121,13 @@ class _TracePlan:
     """What a trace holds: its metadata events, which slices and counter samples are kept (in
     time order) and its ``otherData``; shared by ``chrome_trace`` and ``write_chrome_trace``."""
 
-    def __init__(self, log: IterationLog, stage_names: Sequence[str] | None,
-                 extra_tracks: Mapping[str, Sequence[tuple[float, float]]] | None,
-                 max_events: int) -> None:
+    def __init__(
+        self,
+        log: IterationLog,
+        stage_names: Sequence[str] | None,
+        extra_tracks: Mapping[str, Sequence[tuple[float, float]]] | None,
+        max_events: int,
+    ) -> None:
         if max_events < 0:
             raise ValueError(f"max_events must be >= 0, got {max_events}")
         names = list(stage_names or ())
@@ -137,8 +143,7 @@ class _TracePlan:
             self.meta.append({"name": "thread_name", **track, "args": {"name": label}})
             self.meta.append({"name": "thread_sort_index", **track, "args": {"sort_index": k}})
         self._num_slices = len(log)
-        self._samples = [(name, t, v) for name, series in (extra_tracks or {}).items()
-                         for t, v in series]
+        self._samples = [(name, t, v) for name, series in (extra_tracks or {}).items() for t, v in series]
         # keep the earliest: one stable argsort over slice starts and counter sample times
         times = np.array(log.started_at + [t for _, t, _ in self._samples], float)
         self.kept: list[int] = np.argsort(times, kind="stable")[:max_events].tolist()
@@ -158,12 +163,18 @@ class _TracePlan:
 
 def _counter(sample: tuple[str, float, float]) -> dict:
     name, t, v = sample
-    return {"name": name, "ph": "C", "pid": PID, "ts": round(float(t) * _US, _ROUND),
-            "args": {"value": float(v)}}
+    return {
+        "name": name,
+        "ph": "C",
+        "pid": PID,
+        "ts": round(float(t) * _US, _ROUND),
+        "args": {"value": float(v)},
+    }
 
 
-def _slice_json(head: Head, stage: int, started_at: float, finished_at: float,
-                parts: dict[Head, tuple[str, str]]) -> str:
+def _slice_json(
+    head: Head, stage: int, started_at: float, finished_at: float, parts: dict[Head, tuple[str, str]]
+) -> str:
     """The compact JSON text of ``_slice`` of this stage iteration (floats by repr, as json
     writes them). The text before ``tid`` and from ``args`` on is the same for every stage of a
     microbatch: ``parts`` keeps it by the microbatch's head, so it is formatted once per
@@ -177,10 +188,13 @@ def _slice_json(head: Head, stage: int, started_at: float, finished_at: float,
             f'{{"name":"mb{mb_id} s{slot}","cat":"{kind}","ph":"X","pid":{PID},"tid":',
             f',"args":{{"mb_id":{mb_id},"slot":{slot},"tokens":{tokens},'
             f'"prefill_tokens":{prefill},"decode_reqs":{decodes},'
-            f'"chunk_budget":{budget},"reason":{_json_text(reason)}}}}}')
+            f'"chunk_budget":{budget},"reason":{_json_text(reason)}}}}}',
+        )
     head_text, tail_text = both
-    return (f"{head_text}{stage},\"ts\":{round(started_at * _US, _ROUND)!r},"
-            f"\"dur\":{round(max(0.0, finished_at - started_at) * _US, _ROUND)!r}{tail_text}")
+    return (
+        f'{head_text}{stage},"ts":{round(started_at * _US, _ROUND)!r},'
+        f'"dur":{round(max(0.0, finished_at - started_at) * _US, _ROUND)!r}{tail_text}'
+    )
 
 
 _json_text = lru_cache(maxsize=4096)(json.dumps)  # a reason's JSON text

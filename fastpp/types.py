@@ -124,12 +124,22 @@ class RequestRecord:
 
     # Written out (as IterationRecord's): one per request. ``token_times=None`` stands for the
     # field's default, a new empty list.
-    def __init__(self, req_id: int, arrived_at: float, prompt_len: int, output_len: int,
-                 num_generated: int = 0, scheduled_at: float | None = None,
-                 first_token_at: float | None = None, finished_at: float | None = None,
-                 finish_reason: FinishReason | None = None, detail: str = "",
-                 num_retractions: int = 0, num_parked: int = 0,
-                 token_times: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        req_id: int,
+        arrived_at: float,
+        prompt_len: int,
+        output_len: int,
+        num_generated: int = 0,
+        scheduled_at: float | None = None,
+        first_token_at: float | None = None,
+        finished_at: float | None = None,
+        finish_reason: FinishReason | None = None,
+        detail: str = "",
+        num_retractions: int = 0,
+        num_parked: int = 0,
+        token_times: list[float] | None = None,
+    ) -> None:
         self.req_id = req_id
         self.arrived_at = arrived_at
         self.prompt_len = prompt_len
@@ -231,10 +241,23 @@ class IterationRecord:
     # several times faster than the one dataclasses writes (one record per stage and microbatch
     # a policy observes); tests/test_plan_types.py checks it takes the fields, in order, with
     # their defaults.
-    def __init__(self, mb_id: int, stage: int, slot: int, started_at: float, finished_at: float,
-                 num_tokens: int, num_prefill_tokens: int, num_decode_reqs: int,
-                 sum_past_x_pre: int, sum_pre_sq: int, sum_dec_ctx: int, chunk_budget: int,
-                 reason: str = "", num_sampled: int = -1) -> None:
+    def __init__(
+        self,
+        mb_id: int,
+        stage: int,
+        slot: int,
+        started_at: float,
+        finished_at: float,
+        num_tokens: int,
+        num_prefill_tokens: int,
+        num_decode_reqs: int,
+        sum_past_x_pre: int,
+        sum_pre_sq: int,
+        sum_dec_ctx: int,
+        chunk_budget: int,
+        reason: str = "",
+        num_sampled: int = -1,
+    ) -> None:
         self.mb_id = mb_id
         self.stage = stage
         self.slot = slot

@@ -31,7 +31,7 @@ class UniformLengths:
     @staticmethod
     def parse(name: str) -> UniformLengths:
         """``random:IN:OUT`` or ``random:IN:OUT:RATIO``; ``ValueError`` names the bad part."""
-        parts = name[len(PREFIX):].split(":") if name.startswith(PREFIX) else []
+        parts = name[len(PREFIX) :].split(":") if name.startswith(PREFIX) else []
         if len(parts) not in (2, 3):
             raise ValueError(f"workload {name!r}: expected random:IN:OUT or random:IN:OUT:RATIO")
         try:
@@ -49,5 +49,7 @@ class UniformLengths:
         return draw(self.max_in), draw(self.max_out)
 
     def describe(self) -> str:
-        return (f"uniform lengths: prompt in [{max(1, int(self.max_in * self.range_ratio))}, {self.max_in}], "
-                f"output in [{max(1, int(self.max_out * self.range_ratio))}, {self.max_out}]")
+        return (
+            f"uniform lengths: prompt in [{max(1, int(self.max_in * self.range_ratio))}, {self.max_in}], "
+            f"output in [{max(1, int(self.max_out * self.range_ratio))}, {self.max_out}]"
+        )

@@ -234,8 +234,15 @@ class SchedulerView(DeploymentFields):
 
     __slots__ = ("_config", "_queue", "_slots", "_kv", "_signals", "_in_flight", "now", "slot")
 
-    def __init__(self, config: SchedulerConfig, queue: WaitingQueue, slots: DecodeSlots, kv: KVPool,
-                 signals: Signals, in_flight: list) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        queue: WaitingQueue,
+        slots: DecodeSlots,
+        kv: KVPool,
+        signals: Signals,
+        in_flight: list,
+    ) -> None:
         self._config = config
         self._queue = queue
         self._slots = slots

@@ -33,11 +33,27 @@ from fastpp.uniform_lengths import PREFIX as UNIFORM_PREFIX
 from fastpp.uniform_lengths import UniformLengths
 
 __all__ = [
-    "DEFAULT_WORKLOAD", "WORKLOADS", "EmpiricalLengths", "LengthSampler", "LengthTable",
-    "QuantileLengths", "SyntheticLengths", "Trace", "WorkloadError", "WorkloadSpec",
-    "builtin_quantile_lengths", "gamma_arrivals", "load_builtin_tables", "make_requests",
-    "poisson_arrivals", "read_azure_trace", "read_length_csv", "replay", "replay_requests",
-    "resolve_data_dir", "workload_stats",
+    "DEFAULT_WORKLOAD",
+    "WORKLOADS",
+    "EmpiricalLengths",
+    "LengthSampler",
+    "LengthTable",
+    "QuantileLengths",
+    "SyntheticLengths",
+    "Trace",
+    "WorkloadError",
+    "WorkloadSpec",
+    "builtin_quantile_lengths",
+    "gamma_arrivals",
+    "load_builtin_tables",
+    "make_requests",
+    "poisson_arrivals",
+    "read_azure_trace",
+    "read_length_csv",
+    "replay",
+    "replay_requests",
+    "resolve_data_dir",
+    "workload_stats",
 ]
 
 # The most requests one call generates (~100 bytes each as Request objects, ~1 GB in all):
@@ -55,8 +71,9 @@ TRACE_FILES = {
 SHAREGPT_FILE = "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 ARXIV_FILE = "arxiv_summarization/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
 
-AZURE_SOURCE = ("Azure LLM inference trace 2023, Azure/AzurePublicDataset, CC BY 4.0; "
-                "Patel et al., Splitwise, ISCA 2024")
+AZURE_SOURCE = (
+    "Azure LLM inference trace 2023, Azure/AzurePublicDataset, CC BY 4.0; Patel et al., Splitwise, ISCA 2024"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,8 +81,10 @@ AZURE_SOURCE = ("Azure LLM inference trace 2023, Azure/AzurePublicDataset, CC BY
 
 
 def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-        math.isfinite(value) and value > 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (math.isfinite(value) and value > 0)
     ):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
@@ -77,14 +96,13 @@ def _check_extent(num_requests: int | None, duration_s: float | None) -> None:
             f"duration_s={duration_s!r}"
         )
     if num_requests is not None and (
-        isinstance(num_requests, bool)
-        or not isinstance(num_requests, numbers.Integral)
-        or num_requests < 1
+        isinstance(num_requests, bool) or not isinstance(num_requests, numbers.Integral) or num_requests < 1
     ):
         raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
     if num_requests is not None and num_requests > MAX_REQUESTS:
-        raise ValueError(f"num_requests={num_requests:,} is more than one workload generates "
-                         f"({MAX_REQUESTS:,})")
+        raise ValueError(
+            f"num_requests={num_requests:,} is more than one workload generates ({MAX_REQUESTS:,})"
+        )
     if duration_s is not None:
         _check_positive("duration_s", duration_s)
 
@@ -94,7 +112,8 @@ def _check_expected(rate: float, duration_s: float | None) -> None:
     if duration_s is not None and rate * duration_s > MAX_REQUESTS:
         raise ValueError(
             f"duration_s={duration_s:g} at rate={rate:g} req/s is about {rate * duration_s:.3g} "
-            f"requests, more than one workload generates ({MAX_REQUESTS:,})")
+            f"requests, more than one workload generates ({MAX_REQUESTS:,})"
+        )
 
 
 def _renewal(
@@ -230,40 +249,94 @@ _PAPER = "calibrated to the mean lengths reported in the FastPP paper (PAPER.md 
 WORKLOADS: dict[str, WorkloadSpec] = {
     spec.name: spec
     for spec in (
-        WorkloadSpec("azure-conv", "Azure conversation lengths from the built-in quantile table "
-                     "(the default workload)", AZURE_SOURCE, False, False,
-                     lambda _d: builtin_quantile_lengths("azure-conv")),
-        WorkloadSpec("azure-code", "Azure code-completion lengths from the built-in quantile "
-                     "table (long prompts, short outputs)", AZURE_SOURCE, False, False,
-                     lambda _d: builtin_quantile_lengths("azure-code")),
-        WorkloadSpec("azure-conv-trace", "Azure conversation (input, output) pairs resampled "
-                     "from the trace file", AZURE_SOURCE, False, True,
-                     _file_lengths(TRACE_FILES["azure-conv"])),
-        WorkloadSpec("azure-code-trace", "Azure code (input, output) pairs resampled from the "
-                     "trace file", AZURE_SOURCE, False, True,
-                     _file_lengths(TRACE_FILES["azure-code"])),
-        WorkloadSpec("sharegpt-8k", "ShareGPT multi-turn lengths (context accumulated, 8k cap); "
-                     "NOT the paper's first-turn ShareGPT",
-                     "microsoft/sarathi-serve sharegpt_8k (Apache-2.0); lengths derived from "
-                     "ShareGPT", False, True, _file_lengths(SHAREGPT_FILE)),
-        WorkloadSpec("arxiv-summarization", "arXiv summarization lengths (4k total cap); "
-                     "NOT CNN/DailyMail", "microsoft/vidur arxiv_summarization (MIT); lengths "
-                     "derived from the arXiv summarization dataset", False, True,
-                     _file_lengths(ARXIV_FILE)),
-        _synthetic("sharegpt-synthetic", "synthetic first-turn ShareGPT: lognormal, mean 226 in "
-                   "/ 199 out; CVs 1.5 / 1.0 and caps 1024 / 1024 (vLLM's ShareGPT filter) are "
-                   "assumptions", f"synthetic, {_PAPER}", mean_in=226, mean_out=199,
-                   cv_in=1.5, cv_out=1.0, max_in=1024, max_out=1024),
-        _synthetic("cnn-dailymail-synthetic", "synthetic CNN/DailyMail summarization: lognormal, "
-                   "mean 883 in / 65 out; article CV 0.5 as in the dataset (0.49-0.50: scripts/"
-                   "cnn_article_spread.py); summary CV 0.4 and caps 4096 / 512 are assumptions",
-                   f"synthetic, {_PAPER}", mean_in=883, mean_out=65, cv_in=0.5, cv_out=0.4,
-                   max_in=4096, max_out=512),
-        _synthetic("cnn-reversed-synthetic", "synthetic CNN-Reversed (CNN/DailyMail with input "
-                   "and output swapped; decode-heavy): lognormal, mean 65 in / 883 out; article "
-                   "(output) CV 0.5 as in the dataset (0.49-0.50: scripts/cnn_article_spread.py); "
-                   "summary CV 0.4 and caps 512 / 4096 are assumptions", f"synthetic, {_PAPER}",
-                   mean_in=65, mean_out=883, cv_in=0.4, cv_out=0.5, max_in=512, max_out=4096),
+        WorkloadSpec(
+            "azure-conv",
+            "Azure conversation lengths from the built-in quantile table (the default workload)",
+            AZURE_SOURCE,
+            False,
+            False,
+            lambda _d: builtin_quantile_lengths("azure-conv"),
+        ),
+        WorkloadSpec(
+            "azure-code",
+            "Azure code-completion lengths from the built-in quantile table (long prompts, short outputs)",
+            AZURE_SOURCE,
+            False,
+            False,
+            lambda _d: builtin_quantile_lengths("azure-code"),
+        ),
+        WorkloadSpec(
+            "azure-conv-trace",
+            "Azure conversation (input, output) pairs resampled from the trace file",
+            AZURE_SOURCE,
+            False,
+            True,
+            _file_lengths(TRACE_FILES["azure-conv"]),
+        ),
+        WorkloadSpec(
+            "azure-code-trace",
+            "Azure code (input, output) pairs resampled from the trace file",
+            AZURE_SOURCE,
+            False,
+            True,
+            _file_lengths(TRACE_FILES["azure-code"]),
+        ),
+        WorkloadSpec(
+            "sharegpt-8k",
+            "ShareGPT multi-turn lengths (context accumulated, 8k cap); NOT the paper's first-turn ShareGPT",
+            "microsoft/sarathi-serve sharegpt_8k (Apache-2.0); lengths derived from ShareGPT",
+            False,
+            True,
+            _file_lengths(SHAREGPT_FILE),
+        ),
+        WorkloadSpec(
+            "arxiv-summarization",
+            "arXiv summarization lengths (4k total cap); NOT CNN/DailyMail",
+            "microsoft/vidur arxiv_summarization (MIT); lengths derived from the arXiv summarization dataset",
+            False,
+            True,
+            _file_lengths(ARXIV_FILE),
+        ),
+        _synthetic(
+            "sharegpt-synthetic",
+            "synthetic first-turn ShareGPT: lognormal, mean 226 in "
+            "/ 199 out; CVs 1.5 / 1.0 and caps 1024 / 1024 (vLLM's ShareGPT filter) are "
+            "assumptions",
+            f"synthetic, {_PAPER}",
+            mean_in=226,
+            mean_out=199,
+            cv_in=1.5,
+            cv_out=1.0,
+            max_in=1024,
+            max_out=1024,
+        ),
+        _synthetic(
+            "cnn-dailymail-synthetic",
+            "synthetic CNN/DailyMail summarization: lognormal, "
+            "mean 883 in / 65 out; article CV 0.5 as in the dataset (0.49-0.50: scripts/"
+            "cnn_article_spread.py); summary CV 0.4 and caps 4096 / 512 are assumptions",
+            f"synthetic, {_PAPER}",
+            mean_in=883,
+            mean_out=65,
+            cv_in=0.5,
+            cv_out=0.4,
+            max_in=4096,
+            max_out=512,
+        ),
+        _synthetic(
+            "cnn-reversed-synthetic",
+            "synthetic CNN-Reversed (CNN/DailyMail with input "
+            "and output swapped; decode-heavy): lognormal, mean 65 in / 883 out; article "
+            "(output) CV 0.5 as in the dataset (0.49-0.50: scripts/cnn_article_spread.py); "
+            "summary CV 0.4 and caps 512 / 4096 are assumptions",
+            f"synthetic, {_PAPER}",
+            mean_in=65,
+            mean_out=883,
+            cv_in=0.4,
+            cv_out=0.5,
+            max_in=512,
+            max_out=4096,
+        ),
     )
 }
 

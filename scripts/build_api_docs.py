@@ -25,8 +25,12 @@ import fastpp
 def build(out: Path) -> Path:
     for name in fastpp.__all__:  # the simulator's names are imported on first use: resolve them
         getattr(fastpp, name)
-    pdoc.render.configure(docformat="restructuredtext", search=True, show_source=False,
-                          footer_text=f"fastpp {fastpp.__version__}")
+    pdoc.render.configure(
+        docformat="restructuredtext",
+        search=True,
+        show_source=False,
+        footer_text=f"fastpp {fastpp.__version__}",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pdoc.pdoc("fastpp", r"!fastpp\..*", output_directory=out)  # the facade page only

@@ -34,8 +34,29 @@ PRINTED_MEDIAN_CHARS = 3682.0
 BIN_LOW_CHARS = 35.0  # left edge of the first bin (x-axis ticks: 2,000 characters per 114 px)
 BIN_WIDTH_CHARS = 525.8
 # Articles per bin, bins 0..20 (read from the figure; +-50 per bar).
-BAR_COUNTS = (300, 4600, 15100, 25900, 32900, 35200, 33600, 30000, 25000, 20500, 15900,
-              12100, 9200, 7100, 5500, 4200, 3300, 2700, 2000, 1000, 400)
+BAR_COUNTS = (
+    300,
+    4600,
+    15100,
+    25900,
+    32900,
+    35200,
+    33600,
+    30000,
+    25000,
+    20500,
+    15900,
+    12100,
+    9200,
+    7100,
+    5500,
+    4200,
+    3300,
+    2700,
+    2000,
+    1000,
+    400,
+)
 LAST_BIN = 29  # 30 bins; 21..29 are below one pixel each
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 WORKLOAD = "cnn-reversed-synthetic"
@@ -88,32 +109,41 @@ def cv_bounds() -> list[tuple[int, float, float]]:
 def main() -> None:
     visible = np.array(BAR_COUNTS, dtype=float)
     mean, std = moments(visible, centres(len(visible)), BIN_WIDTH_CHARS)
-    print(f"visible bars: {visible.sum():,.0f} of {TRAIN_ARTICLES:,} articles; mean {mean:,.0f} "
-          f"chars (figure: {PRINTED_MEAN_CHARS:,.0f}), median "
-          f"{quantile(visible, BIN_LOW_CHARS, BIN_WIDTH_CHARS, 0.5):,.0f} (figure: "
-          f"{PRINTED_MEDIAN_CHARS:,.0f}), CV {std / mean:.3f}")
+    print(
+        f"visible bars: {visible.sum():,.0f} of {TRAIN_ARTICLES:,} articles; mean {mean:,.0f} "
+        f"chars (figure: {PRINTED_MEAN_CHARS:,.0f}), median "
+        f"{quantile(visible, BIN_LOW_CHARS, BIN_WIDTH_CHARS, 0.5):,.0f} (figure: "
+        f"{PRINTED_MEDIAN_CHARS:,.0f}), CV {std / mean:.3f}"
+    )
     bounds = cv_bounds()
     for tail_bin, m, cv in bounds:
-        print(f"  with the {TRAIN_ARTICLES - visible.sum():,.0f} missing articles in bin "
-              f"{tail_bin}: mean {m:,.0f} chars, CV {cv:.3f}")
+        print(
+            f"  with the {TRAIN_ARTICLES - visible.sum():,.0f} missing articles in bin "
+            f"{tail_bin}: mean {m:,.0f} chars, CV {cv:.3f}"
+        )
     low, high = bounds[0][2], bounds[1][2]
-    print(f"output-length CV of CNN-Reversed: {low:.2f} to {high:.2f} "
-          f"(cnn-reversed-synthetic assumes 0.50)")
+    print(f"output-length CV of CNN-Reversed: {low:.2f} to {high:.2f} (cnn-reversed-synthetic assumes 0.50)")
 
     # Shape: quantiles relative to the mean, the histogram against the registered sampler.
     _, out = WORKLOADS[WORKLOAD].make_sampler().sample(np.random.default_rng(0), 200_000)
     print(f"{'quantile / mean':<24}" + "".join(f"{f'p{round(100 * q)}':>6}" for q in QUANTILES))
-    print(f"{'articles (histogram)':<24}" + "".join(
-        f"{quantile(visible, BIN_LOW_CHARS, BIN_WIDTH_CHARS, q) / mean:6.2f}" for q in QUANTILES))
+    print(
+        f"{'articles (histogram)':<24}"
+        + "".join(f"{quantile(visible, BIN_LOW_CHARS, BIN_WIDTH_CHARS, q) / mean:6.2f}" for q in QUANTILES)
+    )
     print(f"{WORKLOAD:<24}" + "".join(f"{np.quantile(out, q) / out.mean():6.2f}" for q in QUANTILES))
 
-    print(f"KV per resident request (65 + 883 (1 + CV^2) / 2) and requests in the "
-          f"{KV_POOL_TOKENS:,}-token pool; DS's first tier is {FIRST_TIER} running:")
+    print(
+        f"KV per resident request (65 + 883 (1 + CV^2) / 2) and requests in the "
+        f"{KV_POOL_TOKENS:,}-token pool; DS's first tier is {FIRST_TIER} running:"
+    )
     for cv in (low, high, 0.5, 0.3):
         per_request, fit = residents(cv)
         note = "  (the sensitivity run, benchmarks/ds_kv_sensitivity.py)" if cv == 0.3 else ""
-        print(f"  CV {cv:.3f}: {per_request:5.0f} tokens, {fit:5.0f} requests "
-              f"({'above' if fit > FIRST_TIER else 'below'} the tier){note}")
+        print(
+            f"  CV {cv:.3f}: {per_request:5.0f} tokens, {fit:5.0f} requests "
+            f"({'above' if fit > FIRST_TIER else 'below'} the tier){note}"
+        )
 
 
 if __name__ == "__main__":

@@ -92,16 +92,22 @@ def derive(data_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                        help="folder holding azure/AzureLLMInferenceTrace_*.csv")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="folder holding azure/AzureLLMInferenceTrace_*.csv",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     document = derive(args.data_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     for name, table in document["tables"].items():
-        print(f"{name}: {table['num_rows']} rows, input mean {table['input']['mean']}, "
-              f"output mean {table['output']['mean']}, rho {table['rank_correlation']}")
+        print(
+            f"{name}: {table['num_rows']} rows, input mean {table['input']['mean']}, "
+            f"output mean {table['output']['mean']}, rho {table['rank_correlation']}"
+        )
     print(f"wrote {args.out}")
 
 

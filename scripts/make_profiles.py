@@ -1,6 +1,6 @@
 """Regenerate the analytic profiles shipped in profiles/ (run from the repo root).
 
-    python scripts/make_profiles.py [OUT_DIR]
+python scripts/make_profiles.py [OUT_DIR]
 """
 
 from __future__ import annotations

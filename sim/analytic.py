@@ -74,8 +74,9 @@ DEFAULT_TOKEN_SYNC_S = 0.5e-3
 # --------------------------------------------------------------------------- linear work
 
 
-def gemm_s(m: np.ndarray, k: int, n: int, gpu: GpuSpec, eff: KernelEfficiency,
-           dtype_bytes: int) -> np.ndarray:
+def gemm_s(
+    m: np.ndarray, k: int, n: int, gpu: GpuSpec, eff: KernelEfficiency, dtype_bytes: int
+) -> np.ndarray:
     """Seconds of an [m, k] x [k, n] GEMM: roofline with m rounded UP to the token step.
 
     Compute uses the padded m (the tile computes whole 128-row blocks); memory traffic uses the
@@ -92,8 +93,9 @@ def _per_gpu_heads(shape: ModelShape, tp: int) -> tuple[int, int]:
     return shape.num_heads // tp, max(1, shape.num_kv_heads // tp)
 
 
-def layer_ops_s(tokens: np.ndarray, shape: ModelShape, tp: int, gpu: GpuSpec,
-                eff: KernelEfficiency) -> dict[str, np.ndarray]:
+def layer_ops_s(
+    tokens: np.ndarray, shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency
+) -> dict[str, np.ndarray]:
     """Seconds of each linear-work operator of ONE layer on one GPU, named as in vidur's
     mlp tables. ``tokens``: int array of microbatch token counts (>= 1)."""
     m = np.asarray(tokens, dtype=np.float64)
@@ -118,8 +120,9 @@ def layer_ops_s(tokens: np.ndarray, shape: ModelShape, tp: int, gpu: GpuSpec,
     }
 
 
-def layer_linear_s(tokens: np.ndarray, shape: ModelShape, tp: int, gpu: GpuSpec,
-                   eff: KernelEfficiency) -> np.ndarray:
+def layer_linear_s(
+    tokens: np.ndarray, shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency
+) -> np.ndarray:
     """Seconds of one layer's linear work (sum of :func:`layer_ops_s`)."""
     return sum(layer_ops_s(tokens, shape, tp, gpu, eff).values())
 
@@ -150,8 +153,9 @@ def pp_layer_split(num_layers: int, pp: int) -> list[int]:
     return parts
 
 
-def _stage_weight_bytes(shape: ModelShape, tp: int, num_layers: int, is_first: bool,
-                        is_last: bool, pp: int) -> float:
+def _stage_weight_bytes(
+    shape: ModelShape, tp: int, num_layers: int, is_first: bool, is_last: bool, pp: int
+) -> float:
     """Weight bytes one GPU of a stage holds: its layers / tp, the vocab-parallel embedding on
     the first stage, final norm and LM head on the last (tied embeddings are shared only when
     both ends live on one stage)."""
@@ -170,8 +174,9 @@ def _check_parallel(shape: ModelShape, pp: int, tp: int) -> None:
     if tp < 1 or shape.num_heads % tp:
         raise ValueError(f"tp must divide num_heads {shape.num_heads} of {shape.name}, got {tp}")
     if shape.num_kv_heads % tp and tp % shape.num_kv_heads:
-        raise ValueError(f"tp {tp} must divide or be a multiple of num_kv_heads "
-                         f"{shape.num_kv_heads} of {shape.name}")
+        raise ValueError(
+            f"tp {tp} must divide or be a multiple of num_kv_heads {shape.num_kv_heads} of {shape.name}"
+        )
     if shape.intermediate_size % tp:
         raise ValueError(f"tp {tp} must divide intermediate_size {shape.intermediate_size}")
     pp_layer_split(shape.num_layers, pp)
@@ -180,8 +185,9 @@ def _check_parallel(shape: ModelShape, pp: int, tp: int) -> None:
 # --------------------------------------------------------------------------- stage costs
 
 
-def _lm_head_table(shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency,
-                   link: InterconnectSpec) -> LinearTable:
+def _lm_head_table(
+    shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency, link: InterconnectSpec
+) -> LinearTable:
     """LM head GEMM (hidden x vocab/tp) on the sampled tokens, logits all-gather under TP,
     then sampling. Vs number of sampled tokens."""
     points = table_points(eff.token_step, LM_HEAD_MAX_SAMPLED)
@@ -192,14 +198,24 @@ def _lm_head_table(shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficien
     t = t + SAMPLING_FIXED_S + s * SAMPLING_PASSES * shape.vocab_size * SAMPLING_LOGIT_BYTES / ew_bw
     if tp > 1:  # all-gather of the vocab shards: (n-1)/n of the logits cross the ring
         gathered = s * shape.vocab_size * shape.dtype_bytes
-        t = t + ((tp - 1) / tp * gathered / link.allreduce_bus_bytes_per_s
-                 + link.allreduce_fixed_s(tp) / 2)  # half the ring's steps
+        t = t + (
+            (tp - 1) / tp * gathered / link.allreduce_bus_bytes_per_s + link.allreduce_fixed_s(tp) / 2
+        )  # half the ring's steps
     return LinearTable(tokens=tuple(points), seconds=tuple(float(x) for x in t))
 
 
-def _stage_cost(shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency,
-                link: InterconnectSpec, num_layers: int, is_first: bool, is_last: bool,
-                per_layer: np.ndarray, points: list[int]) -> StageCost:
+def _stage_cost(
+    shape: ModelShape,
+    tp: int,
+    gpu: GpuSpec,
+    eff: KernelEfficiency,
+    link: InterconnectSpec,
+    num_layers: int,
+    is_first: bool,
+    is_last: bool,
+    per_layer: np.ndarray,
+    points: list[int],
+) -> StageCost:
     linear = num_layers * per_layer
     if is_last:  # final RMSNorm on every token of the microbatch
         ew_bw = eff.elementwise_bw_frac * gpu.hbm_bytes_per_s
@@ -220,17 +236,20 @@ def _stage_cost(shape: ModelShape, tp: int, gpu: GpuSpec, eff: KernelEfficiency,
         attn_pre_sq_s=0.5 * flops_per_pair / attn_flops,
         attn_dec_ctx_s=kv_bytes / (eff.decode_attn_bw_frac * gpu.hbm_bytes_per_s),
         fixed_s=num_layers * ATTN_FIXED_PER_LAYER_S,
-        embedding_s_per_token=(eff.embedding_s_per_token_hidden * shape.hidden_size
-                               if is_first else 0.0),
+        embedding_s_per_token=(eff.embedding_s_per_token_hidden * shape.hidden_size if is_first else 0.0),
         lm_head=_lm_head_table(shape, tp, gpu, eff, link) if is_last else None,
         allreduce_fixed_s=num_allreduce * link.allreduce_fixed_s(tp),
-        allreduce_s_per_token=(num_allreduce * 2 * (tp - 1) / tp * ar_bytes_per_token
-                               / link.allreduce_bus_bytes_per_s if tp > 1 else 0.0),
+        allreduce_s_per_token=(
+            num_allreduce * 2 * (tp - 1) / tp * ar_bytes_per_token / link.allreduce_bus_bytes_per_s
+            if tp > 1
+            else 0.0
+        ),
     )
 
 
-def kv_capacity_per_stage(shape: ModelShape, gpu: GpuSpec, pp: int, tp: int,
-                          mem_fraction: float = 0.9, page_size: int = 1) -> list[int]:
+def kv_capacity_per_stage(
+    shape: ModelShape, gpu: GpuSpec, pp: int, tp: int, mem_fraction: float = 0.9, page_size: int = 1
+) -> list[int]:
     """KV tokens each stage can hold: (mem_fraction * memory - weights of the stage on one GPU
     - RUNTIME_RESERVE_BYTES) / (KV bytes per token of the stage's layers on one GPU), rounded
     down to whole pages. A stage that cannot even hold its weights gives a negative count."""
@@ -254,11 +273,20 @@ def profile_name(gpu: str, model: str, pp: int, tp: int) -> str:
     return f"{gpu}_{model}_{par or 'pp1'}".lower()
 
 
-def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: int, *,
-                     num_gpus: int | None = None, mem_fraction: float = 0.9, page_size: int = 1,
-                     interconnect: str | None = None, host_overhead_s: float | None = None,
-                     token_return_s: float | None = None,
-                     created_at: str | None = None) -> Profile:
+def analytic_profile(
+    model: str | ModelShape,
+    gpu: str | GpuSpec,
+    pp: int,
+    tp: int,
+    *,
+    num_gpus: int | None = None,
+    mem_fraction: float = 0.9,
+    page_size: int = 1,
+    interconnect: str | None = None,
+    host_overhead_s: float | None = None,
+    token_return_s: float | None = None,
+    created_at: str | None = None,
+) -> Profile:
     """Build the analytic profile of ``model`` on ``pp * tp`` GPUs of kind ``gpu``.
 
     ``num_gpus`` (default pp * tp) must equal pp * tp; ``interconnect`` defaults to the GPU's
@@ -287,28 +315,38 @@ def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: i
         raise ValueError(
             f"{shape.name} does not fit on {spec.name} with pp={pp} tp={tp} at "
             f"mem_fraction={mem_fraction}: stage {worst} has room for {capacities[worst]} "
-            f"KV tokens")
+            f"KV tokens"
+        )
 
     points = table_points(eff.token_step)
     per_layer = layer_linear_s(np.asarray(points), shape, tp, spec, eff)
     split = pp_layer_split(shape.num_layers, pp)
     stages = tuple(
         _stage_cost(shape, tp, spec, eff, link, layers, i == 0, i == pp - 1, per_layer, points)
-        for i, layers in enumerate(split))
+        for i, layers in enumerate(split)
+    )
 
     provenance = {
         "source": "analytic",
         "tool": "fastpp.sim.analytic.analytic_profile",
         "created_at": created_at or datetime.now(UTC).replace(microsecond=0).isoformat(),
-        "gpu_spec": json.dumps({"peak_bf16_flops": spec.peak_bf16_flops,
-                                "hbm_bytes_per_s": spec.hbm_bytes_per_s,
-                                "memory_bytes": spec.memory_bytes}),
-        "interconnect_spec": json.dumps({
-            "name": link.name, "p2p_latency_s": link.p2p_latency_s,
-            "p2p_bytes_per_s": link.p2p_bytes_per_s,
-            "allreduce_alpha_s": link.allreduce_alpha_s,
-            "allreduce_bus_bytes_per_s": link.allreduce_bus_bytes_per_s,
-            "allreduce_latency_s": link.allreduce_latency_s}),
+        "gpu_spec": json.dumps(
+            {
+                "peak_bf16_flops": spec.peak_bf16_flops,
+                "hbm_bytes_per_s": spec.hbm_bytes_per_s,
+                "memory_bytes": spec.memory_bytes,
+            }
+        ),
+        "interconnect_spec": json.dumps(
+            {
+                "name": link.name,
+                "p2p_latency_s": link.p2p_latency_s,
+                "p2p_bytes_per_s": link.p2p_bytes_per_s,
+                "allreduce_alpha_s": link.allreduce_alpha_s,
+                "allreduce_bus_bytes_per_s": link.allreduce_bus_bytes_per_s,
+                "allreduce_latency_s": link.allreduce_latency_s,
+            }
+        ),
         "efficiency": json.dumps({f: getattr(eff, f) for f in eff.__slots__}),
         "calibration_files": ", ".join(CALIBRATION_FILES[spec.family]),
         "calibration_mape": CALIBRATION_MAPE[spec.family],
@@ -316,8 +354,8 @@ def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: i
         "layers_per_stage": json.dumps(split),
         "mem_fraction": str(mem_fraction),
         "notes": "roofline linear work with 128-token M tiles fitted on vidur mlp tables; "
-                 "attention, sampling and host overheads are stated assumptions "
-                 "(docs/CALIBRATION.md)",
+        "attention, sampling and host overheads are stated assumptions "
+        "(docs/CALIBRATION.md)",
     }
     return Profile(
         name=profile_name(spec.name, shape.name, pp, tp),
@@ -332,8 +370,13 @@ def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: i
         page_size=page_size,
         token_step=eff.token_step,
         host_overhead_s=DEFAULT_HOST_OVERHEAD_S if host_overhead_s is None else host_overhead_s,
-        token_return_s=(token_return_s if token_return_s is not None
-                        else DEFAULT_TOKEN_RETURN_S if pp > 1 else DEFAULT_TOKEN_SYNC_S),
+        token_return_s=(
+            token_return_s
+            if token_return_s is not None
+            else DEFAULT_TOKEN_RETURN_S
+            if pp > 1
+            else DEFAULT_TOKEN_SYNC_S
+        ),
         activation_bytes_per_token=2 * shape.hidden_size * shape.dtype_bytes,  # hidden+residual
         link=LinkCost(latency_s=link.p2p_latency_s, bandwidth_bytes_per_s=link.p2p_bytes_per_s),
         stages=stages,
@@ -344,8 +387,7 @@ def analytic_profile(model: str | ModelShape, gpu: str | GpuSpec, pp: int, tp: i
 DEFAULT_PROFILES = (("Qwen2.5-32B", "A100-40GB-PCIe", 4, 1), ("Qwen2.5-32B", "A100-40GB-PCIe", 1, 4))
 
 
-def write_default_profiles(out_dir: Path | str = "profiles",
-                           created_at: str | None = None) -> list[Path]:
+def write_default_profiles(out_dir: Path | str = "profiles", created_at: str | None = None) -> list[Path]:
     """Write DEFAULT_PROFILES as ``<out_dir>/<profile name>.json``; return the paths."""
     paths = []
     for model, gpu, pp, tp in DEFAULT_PROFILES:

@@ -37,16 +37,24 @@ from fastpp.sim.hardware import (
 )
 
 # The operators whose medians make up "linear work" of one layer (emb is fitted separately).
-LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_act", "mlp_down_proj",
-              "input_layernorm", "post_attention_layernorm", "attn_rope", "add")
+LINEAR_OPS = (
+    "attn_pre_proj",
+    "attn_post_proj",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "attn_rope",
+    "add",
+)
 # vidur's a100 files come from A100-SXM4-80GB DGX nodes and h100 from H100-SXM DGX nodes.
 FILE_PREFIX_GPU = {"a100": "A100-80GB-SXM", "h100": "H100-SXM"}
 FAMILY_PREFIX = {"A100": "a100", "H100": "h100"}
 # Token counts shown to demonstrate the 128-token steps.
 STEP_DEMO_TOKENS = (120, 128, 136, 192, 256, 264, 384, 512)
 # Parameters the fit moves (the rest of KernelEfficiency stays as written).
-FIT_FIELDS = ("gemm_flops_frac", "gemm_bw_frac", "gemm_floor_s", "elementwise_bw_frac",
-              "elementwise_floor_s")
+FIT_FIELDS = ("gemm_flops_frac", "gemm_bw_frac", "gemm_floor_s", "elementwise_bw_frac", "elementwise_floor_s")
 MS = 1e-3  # vidur times are in milliseconds
 # No kernel sustains its peak: fitted fractions are capped here (dimensionless).
 MAX_FRACTION = 0.95
@@ -91,16 +99,27 @@ def load_mlp_table(path: Path) -> MlpTable:
         acc.setdefault(key, []).append((total, float(r["time_stats.emb.median"]) * MS))
     r0 = rows[0]
     h, heads = int(r0["n_embd"]), int(r0["n_head"])
-    shape = ModelShape(name=f"vidur:{path.stem}", num_layers=1, hidden_size=h, num_heads=heads,
-                       num_kv_heads=int(r0["n_kv_head"]), head_dim=h // heads,
-                       intermediate_size=int(r0["n_expanded_embd"]),
-                       vocab_size=int(r0["vocab_size"]), max_context=4096)
+    shape = ModelShape(
+        name=f"vidur:{path.stem}",
+        num_layers=1,
+        hidden_size=h,
+        num_heads=heads,
+        num_kv_heads=int(r0["n_kv_head"]),
+        head_dim=h // heads,
+        intermediate_size=int(r0["n_expanded_embd"]),
+        vocab_size=int(r0["vocab_size"]),
+        max_context=4096,
+    )
     keys = sorted(acc)
     return MlpTable(
-        file=path.name, gpu=get_gpu(FILE_PREFIX_GPU[path.name.split("_")[0]]), shape=shape,
-        tp=np.array([k[0] for k in keys]), tokens=np.array([k[1] for k in keys]),
+        file=path.name,
+        gpu=get_gpu(FILE_PREFIX_GPU[path.name.split("_")[0]]),
+        shape=shape,
+        tp=np.array([k[0] for k in keys]),
+        tokens=np.array([k[1] for k in keys]),
         measured_s=np.array([np.mean([v[0] for v in acc[k]]) for k in keys]),
-        emb_s=np.array([np.mean([v[1] for v in acc[k]]) for k in keys]))
+        emb_s=np.array([np.mean([v[1] for v in acc[k]]) for k in keys]),
+    )
 
 
 def mlp_tables(family: str, data_dir: Path | None = None) -> list[MlpTable]:
@@ -138,16 +157,14 @@ class ErrorRow:
     p95_ape: float  # 95th percentile absolute percentage error, fraction
 
 
-def error_rows(tables: Sequence[MlpTable], eff_of: Callable[[GpuSpec], KernelEfficiency]
-               ) -> list[ErrorRow]:
+def error_rows(tables: Sequence[MlpTable], eff_of: Callable[[GpuSpec], KernelEfficiency]) -> list[ErrorRow]:
     """MAPE and P95 APE per file and TP degree."""
     rows = []
     for t in tables:
         errs = ape(t, eff_of(t.gpu))
         for tp in np.unique(t.tp):
             e = errs[t.tp == tp]
-            rows.append(ErrorRow(t.file, int(tp), len(e), float(e.mean()),
-                                 float(np.percentile(e, 95))))
+            rows.append(ErrorRow(t.file, int(tp), len(e), float(e.mean()), float(np.percentile(e, 95))))
     return rows
 
 
@@ -159,8 +176,9 @@ def family_mape(tables: Sequence[MlpTable], eff: KernelEfficiency) -> float:
 # --------------------------------------------------------------------------- fitting
 
 
-def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.3,
-                 iters: int = 400) -> np.ndarray:
+def _nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.3, iters: int = 400
+) -> np.ndarray:
     """Minimal Nelder-Mead (standard coefficients 1, 2, 0.5, 0.5); numpy only."""
     n = len(x0)
     simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
@@ -237,9 +255,12 @@ def load_collective(path: Path) -> list[CollectiveData]:
     for r in rows:
         if r["devices_per_node"] == r["num_workers"]:
             groups.setdefault(int(r["num_workers"]), []).append(
-                (int(r["size"]), float(r[f"time_stats.{coll}.median"]) * MS))
-    return [CollectiveData(path.name, n, np.array([s for s, _ in v], dtype=float),
-                           np.array([t for _, t in v])) for n, v in sorted(groups.items())]
+                (int(r["size"]), float(r[f"time_stats.{coll}.median"]) * MS)
+            )
+    return [
+        CollectiveData(path.name, n, np.array([s for s, _ in v], dtype=float), np.array([t for _, t in v]))
+        for n, v in sorted(groups.items())
+    ]
 
 
 def _weighted_lstsq(features: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -312,19 +333,26 @@ def _table(header: Sequence[object], rows: Sequence[Sequence[object]]) -> list[s
 def report(data_dir: Path | None = None) -> str:
     """The calibration report (markdown) for the constants written in hardware.py."""
     d = data_dir or default_vidur_dir()
-    lines = [f"# Analytic cost model vs vidur measurements ({d})", "",
-             "## Linear work per layer (QKV+O+gate/up+act+down+2 norms+rope+add medians)", ""]
+    lines = [
+        f"# Analytic cost model vs vidur measurements ({d})",
+        "",
+        "## Linear work per layer (QKV+O+gate/up+act+down+2 norms+rope+add medians)",
+        "",
+    ]
     tables_by_family = {fam: mlp_tables(fam, d) for fam in EFFICIENCY}
     rows = []
     for fam, tables in tables_by_family.items():
         eff = EFFICIENCY[fam]
-        rows += [(r.file, r.tp, r.num_points, f"{r.mape:.1%}", f"{r.p95_ape:.1%}")
-                 for r in error_rows(tables, lambda _g, eff=eff: eff)]
+        rows += [
+            (r.file, r.tp, r.num_points, f"{r.mape:.1%}", f"{r.p95_ape:.1%}")
+            for r in error_rows(tables, lambda _g, eff=eff: eff)
+        ]
     lines += _table(("file", "tp", "points", "MAPE", "P95 APE"), rows) + [""]
     for fam, tables in tables_by_family.items():
         e = np.concatenate([ape(t, EFFICIENCY[fam]) for t in tables])
-        lines.append(f"- {fam} family: MAPE {e.mean():.1%}, P95 APE "
-                     f"{np.percentile(e, 95):.1%} over {len(e)} points")
+        lines.append(
+            f"- {fam} family: MAPE {e.mean():.1%}, P95 APE {np.percentile(e, 95):.1%} over {len(e)} points"
+        )
     lines += ["", "## The 128-token steps (TP=1, ms per layer: measured / predicted)", ""]
     rows = []
     for fam, tables in tables_by_family.items():
@@ -333,8 +361,7 @@ def report(data_dir: Path | None = None) -> str:
             cells = []
             for n in STEP_DEMO_TOKENS:
                 i = np.flatnonzero((t.tp == 1) & (t.tokens == n))
-                cells.append(f"{t.measured_s[i[0]] / MS:.3f} / {pred[i[0]] / MS:.3f}" if len(i)
-                             else "-")
+                cells.append(f"{t.measured_s[i[0]] / MS:.3f} / {pred[i[0]] / MS:.3f}" if len(i) else "-")
             rows.append((t.file, *cells))
     lines += _table(("file", *STEP_DEMO_TOKENS), rows)
     lines += ["", "## Links (constants in hardware.INTERCONNECTS vs measured files)", ""]
@@ -358,26 +385,29 @@ def fit_report(data_dir: Path | None = None) -> str:
         tables = mlp_tables(fam, d)
         eff = fit_family(tables, start)
         vals = ", ".join(f"{f.name}={getattr(eff, f.name):.4g}" for f in fields(eff))
-        lines.append(f"{fam}: MAPE {family_mape(tables, eff):.2%} (written constants: "
-                     f"{family_mape(tables, start):.2%}); {vals}")
+        lines.append(
+            f"{fam}: MAPE {family_mape(tables, eff):.2%} (written constants: "
+            f"{family_mape(tables, start):.2%}); {vals}"
+        )
     for name, file, workers in LINK_CHECKS:
-        data = [x for x in load_collective(d / file)
-                if workers is None or x.num_workers in workers]
+        data = [x for x in load_collective(d / file) if workers is None or x.num_workers in workers]
         if "send_recv" in file:
             lat, bw = fit_p2p(data[0])
-            lines.append(f"{name} p2p from {file}: latency {lat * 1e6:.1f} us, "
-                         f"bandwidth {bw / 1e9:.1f} GB/s")
+            lines.append(f"{name} p2p from {file}: latency {lat * 1e6:.1f} us, bandwidth {bw / 1e9:.1f} GB/s")
         else:
             alpha, latency, bw = fit_ring(data)
-            lines.append(f"{name} all-reduce from {file} n={workers}: alpha {alpha * 1e6:.2f} us "
-                         f"per step, latency {latency * 1e6:.2f} us per call, "
-                         f"bus bandwidth {bw / 1e9:.1f} GB/s")
+            lines.append(
+                f"{name} all-reduce from {file} n={workers}: alpha {alpha * 1e6:.2f} us "
+                f"per step, latency {latency * 1e6:.2f} us per call, "
+                f"bus bandwidth {bw / 1e9:.1f} GB/s"
+            )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fastpp.sim.calibration",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fastpp.sim.calibration", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--data", type=Path, default=None, help="vidur_profiles directory")
     parser.add_argument("--fit", action="store_true", help="refit and print the constants")
     args = parser.parse_args(argv)

@@ -240,15 +240,23 @@ class PipelineSimulation:
         launch overhead ends): its cost on every stage, then the tandem-queue recurrence
         (module docstring) gives each stage's start and end."""
         stages = self.profile.stages
-        n, sampled, px, sq, dec = (plan.num_tokens, plan.num_sampled, plan.sum_past_x_pre,
-                                   plan.sum_pre_sq, plan.sum_dec_ctx)
+        n, sampled, px, sq, dec = (
+            plan.num_tokens,
+            plan.num_sampled,
+            plan.sum_past_x_pre,
+            plan.sum_pre_sq,
+            plan.sum_dec_ctx,
+        )
         costs = [cost.time_s(n, sampled, px, sq, dec) for cost in self._stage_costs]
         sigma = self._noise_sigma
         if sigma > 0:
             gauss, mu = self._noise.gauss, -0.5 * sigma * sigma
             costs = [c * math.exp(mu + sigma * gauss(0.0, 1.0)) for c in costs]
-        link_s = (self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
-                  if len(stages) > 1 else 0.0)
+        link_s = (
+            self.profile.link.time_s(plan.num_tokens * self.profile.activation_bytes_per_token)
+            if len(stages) > 1
+            else 0.0
+        )
         stage_free, link_free, turnaround = self._stage_free_at, self._link_free_at, self._turnaround
         # ``ready``: when the microbatch's input is on the stage
         last = len(stages) - 1
@@ -298,7 +306,7 @@ class PipelineSimulation:
             notes.append(f"stopped at the time limit {self.max_time_s} s; unfinished requests aborted")
             for plan, times in self._in_flight.values():  # the stages that ended before the limit
                 self.driver.stages_finished(plan, [t for t in times if t[1] < clock.now])
-            for req in self.requests[len(self._records):]:
+            for req in self.requests[len(self._records) :]:
                 self._records.append(sched.add_request(req))
             sched.abort_all("run time limit reached")
         if progress is not None:

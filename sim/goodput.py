@@ -184,11 +184,18 @@ class GoodputResult:
     def to_dict(self) -> dict:
         """A JSON-ready dict (``inf`` margins serialize as ``Infinity``)."""
         return {
-            "goodput": self.rate, "margin": self.margin, "attainment": self.attainment,
-            "reason": self.reason, "notes": list(self.notes), "criterion": self.criterion,
-            "seeds": list(self.seeds), "seed_goodputs": list(self.seed_rates),
-            "probes": [{"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics,
-                        "seed_ok": list(p.seed_ok)} for p in self.probes],
+            "goodput": self.rate,
+            "margin": self.margin,
+            "attainment": self.attainment,
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "criterion": self.criterion,
+            "seeds": list(self.seeds),
+            "seed_goodputs": list(self.seed_rates),
+            "probes": [
+                {"rate": p.rate, "ok": p.ok, "reason": p.reason, **p.metrics, "seed_ok": list(p.seed_ok)}
+                for p in self.probes
+            ],
         }
 
     def describe(self) -> str:
@@ -200,8 +207,7 @@ class GoodputResult:
         else:
             head = f"goodput 0: {self.reason}"
         if len(self.seed_rates) > 1:
-            head += (f"; seeds alone {min(self.seed_rates):.4g}..{max(self.seed_rates):.4g}"
-                     f" req/s")
+            head += f"; seeds alone {min(self.seed_rates):.4g}..{max(self.seed_rates):.4g} req/s"
         lines = [head + (f"  [{self.criterion}]" if self.criterion else "")]
         lines += [f"note: {n}" for n in self.notes]
         lines += [p.describe() for p in sorted(self.probes, key=lambda p: p.rate)]
@@ -239,8 +245,9 @@ def find_goodput(
     floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
     cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
     if not 0 < floor <= low < high <= cap:
-        raise ValueError(f"need 0 < min_rate <= low < high <= max_rate, got "
-                         f"{floor:g}, {low:g}, {high:g}, {cap:g}")
+        raise ValueError(
+            f"need 0 < min_rate <= low < high <= max_rate, got {floor:g}, {low:g}, {high:g}, {cap:g}"
+        )
     if not precision > 0:
         raise ValueError(f"precision must be > 0 req/s, got {precision!r}")
     if max_probes < 1:
@@ -286,8 +293,11 @@ def find_goodput(
 
     def none_feasible(hi: float) -> GoodputResult:
         lowest = min(probes, key=lambda p: p.rate)
-        why = (f"even {lowest.rate:g} req/s fails: {lowest.reason}" if lowest.reason
-               else f"even {lowest.rate:g} req/s is infeasible")
+        why = (
+            f"even {lowest.rate:g} req/s fails: {lowest.reason}"
+            if lowest.reason
+            else f"even {lowest.rate:g} req/s is infeasible"
+        )
         return done(0.0, hi, why)
 
     def halve_below(hi: float) -> tuple[float, float]:
@@ -355,8 +365,9 @@ def find_goodput(
                 hi, pending = mid, [r for r in pending if r < mid]
         for i, p in enumerate(probes):  # tentative passes above a failed confirmation
             if p.ok and p.rate > hi:
-                probes[i] = replace(p, ok=False, reason=f"withdrawn: {hi:g} req/s below it "
-                                                        f"failed confirmation")
+                probes[i] = replace(
+                    p, ok=False, reason=f"withdrawn: {hi:g} req/s below it failed confirmation"
+                )
         if lo == 0.0:
             lo, hi = halve_below(hi)
             if lo == 0.0:
@@ -379,8 +390,10 @@ class SteadyState:
     is_stationary: bool
 
     def describe(self) -> str:
-        return (f"median TTFT {self.early_ms:.1f} ms in the second quarter of arrivals, "
-                f"{self.late_ms:.1f} ms in the last")
+        return (
+            f"median TTFT {self.early_ms:.1f} ms in the second quarter of arrivals, "
+            f"{self.late_ms:.1f} ms in the last"
+        )
 
 
 def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> SteadyState:
@@ -397,8 +410,8 @@ def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> Ste
     for records in runs:
         ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
         q = len(ordered) // 4
-        early += [_ttft_ms(r) for r in ordered[q:2 * q]]
-        late += [_ttft_ms(r) for r in ordered[len(ordered) - q:] if q]
+        early += [_ttft_ms(r) for r in ordered[q : 2 * q]]
+        late += [_ttft_ms(r) for r in ordered[len(ordered) - q :] if q]
     med1, med2 = _median(early), _median(late)
     if math.isinf(med2) or math.isnan(med1):
         stationary = math.isnan(med1) and not math.isinf(med2)  # too few requests to judge: pass
@@ -424,16 +437,22 @@ def first_look_length(span_s: float, rate: float) -> int:
     return MAX_FIRST_LOOK if not wanted < MAX_FIRST_LOOK else max(MIN_REQUESTS, math.ceil(wanted))
 
 
-def open_probe_runs(workload: WorkloadConfig, deployment: DeploymentConfig, rate: float,
-                    seeds: Sequence[int], cap: int) -> list[PipelineSimulation]:
+def open_probe_runs(
+    workload: WorkloadConfig, deployment: DeploymentConfig, rate: float, seeds: Sequence[int], cap: int
+) -> list[PipelineSimulation]:
     """One simulation per seed for a probe at ``rate``, to be looked at over its first n, 2n,
     ... requests (``run_until_ended``), the last look at ``cap``. Its arrivals go on a quarter
     of the cap past it, so no look sees the queue drain, and every starting length sees the
     same run of a rate and seed."""
-    return [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4,
-                                    duration_s=None), deployment, record_iterations=False,
-                            record_token_times=False)
-            for seed in seeds]
+    return [
+        open_simulation(
+            replace(workload, rate=rate, seed=seed, num_requests=cap + cap // 4, duration_s=None),
+            deployment,
+            record_iterations=False,
+            record_token_times=False,
+        )
+        for seed in seeds
+    ]
 
 
 def slo_goodput(
@@ -475,39 +494,57 @@ def slo_goodput(
     if not seeds:
         raise ValueError("give at least one seed")
     if num_requests is not None and not 2 <= num_requests <= MAX_FIRST_LOOK:
-        raise ValueError(f"num_requests (-n) must be in [2, {MAX_FIRST_LOOK:,}] per seed, "
-                         f"got {num_requests:,}")
+        raise ValueError(
+            f"num_requests (-n) must be in [2, {MAX_FIRST_LOOK:,}] per seed, got {num_requests:,}"
+        )
     slo = deployment.slo
     span_s = probe_span_s(workload, slo)
 
     def run(rate: float, n: int) -> list[list[RequestRecord]]:
-        return [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
-                                        duration_s=None), deployment, record_iterations=False,
-                                record_token_times=False).run().records
-                for seed in seeds]
+        return [
+            open_simulation(
+                replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
+                deployment,
+                record_iterations=False,
+                record_token_times=False,
+            )
+            .run()
+            .records
+            for seed in seeds
+        ]
 
     def verdict(runs: Sequence[Sequence[RequestRecord]], rate: float) -> ProbeResult:
         # metrics stay free of wall times so that a seed's result is byte-identical across runs
-        return judge_records(runs, slo, rate=rate, criterion=criterion, attainment=attainment,
-                             require_steady=require_steady)
+        return judge_records(
+            runs, slo, rate=rate, criterion=criterion, attainment=attainment, require_steady=require_steady
+        )
 
     def swamped(ttft: int, tpot: int, rate: float, total: int) -> ProbeResult:
         """A look stopped on ``ttft`` + ``tpot`` certain misses among its ``total`` requests."""
-        waited = (f"{ttft} of {total} requests already waited over {slo.ttft_s * 1e3:g} ms "
-                  f"for a first token")
+        waited = f"{ttft} of {total} requests already waited over {slo.ttft_s * 1e3:g} ms for a first token"
         if tpot:
-            reason = (f"P90 TTFT/TPOT: {waited}, {tpot} more already decode slower than "
-                      f"{slo.tpot_s * 1e3:g} ms per token (probe stopped early)")
+            reason = (
+                f"P90 TTFT/TPOT: {waited}, {tpot} more already decode slower than "
+                f"{slo.tpot_s * 1e3:g} ms per token (probe stopped early)"
+            )
         else:
             reason = f"P90 TTFT: {waited} (probe stopped early)"
-        return ProbeResult(rate, False, {"num_requests": float(total),
-                                         "ttft_missed_at_least": ttft / total,
-                                         "tpot_missed_at_least": tpot / total,
-                                         "stopped_early": 1.0}, reason,
-                           seed_ok=(False,) * len(seeds))
+        return ProbeResult(
+            rate,
+            False,
+            {
+                "num_requests": float(total),
+                "ttft_missed_at_least": ttft / total,
+                "tpot_missed_at_least": tpot / total,
+                "stopped_early": 1.0,
+            },
+            reason,
+            seed_ok=(False,) * len(seeds),
+        )
 
-    def seed_verdict(sim: PipelineSimulation, records: Sequence[RequestRecord], rate: float,
-                     n: int, cap: int) -> bool:
+    def seed_verdict(
+        sim: PipelineSimulation, records: Sequence[RequestRecord], rate: float, n: int, cap: int
+    ) -> bool:
         """One seed's own verdict at the pooled look's length; a seed that fails the steady
         state rule alone is looked at longer (its run goes on), as the pooled probe would be:
         one seed's short run reads a burst in its last quarter as a growing queue."""
@@ -517,39 +554,53 @@ def slo_goodput(
             alone = verdict([sim.run_until_ended(n)], rate)
         return alone.ok
 
-    def look(sims: Sequence[PipelineSimulation], n: int, rate: float,
-             final: bool) -> tuple[ProbeResult, list[list[RequestRecord]], bool]:
+    def look(
+        sims: Sequence[PipelineSimulation], n: int, rate: float, final: bool
+    ) -> tuple[ProbeResult, list[list[RequestRecord]], bool]:
         """Each seed's run looked at over its first n requests: (verdict, records, unsettled).
         ``final``: no longer look can follow, so any sure P90 failure ends the look."""
         misses = [SloMisses(slo) for _ in sims]
         enough = sure_p90_failure(n) if final else swamped_look(n)
-        runs = [sim.run_until_ended(n, miss.give_up_when(enough) if criterion == "p90" else None)
-                for sim, miss in zip(sims, misses, strict=True)]
+        runs = [
+            sim.run_until_ended(n, miss.give_up_when(enough) if criterion == "p90" else None)
+            for sim, miss in zip(sims, misses, strict=True)
+        ]
         ttft, tpot = sum(m.ttft_missed for m in misses), sum(m.tpot_missed for m in misses)
         total = n * len(sims)
         if all(sim.gave_up for sim in sims) and sure_p90_failure(total)(ttft, tpot):
             # every seed fails its own P90s beyond doubt, and so does the pool (which a mix of
             # seeds sure by TTFT alone and seeds sure by both objectives may not: then go on)
             return swamped(ttft, tpot, rate, total), runs, False
-        runs = [sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
-                for r, sim in zip(runs, sims, strict=True)]
+        runs = [
+            sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
+            for r, sim in zip(runs, sims, strict=True)
+        ]
         whole = verdict(runs, rate)
         # a queue that only looks unsteady may be a burst: a longer look shows which
-        unsettled = ((criterion == "p90" and is_unsettled(runs, slo))
-                     or whole.reason.startswith(UNSTEADY))
+        unsettled = (criterion == "p90" and is_unsettled(runs, slo)) or whole.reason.startswith(UNSTEADY)
         return whole, runs, unsettled
 
-    def concluded(whole: ProbeResult, sims: Sequence[PipelineSimulation],
-                  runs: Sequence[Sequence[RequestRecord]], n: int, cap: int,
-                  unsettled: bool) -> ProbeResult:
+    def concluded(
+        whole: ProbeResult,
+        sims: Sequence[PipelineSimulation],
+        runs: Sequence[Sequence[RequestRecord]],
+        n: int,
+        cap: int,
+        unsettled: bool,
+    ) -> ProbeResult:
         """The probe's result from its last look: the seeds judged alone, the look's length."""
         if whole.seed_ok:  # swamped: every seed failed beyond doubt
             seed_ok = whole.seed_ok
         else:  # each seed alone, lengthened as a single-seed search would be
-            seed_ok = tuple(seed_verdict(sim, records, whole.rate, n, cap)
-                            for sim, records in zip(sims, runs, strict=True))
-        return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
-                                       "converged": float(not unsettled)}, seed_ok=seed_ok)
+            seed_ok = tuple(
+                seed_verdict(sim, records, whole.rate, n, cap)
+                for sim, records in zip(sims, runs, strict=True)
+            )
+        return replace(
+            whole,
+            metrics={**whole.metrics, "requests_per_seed": float(n), "converged": float(not unsettled)},
+            seed_ok=seed_ok,
+        )
 
     # the runs of the passed probes, kept for their confirmation: rate -> (sims, cap, result)
     passed: dict[float, tuple[list[PipelineSimulation], int, ProbeResult]] = {}
@@ -559,9 +610,11 @@ def slo_goodput(
         if not converge:  # one fixed run per seed, judged whole
             runs = run(rate, n)
             whole = verdict(runs, rate)
-            return replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n),
-                                           "converged": 1.0},
-                           seed_ok=tuple(verdict([records], rate).ok for records in runs))
+            return replace(
+                whole,
+                metrics={**whole.metrics, "requests_per_seed": float(n), "converged": 1.0},
+                seed_ok=tuple(verdict([records], rate).ok for records in runs),
+            )
         cap = max(n, MAX_REQUESTS_PER_SEED)
         sims = open_probe_runs(workload, deployment, rate, seeds, cap)
         for doubling in range(MAX_DOUBLINGS + 1):
@@ -585,15 +638,23 @@ def slo_goodput(
             result = concluded(whole, sims, runs, cap, cap, unsettled)
         return replace(result, metrics={**result.metrics, "confirmed": 1.0})
 
-    result = find_goodput(_collector_paused(judge), low=low, high=high, precision=precision,
-                          max_probes=max_probes, progress=progress,
-                          confirm=_collector_paused(confirm) if converge else None)
+    result = find_goodput(
+        _collector_paused(judge),
+        low=low,
+        high=high,
+        precision=precision,
+        max_probes=max_probes,
+        progress=progress,
+        confirm=_collector_paused(confirm) if converge else None,
+    )
     result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":
         words = f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms"
     else:
-        words = (f">= {100 * attainment:g}% of requests meet TTFT <= {slo.ttft_s * 1e3:g} ms "
-                 f"and TPOT <= {slo.tpot_s * 1e3:g} ms")
+        words = (
+            f">= {100 * attainment:g}% of requests meet TTFT <= {slo.ttft_s * 1e3:g} ms "
+            f"and TPOT <= {slo.tpot_s * 1e3:g} ms"
+        )
     words += f"{', steady queue' if require_steady else ''}; seeds {tuple(seeds)} pooled"
     return replace(result, criterion=words)
 
@@ -605,6 +666,7 @@ def _collector_paused(probe: Callable[[float], ProbeResult]) -> Callable[[float]
     probes for their confirmation: hundreds of thousands of live objects, which every full
     collection walked again (about a tenth of a search's CPU). The cycles a probe leaves are
     collected after it, as usual."""
+
     def paused(rate: float) -> ProbeResult:
         was_enabled = gc.isenabled()
         gc.disable()
@@ -686,7 +748,7 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
         ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
         size = len(ordered) // BATCHES
         for b in range(1, BATCHES if size else 0):
-            batch = ordered[b * size:(b + 1) * size]
+            batch = ordered[b * size : (b + 1) * size]
             ttft_miss = sum(not _ttft_ms(r) <= ttft_slo for r in batch)
             tpots = [t for r in batch if (t := r.tpot_s) is not None]
             tpot_miss = sum(t * 1e3 > tpot_slo for t in tpots)
@@ -776,10 +838,12 @@ class SloMisses:
         for r in self._open:
             if r.finish_reason is not None:  # ended: its TPOT is known, or it never completed
                 t = r.tpot_s
-                missed += r.finish_reason not in _COMPLETED or (t is not None
-                                                                and t * 1e3 > tpot_limit)
-            elif (r.output_len >= 2 and r.first_token_at is not None
-                  and (now - r.first_token_at) / (r.output_len - 1) * 1e3 > tpot_limit):
+                missed += r.finish_reason not in _COMPLETED or (t is not None and t * 1e3 > tpot_limit)
+            elif (
+                r.output_len >= 2
+                and r.first_token_at is not None
+                and (now - r.first_token_at) / (r.output_len - 1) * 1e3 > tpot_limit
+            ):
                 missed += 1
             else:
                 still.append(r)
@@ -801,8 +865,11 @@ def _ttft_ms(r: RequestRecord) -> float:
 def _p90_tpot_ms(records: Sequence[RequestRecord]) -> float:
     """P90 TPOT (ms) over the completed requests that have one: ``summarize``'s
     ``p90_tpot_ms`` without the rest of the summary (NaN when none has a TPOT)."""
-    tpots = [t for r in records if r.finish_reason in _COMPLETED and r.first_token_at is not None
-             and (t := r.tpot_s) is not None]
+    tpots = [
+        t
+        for r in records
+        if r.finish_reason in _COMPLETED and r.first_token_at is not None and (t := r.tpot_s) is not None
+    ]
     return float(np.percentile(np.array(tpots, float) * 1e3, 90)) if tpots else math.nan
 
 

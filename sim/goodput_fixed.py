@@ -85,17 +85,26 @@ def fixed_goodput(
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            runs = [open_simulation(replace(workload, rate=rate, seed=seed, num_requests=n,
-                                            duration_s=None), deployment, record_iterations=False,
-                                    record_token_times=False).run().records
-                    for seed in seeds]
+            runs = [
+                open_simulation(
+                    replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
+                    deployment,
+                    record_iterations=False,
+                    record_token_times=False,
+                )
+                .run()
+                .records
+                for seed in seeds
+            ]
         finally:
             if was_enabled:
                 gc.enable()
         whole = judge_records(runs, slo, rate=rate, require_steady=False)
-        result = replace(whole, metrics={**whole.metrics, "requests_per_seed": float(n)},
-                         seed_ok=tuple(judge_records([r], slo, rate=rate, require_steady=False).ok
-                                       for r in runs))
+        result = replace(
+            whole,
+            metrics={**whole.metrics, "requests_per_seed": float(n)},
+            seed_ok=tuple(judge_records([r], slo, rate=rate, require_steady=False).ok for r in runs),
+        )
         probes.append(result)
         if progress is not None:
             progress(result)
@@ -125,9 +134,11 @@ def fixed_goodput(
     if lo == 0.0:
         first = min(probes, key=lambda p: p.rate)
         reason = f"even {first.rate:g} req/s fails: {first.reason}"
-    words = (f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms on "
-             f"fixed runs of {n} requests per rate, grid {protocol.rates[0]:g}.."
-             f"{protocol.rates[-1]:g}; seeds {tuple(seeds)} pooled")
-    return GoodputResult(lo, hi - lo, tuple(probes), reason, tuple(notes), words, tuple(seeds),
-                         _seed_rates(probes, len(seeds)))
-
+    words = (
+        f"P90 TTFT <= {slo.ttft_s * 1e3:g} ms and P90 TPOT <= {slo.tpot_s * 1e3:g} ms on "
+        f"fixed runs of {n} requests per rate, grid {protocol.rates[0]:g}.."
+        f"{protocol.rates[-1]:g}; seeds {tuple(seeds)} pooled"
+    )
+    return GoodputResult(
+        lo, hi - lo, tuple(probes), reason, tuple(notes), words, tuple(seeds), _seed_rates(probes, len(seeds))
+    )

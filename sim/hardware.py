@@ -79,8 +79,11 @@ class InterconnectSpec:
         """Seconds for one ring all-reduce of ``num_bytes`` over ``n`` GPUs (0 when n == 1)."""
         if n <= 1:
             return 0.0
-        return (2 * (n - 1) / n * num_bytes / self.allreduce_bus_bytes_per_s
-                + 2 * (n - 1) * self.allreduce_alpha_s + self.allreduce_latency_s)
+        return (
+            2 * (n - 1) / n * num_bytes / self.allreduce_bus_bytes_per_s
+            + 2 * (n - 1) * self.allreduce_alpha_s
+            + self.allreduce_latency_s
+        )
 
     def allreduce_fixed_s(self, n: int) -> float:
         """The size-independent part of one all-reduce over ``n`` GPUs."""
@@ -107,8 +110,13 @@ class KernelEfficiency:
     token_step: int = 128  # GEMM M-tile in tokens; the steps in the vidur tables
 
     def __post_init__(self) -> None:
-        for name in ("gemm_flops_frac", "gemm_bw_frac", "elementwise_bw_frac",
-                     "attn_flops_frac", "decode_attn_bw_frac"):
+        for name in (
+            "gemm_flops_frac",
+            "gemm_bw_frac",
+            "elementwise_bw_frac",
+            "attn_flops_frac",
+            "decode_attn_bw_frac",
+        ):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         for name in ("gemm_floor_s", "elementwise_floor_s", "embedding_s_per_token_hidden"):
@@ -129,13 +137,25 @@ class KernelEfficiency:
 # bandwidth on long contexts and less on short ones: 0.6.
 EFFICIENCY: dict[str, KernelEfficiency] = {
     "A100": KernelEfficiency(
-        gemm_flops_frac=0.734, gemm_bw_frac=0.744, gemm_floor_s=9.09e-6,
-        elementwise_bw_frac=0.546, elementwise_floor_s=0.03e-6,
-        embedding_s_per_token_hidden=1.33e-11, attn_flops_frac=0.5, decode_attn_bw_frac=0.6),
+        gemm_flops_frac=0.734,
+        gemm_bw_frac=0.744,
+        gemm_floor_s=9.09e-6,
+        elementwise_bw_frac=0.546,
+        elementwise_floor_s=0.03e-6,
+        embedding_s_per_token_hidden=1.33e-11,
+        attn_flops_frac=0.5,
+        decode_attn_bw_frac=0.6,
+    ),
     "H100": KernelEfficiency(
-        gemm_flops_frac=0.680, gemm_bw_frac=0.949, gemm_floor_s=6.42e-6,
-        elementwise_bw_frac=0.95, elementwise_floor_s=6.97e-6,
-        embedding_s_per_token_hidden=7.25e-12, attn_flops_frac=0.35, decode_attn_bw_frac=0.6),
+        gemm_flops_frac=0.680,
+        gemm_bw_frac=0.949,
+        gemm_floor_s=6.42e-6,
+        elementwise_bw_frac=0.95,
+        elementwise_floor_s=6.97e-6,
+        embedding_s_per_token_hidden=7.25e-12,
+        attn_flops_frac=0.35,
+        decode_attn_bw_frac=0.6,
+    ),
 }
 
 GPUS: dict[str, GpuSpec] = {
@@ -149,10 +169,20 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 _GPU_ALIASES = {
-    "a100-40gb-pcie": "A100-40GB-PCIe", "a100-40gb": "A100-40GB-PCIe", "a100-pcie": "A100-40GB-PCIe",
-    "a100-pcie-40gb": "A100-40GB-PCIe", "a100-80gb-sxm": "A100-80GB-SXM", "a100-80gb": "A100-80GB-SXM",
-    "a100-sxm": "A100-80GB-SXM", "a100": "A100-80GB-SXM", "h100-sxm": "H100-SXM", "h100": "H100-SXM",
-    "h100-80gb": "H100-SXM", "h100-sxm-80gb": "H100-SXM", "h200": "H200", "h200-sxm": "H200",
+    "a100-40gb-pcie": "A100-40GB-PCIe",
+    "a100-40gb": "A100-40GB-PCIe",
+    "a100-pcie": "A100-40GB-PCIe",
+    "a100-pcie-40gb": "A100-40GB-PCIe",
+    "a100-80gb-sxm": "A100-80GB-SXM",
+    "a100-80gb": "A100-80GB-SXM",
+    "a100-sxm": "A100-80GB-SXM",
+    "a100": "A100-80GB-SXM",
+    "h100-sxm": "H100-SXM",
+    "h100": "H100-SXM",
+    "h100-80gb": "H100-SXM",
+    "h100-sxm-80gb": "H100-SXM",
+    "h200": "H200",
+    "h200-sxm": "H200",
     "h200-141gb": "H200",
 }
 
@@ -174,17 +204,36 @@ _GPU_ALIASES = {
 INTERCONNECTS: dict[str, InterconnectSpec] = {
     i.name: i
     for i in (
-        InterconnectSpec("pcie4", p2p_latency_s=15e-6, p2p_bytes_per_s=0.75 * PCIE4_X16_BYTES_PER_S,
-                         allreduce_alpha_s=9.2e-6,
-                         allreduce_bus_bytes_per_s=0.75 * PCIE4_X16_BYTES_PER_S),
-        InterconnectSpec("nvlink3", p2p_latency_s=13.2e-6, p2p_bytes_per_s=286 * GB,
-                         allreduce_alpha_s=0.44e-6, allreduce_bus_bytes_per_s=154 * GB,
-                         allreduce_latency_s=30.8e-6),
-        InterconnectSpec("nvlink4", p2p_latency_s=7.6e-6, p2p_bytes_per_s=358 * GB,
-                         allreduce_alpha_s=0.79e-6, allreduce_bus_bytes_per_s=328 * GB,
-                         allreduce_latency_s=18.3e-6),
-        InterconnectSpec("loopback", p2p_latency_s=0.0, p2p_bytes_per_s=1e15,
-                         allreduce_alpha_s=0.0, allreduce_bus_bytes_per_s=1e15),
+        InterconnectSpec(
+            "pcie4",
+            p2p_latency_s=15e-6,
+            p2p_bytes_per_s=0.75 * PCIE4_X16_BYTES_PER_S,
+            allreduce_alpha_s=9.2e-6,
+            allreduce_bus_bytes_per_s=0.75 * PCIE4_X16_BYTES_PER_S,
+        ),
+        InterconnectSpec(
+            "nvlink3",
+            p2p_latency_s=13.2e-6,
+            p2p_bytes_per_s=286 * GB,
+            allreduce_alpha_s=0.44e-6,
+            allreduce_bus_bytes_per_s=154 * GB,
+            allreduce_latency_s=30.8e-6,
+        ),
+        InterconnectSpec(
+            "nvlink4",
+            p2p_latency_s=7.6e-6,
+            p2p_bytes_per_s=358 * GB,
+            allreduce_alpha_s=0.79e-6,
+            allreduce_bus_bytes_per_s=328 * GB,
+            allreduce_latency_s=18.3e-6,
+        ),
+        InterconnectSpec(
+            "loopback",
+            p2p_latency_s=0.0,
+            p2p_bytes_per_s=1e15,
+            allreduce_alpha_s=0.0,
+            allreduce_bus_bytes_per_s=1e15,
+        ),
     )
 }
 
@@ -201,8 +250,9 @@ def get_gpu(name: str) -> GpuSpec:
     key = _norm(name)
     canonical = _GPU_ALIASES.get(key) or next((g for g in GPUS if _norm(g) == key), None)
     if canonical is None:
-        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} "
-                         f"(aliases: {', '.join(sorted(_GPU_ALIASES))})")
+        raise ValueError(
+            f"unknown GPU {name!r}; known: {', '.join(GPUS)} (aliases: {', '.join(sorted(_GPU_ALIASES))})"
+        )
     return GPUS[canonical]
 
 
@@ -211,8 +261,7 @@ def get_interconnect(name: str) -> InterconnectSpec:
     try:
         return INTERCONNECTS[_norm(name)]
     except KeyError:
-        raise ValueError(f"unknown interconnect {name!r}; known: "
-                         f"{', '.join(INTERCONNECTS)}") from None
+        raise ValueError(f"unknown interconnect {name!r}; known: {', '.join(INTERCONNECTS)}") from None
 
 
 def efficiency_for(gpu: GpuSpec) -> KernelEfficiency:
@@ -224,11 +273,20 @@ def efficiency_for(gpu: GpuSpec) -> KernelEfficiency:
 # What the efficiencies above were fitted on, and the error the calibration report measured
 # (recorded into every analytic profile's provenance).
 CALIBRATION_FILES: dict[str, tuple[str, ...]] = {
-    "A100": ("a100_Qwen-72B_mlp.csv", "a100_CodeLlama-34b-Instruct-hf_mlp.csv",
-             "a100_Llama-2-7b-hf_mlp.csv", "a100_dgx_send_recv.csv", "a100_dgx_all_reduce.csv",
-             "a100_pairwise_nvlink_all_reduce.csv"),
-    "H100": ("h100_Qwen-72B_mlp.csv", "h100_CodeLlama-34b-Instruct-hf_mlp.csv",
-             "h100_dgx_send_recv.csv", "h100_dgx_all_reduce.csv"),
+    "A100": (
+        "a100_Qwen-72B_mlp.csv",
+        "a100_CodeLlama-34b-Instruct-hf_mlp.csv",
+        "a100_Llama-2-7b-hf_mlp.csv",
+        "a100_dgx_send_recv.csv",
+        "a100_dgx_all_reduce.csv",
+        "a100_pairwise_nvlink_all_reduce.csv",
+    ),
+    "H100": (
+        "h100_Qwen-72B_mlp.csv",
+        "h100_CodeLlama-34b-Instruct-hf_mlp.csv",
+        "h100_dgx_send_recv.csv",
+        "h100_dgx_all_reduce.csv",
+    ),
 }
 CALIBRATION_MAPE: dict[str, str] = {
     "A100": "linear MAPE 3.6%, P95 APE 10.7% (3108 points, 3 models x TP 1/2/4/8)",
@@ -240,9 +298,12 @@ CALIBRATION_MAPE: dict[str, str] = {
 
 # Datasheet keys a GPU given by its numbers takes (``NAME:key=value,...``), with their units.
 DATASHEET_KEYS = {
-    "bf16_tflops": "dense BF16 tensor TFLOP/s", "hbm_gbps": "memory bandwidth, GB/s",
-    "memory_gib": "device memory, GiB", "interconnect": f"one of {', '.join(INTERCONNECTS)}",
-    "family": f"efficiencies to borrow: {', '.join(EFFICIENCY)}", "sms": "streaming multiprocessors",
+    "bf16_tflops": "dense BF16 tensor TFLOP/s",
+    "hbm_gbps": "memory bandwidth, GB/s",
+    "memory_gib": "device memory, GiB",
+    "interconnect": f"one of {', '.join(INTERCONNECTS)}",
+    "family": f"efficiencies to borrow: {', '.join(EFFICIENCY)}",
+    "sms": "streaming multiprocessors",
 }
 
 
@@ -254,15 +315,15 @@ def parse_gpu_datasheet(text: str) -> GpuSpec:
     name, _, rest = text.partition(":")
     name = name.strip()
     if not name or not rest.strip():
-        raise ValueError(f"GPU {text!r}: give a known name or NAME:bf16_tflops=..,hbm_gbps=..,"
-                         "memory_gib=..")
+        raise ValueError(f"GPU {text!r}: give a known name or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=..")
     values: dict[str, str] = {}
     for item in (i.strip() for i in rest.split(",") if i.strip()):
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or key not in DATASHEET_KEYS:
-            raise ValueError(f"GPU {name}: unknown datasheet entry {item!r}; keys: "
-                             f"{', '.join(DATASHEET_KEYS)}")
+            raise ValueError(
+                f"GPU {name}: unknown datasheet entry {item!r}; keys: {', '.join(DATASHEET_KEYS)}"
+            )
         values[key] = value.strip()
     missing = [k for k in ("bf16_tflops", "hbm_gbps", "memory_gib") if k not in values]
     if missing:
@@ -295,5 +356,4 @@ def calibration_note(gpu: GpuSpec) -> str:
     """``calibrated (A100 family: linear MAPE 3.6% ...)`` or ``uncalibrated (...)``."""
     if is_calibrated(gpu):
         return f"calibrated ({gpu.family} family: {CALIBRATION_MAPE[gpu.family]})"
-    return (f"uncalibrated (datasheet numbers; achieved fractions borrowed from the "
-            f"{gpu.family} family fit)")
+    return f"uncalibrated (datasheet numbers; achieved fractions borrowed from the {gpu.family} family fit)"

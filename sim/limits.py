@@ -27,13 +27,13 @@ MAX_SPAN_S = 30 * 86400.0
 
 
 def _limit_text() -> str:
-    return (f"at most {MAX_REQUESTS:,} requests, ~{BYTES_PER_REQUEST // 1000} KB of records "
-            "each")
+    return f"at most {MAX_REQUESTS:,} requests, ~{BYTES_PER_REQUEST // 1000} KB of records each"
 
 
 def _span_text() -> str:
-    return (f"at most {MAX_SPAN_S:,.0f} s = {MAX_SPAN_S / 86400:.0f} days: summaries count "
-            "per simulated second")
+    return (
+        f"at most {MAX_SPAN_S:,.0f} s = {MAX_SPAN_S / 86400:.0f} days: summaries count per simulated second"
+    )
 
 
 def check_request_count(num_requests: float, what: str) -> None:
@@ -42,19 +42,20 @@ def check_request_count(num_requests: float, what: str) -> None:
     if num_requests > MAX_REQUESTS:
         raise ValueError(
             f"{what} are more than one simulation holds ({_limit_text()}: about "
-            f"{num_requests * BYTES_PER_REQUEST / 1e9:,.0f} GB here); split the run into shorter ones")
+            f"{num_requests * BYTES_PER_REQUEST / 1e9:,.0f} GB here); split the run into shorter ones"
+        )
 
 
 def check_span(span_s: float, what: str) -> None:
     """Refuse arrivals spanning more than :data:`MAX_SPAN_S` simulated seconds; ``what``
     names the span and the options that set it ("20 requests (-n) at 1e-09 req/s (-r)")."""
     if not span_s <= MAX_SPAN_S:
-        raise ValueError(f"{what} span {span_s:.3g} s of simulated time, more than a simulation "
-                         f"covers ({_span_text()})")
+        raise ValueError(
+            f"{what} span {span_s:.3g} s of simulated time, more than a simulation covers ({_span_text()})"
+        )
 
 
-def check_workload_extent(rate: float | None, num_requests: int | None,
-                          duration_s: float | None) -> None:
+def check_workload_extent(rate: float | None, num_requests: int | None, duration_s: float | None) -> None:
     """The checks a synthetic workload's settings allow before any request exists: its
     request count (``num_requests``, or ``rate x duration_s`` expected) and its span
     (``duration_s``, or ``num_requests / rate`` expected)."""
@@ -64,11 +65,13 @@ def check_workload_extent(rate: float | None, num_requests: int | None,
         return  # all at t=0, or a bad rate the arrival process refuses itself
     if duration_s is not None and math.isfinite(duration_s):
         check_span(duration_s, "arrivals (--duration, duration_s)")
-        check_request_count(rate * duration_s, f"about {rate * duration_s:,.0f} requests "
-                            f"({duration_s:g} s of --duration at {rate:g} req/s of --rate)")
+        check_request_count(
+            rate * duration_s,
+            f"about {rate * duration_s:,.0f} requests "
+            f"({duration_s:g} s of --duration at {rate:g} req/s of --rate)",
+        )
     if num_requests is not None:
-        check_span(num_requests / rate, f"{num_requests:,} requests (-n) at {rate:g} req/s "
-                   "(--rate) would")
+        check_span(num_requests / rate, f"{num_requests:,} requests (-n) at {rate:g} req/s (--rate) would")
 
 
 def check_requests(requests: Sequence[Request]) -> None:

@@ -27,24 +27,82 @@ BF16_BYTES = 2  # bytes per bfloat16 element
 MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
-        ModelShape(name="Qwen2.5-14B", num_layers=48, hidden_size=5120, num_heads=40,
-                   num_kv_heads=8, head_dim=128, intermediate_size=13824, vocab_size=152064,
-                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
-        ModelShape(name="Qwen2.5-32B", num_layers=64, hidden_size=5120, num_heads=40,
-                   num_kv_heads=8, head_dim=128, intermediate_size=27648, vocab_size=152064,
-                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
-        ModelShape(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_heads=64,
-                   num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
-                   max_context=32768, dtype_bytes=BF16_BYTES, qkv_bias=True),
-        ModelShape(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_heads=32,
-                   num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-                   max_context=131072, dtype_bytes=BF16_BYTES),
-        ModelShape(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_heads=64,
-                   num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
-                   max_context=131072, dtype_bytes=BF16_BYTES),
-        ModelShape(name="SmolLM2-135M", num_layers=30, hidden_size=576, num_heads=9,
-                   num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
-                   max_context=8192, dtype_bytes=BF16_BYTES, tie_word_embeddings=True),
+        ModelShape(
+            name="Qwen2.5-14B",
+            num_layers=48,
+            hidden_size=5120,
+            num_heads=40,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=13824,
+            vocab_size=152064,
+            max_context=32768,
+            dtype_bytes=BF16_BYTES,
+            qkv_bias=True,
+        ),
+        ModelShape(
+            name="Qwen2.5-32B",
+            num_layers=64,
+            hidden_size=5120,
+            num_heads=40,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=27648,
+            vocab_size=152064,
+            max_context=32768,
+            dtype_bytes=BF16_BYTES,
+            qkv_bias=True,
+        ),
+        ModelShape(
+            name="Qwen2.5-72B",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=29568,
+            vocab_size=152064,
+            max_context=32768,
+            dtype_bytes=BF16_BYTES,
+            qkv_bias=True,
+        ),
+        ModelShape(
+            name="Llama-3.1-8B",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_context=131072,
+            dtype_bytes=BF16_BYTES,
+        ),
+        ModelShape(
+            name="Llama-3.1-70B",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=28672,
+            vocab_size=128256,
+            max_context=131072,
+            dtype_bytes=BF16_BYTES,
+        ),
+        ModelShape(
+            name="SmolLM2-135M",
+            num_layers=30,
+            hidden_size=576,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            intermediate_size=1536,
+            vocab_size=49152,
+            max_context=8192,
+            dtype_bytes=BF16_BYTES,
+            tie_word_embeddings=True,
+        ),
     )
 }
 
@@ -97,12 +155,16 @@ def check_dense_config(cfg: dict, source: str = "config.json") -> None:
     """ValueError naming the field unless ``cfg`` is a dense Llama / Qwen2 / Qwen3 / Mistral."""
     model_type = cfg.get("model_type")
     if model_type not in DENSE_MODEL_TYPES:
-        raise ValueError(f"{source}: model_type {model_type!r} is not one the cost model "
-                         f"describes ({', '.join(DENSE_MODEL_TYPES)}: dense decoders)")
+        raise ValueError(
+            f"{source}: model_type {model_type!r} is not one the cost model "
+            f"describes ({', '.join(DENSE_MODEL_TYPES)}: dense decoders)"
+        )
     moe = [k for k in _MOE_KEYS if cfg.get(k)]
     if moe:
-        raise ValueError(f"{source}: {moe[0]} = {cfg[moe[0]]!r}: a mixture-of-experts model; "
-                         "the cost model describes dense decoders only")
+        raise ValueError(
+            f"{source}: {moe[0]} = {cfg[moe[0]]!r}: a mixture-of-experts model; "
+            "the cost model describes dense decoders only"
+        )
 
 
 def layer_weight_params(m: ModelShape) -> int:
@@ -121,8 +183,10 @@ def kv_bytes_per_token_per_layer(m: ModelShape, tp: int) -> int:
 
 # The Hugging Face repositories of the models above (what an engine's --model takes).
 HF_REPOS: dict[str, str] = {
-    "Qwen2.5-14B": "Qwen/Qwen2.5-14B-Instruct", "Qwen2.5-32B": "Qwen/Qwen2.5-32B-Instruct",
-    "Qwen2.5-72B": "Qwen/Qwen2.5-72B-Instruct", "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
+    "Qwen2.5-14B": "Qwen/Qwen2.5-14B-Instruct",
+    "Qwen2.5-32B": "Qwen/Qwen2.5-32B-Instruct",
+    "Qwen2.5-72B": "Qwen/Qwen2.5-72B-Instruct",
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
     "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
     "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }

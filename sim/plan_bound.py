@@ -58,9 +58,13 @@ class RequestLengths:
         i = np.array([p for p, _ in lengths], float)
         o = np.array([max(1, q) for _, q in lengths], float)
         steps = o - 1
-        return cls(tokens=float(np.mean(i + steps)), prompt_sq=float(np.mean(i * i)),
-                   decode_ctx=float(np.mean(steps * i + steps * (steps - 1) / 2)),
-                   sampled=float(np.mean(o)), num_requests=len(lengths))
+        return cls(
+            tokens=float(np.mean(i + steps)),
+            prompt_sq=float(np.mean(i * i)),
+            decode_ctx=float(np.mean(steps * i + steps * (steps - 1) / 2)),
+            sampled=float(np.mean(o)),
+            num_requests=len(lengths),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +84,7 @@ class CapacityBound:
         return f"{self.rate:.3g} req/s ({self.bottleneck} 100% busy)"
 
 
-def capacity_bound(profile: Profile, lengths: RequestLengths, max_tokens: int,
-                   dp: int = 1) -> CapacityBound:
+def capacity_bound(profile: Profile, lengths: RequestLengths, max_tokens: int, dp: int = 1) -> CapacityBound:
     """The bound of ``dp`` replicas of ``profile`` when no microbatch exceeds ``max_tokens``."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -90,15 +93,18 @@ def capacity_bound(profile: Profile, lengths: RequestLengths, max_tokens: int,
     rates: dict[str, float] = {}
     for s, stage in enumerate(profile.stages):
         per_token = min(stage.time_s(m, 0, 0, 0, 0) / m for m in range(1, max_tokens + 1))
-        work = (per_token * lengths.tokens
-                + lengths.prompt_sq * min(stage.attn_pre_sq_s, stage.attn_past_x_pre_s / 2)
-                + stage.attn_dec_ctx_s * lengths.decode_ctx)
+        work = (
+            per_token * lengths.tokens
+            + lengths.prompt_sq * min(stage.attn_pre_sq_s, stage.attn_past_x_pre_s / 2)
+            + stage.attn_dec_ctx_s * lengths.decode_ctx
+        )
         if stage.lm_head is not None:
             work += _cheapest_per_unit(stage.lm_head, max_tokens) * lengths.sampled
         rates[_stage_name(profile, s)] = _rate(work)
     rates[HOST] = _rate(profile.host_overhead_s * lengths.tokens / max_tokens)
-    one_pass = (sum(stage.time_s(1, 1, 0, 0, 0) for stage in profile.stages)
-                + (profile.pp - 1) * profile.link.time_s(profile.activation_bytes_per_token))
+    one_pass = sum(stage.time_s(1, 1, 0, 0, 0) for stage in profile.stages) + (
+        profile.pp - 1
+    ) * profile.link.time_s(profile.activation_bytes_per_token)
     rates[KV_POOL] = _rate(one_pass * lengths.decode_ctx / profile.kv_capacity_tokens)
     bottleneck = min(rates, key=rates.__getitem__)
     return CapacityBound(dp * rates[bottleneck], dp, bottleneck, rates)

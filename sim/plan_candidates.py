@@ -103,8 +103,9 @@ def powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
 
 
-def enumerate_layouts(model: ModelShape, gpu: GpuSpec, num_gpus: int,
-                      min_kv_tokens: int) -> tuple[list[LayoutFit], list[LayoutExclusion]]:
+def enumerate_layouts(
+    model: ModelShape, gpu: GpuSpec, num_gpus: int, min_kv_tokens: int
+) -> tuple[list[LayoutFit], list[LayoutExclusion]]:
     """Every dp x tp x pp = ``num_gpus`` (tp, pp powers of two), split into those that fit
     (analytic memory model) and those excluded with a reason. ``min_kv_tokens``: the KV pool
     a replica needs at least (the workload's P99 request)."""
@@ -124,8 +125,9 @@ def enumerate_layouts(model: ModelShape, gpu: GpuSpec, num_gpus: int,
     return fits, excluded
 
 
-def profile_layouts(profiles: Sequence[Profile], num_gpus: int,
-                    min_kv_tokens: int) -> tuple[list[LayoutFit], list[LayoutExclusion]]:
+def profile_layouts(
+    profiles: Sequence[Profile], num_gpus: int, min_kv_tokens: int
+) -> tuple[list[LayoutFit], list[LayoutExclusion]]:
     """The layouts measured profiles fix (each its own pp x tp, dp filling ``num_gpus``)."""
     if not is_power_of_two(num_gpus):
         raise ValueError(f"--gpus must be a power of two (1, 2, 4, 8, ...), got {num_gpus}")
@@ -133,12 +135,13 @@ def profile_layouts(profiles: Sequence[Profile], num_gpus: int,
     for prof in profiles:
         per_replica = prof.pp * prof.tp
         if num_gpus % per_replica:
-            raise ValueError(f"profile {prof.name} needs {per_replica} devices per replica, "
-                             f"which does not divide --gpus {num_gpus}")
+            raise ValueError(
+                f"profile {prof.name} needs {per_replica} devices per replica, "
+                f"which does not divide --gpus {num_gpus}"
+            )
         layout = Layout(num_gpus // per_replica, prof.tp, prof.pp)
         if prof.kv_capacity_tokens < min_kv_tokens:
-            excluded.append(LayoutExclusion(layout, _kv_short(prof.kv_capacity_tokens,
-                                                              min_kv_tokens)))
+            excluded.append(LayoutExclusion(layout, _kv_short(prof.kv_capacity_tokens, min_kv_tokens)))
         else:
             fits.append(LayoutFit(layout, prof.kv_capacity_tokens))
     return fits, excluded
@@ -148,31 +151,36 @@ def shape_problem(model: ModelShape, tp: int, pp: int) -> str | None:
     """Why ``model`` cannot be split tp x pp (None when it can)."""
     if pp > model.num_layers:
         return f"pp {pp} > {model.num_layers} layers"
-    for what, n in (("KV heads", model.num_kv_heads), ("attention heads", model.num_heads),
-                    ("MLP width", model.intermediate_size)):
+    for what, n in (
+        ("KV heads", model.num_kv_heads),
+        ("attention heads", model.num_heads),
+        ("MLP width", model.intermediate_size),
+    ):
         if n % tp:
             return f"tp {tp} does not divide the {n} {what}"
     return None
 
 
-def memory_fit(model: ModelShape, gpu: GpuSpec, tp: int, pp: int,
-               min_kv_tokens: int) -> tuple[int, str | None]:
+def memory_fit(
+    model: ModelShape, gpu: GpuSpec, tp: int, pp: int, min_kv_tokens: int
+) -> tuple[int, str | None]:
     """(KV tokens a replica holds, why it does not fit or None)."""
     capacities = kv_capacity_per_stage(model, gpu, pp, tp, MEM_FRACTION)
     worst = min(range(pp), key=capacities.__getitem__)
     if capacities[worst] <= 0:
         layers = pp_layer_split(model.num_layers, pp)[worst]
-        return 0, (f"weights do not fit: stage {worst} ({layers} layers over tp {tp}) needs more "
-                   f"than the {MEM_FRACTION * gpu.memory_bytes / GIB - 1:.1f} GiB a "
-                   f"{gpu.name} leaves after the runtime reserve and activation headroom")
+        return 0, (
+            f"weights do not fit: stage {worst} ({layers} layers over tp {tp}) needs more "
+            f"than the {MEM_FRACTION * gpu.memory_bytes / GIB - 1:.1f} GiB a "
+            f"{gpu.name} leaves after the runtime reserve and activation headroom"
+        )
     if capacities[worst] < min_kv_tokens:
         return capacities[worst], _kv_short(capacities[worst], min_kv_tokens)
     return capacities[worst], None
 
 
 def _kv_short(capacity: int, needed: int) -> str:
-    return (f"KV pool of {capacity:,} tokens is smaller than the workload's P99 request "
-            f"({needed:,} tokens)")
+    return f"KV pool of {capacity:,} tokens is smaller than the workload's P99 request ({needed:,} tokens)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +229,10 @@ class PolicyGrid:
             elif "+" in word:
                 exact.append(word)
             else:
-                raise ValueError(f"--policies: unknown entry {word!r}; use static, static:N, "
-                                 "greedy, predictive, ds, no-ds or a spec such as predictive+ds")
+                raise ValueError(
+                    f"--policies: unknown entry {word!r}; use static, static:N, "
+                    "greedy, predictive, ds, no-ds or a spec such as predictive+ds"
+                )
         if not (statics or dynamic or exact or grid):
             return cls(ds=ds)
         chunks = tuple(dict.fromkeys((DEFAULT_STATIC_GRID if grid else ()) + tuple(statics)))

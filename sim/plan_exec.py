@@ -82,8 +82,9 @@ class ProcessRunner:
 class RayRunner:
     """Ray tasks, ``capacity`` in flight (default: the cluster's CPUs)."""
 
-    def __init__(self, address: str = "auto", workers: int | None = None,
-                 task: Task = evaluate_candidate) -> None:
+    def __init__(
+        self, address: str = "auto", workers: int | None = None, task: Task = evaluate_candidate
+    ) -> None:
         self._ray = ray = _import_ray()
         self._started = not ray.is_initialized()
         if self._started:
@@ -111,8 +112,9 @@ class RayRunner:
             self._ray.shutdown()
 
 
-def make_runner(kind: str = "process", *, workers: int | None = None,
-                ray_address: str | None = None) -> JobRunner:
+def make_runner(
+    kind: str = "process", *, workers: int | None = None, ray_address: str | None = None
+) -> JobRunner:
     """The runner ``kind`` names (process | serial | ray); ``make_executor`` checks the name and
     that Ray is installed first, so a bad choice fails before any work."""
     make_executor(kind, workers=workers, ray_address=ray_address)

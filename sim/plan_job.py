@@ -32,8 +32,15 @@ from fastpp.sim.plan_bound import CapacityBound
 from fastpp.sim.plan_candidates import DeploymentCandidate
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 
-OP_KEYS = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
-           "median_e2e_latency_ms", "p90_e2e_latency_ms", "slo_attainment")
+OP_KEYS = (
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "median_e2e_latency_ms",
+    "p90_e2e_latency_ms",
+    "slo_attainment",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +110,43 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
                 raise _Beaten(probe)
 
     try:
-        res = slo_goodput(job.workload, dep, seeds=settings.seeds,
-                          num_requests=settings.num_requests, precision=settings.precision,
-                          low=low, high=high, max_probes=settings.max_probes,
-                          require_steady=settings.require_steady, progress=challenge)
+        res = slo_goodput(
+            job.workload,
+            dep,
+            seeds=settings.seeds,
+            num_requests=settings.num_requests,
+            precision=settings.precision,
+            low=low,
+            high=high,
+            max_probes=settings.max_probes,
+            require_steady=settings.require_steady,
+            progress=challenge,
+        )
     except _Beaten as beaten:
-        row.update(status="beaten", beaten_at=job.beat, num_probes=1,
-                   reason=beaten.probe.reason, binding=binding_from_reason(beaten.probe.reason))
+        row.update(
+            status="beaten",
+            beaten_at=job.beat,
+            num_probes=1,
+            reason=beaten.probe.reason,
+            binding=binding_from_reason(beaten.probe.reason),
+        )
         return row
-    row.update(status="searched", goodput=dp * res.rate, replica_goodput=res.rate,
-               margin=dp * res.margin, attainment=res.attainment, num_probes=len(res.probes),
-               reason=res.reason, notes=list(res.notes), criterion=res.criterion)
+    row.update(
+        status="searched",
+        goodput=dp * res.rate,
+        replica_goodput=res.rate,
+        margin=dp * res.margin,
+        attainment=res.attainment,
+        num_probes=len(res.probes),
+        reason=res.reason,
+        notes=list(res.notes),
+        criterion=res.criterion,
+    )
     row.update(_binding(res, job.workload, dep, settings))
     if res.rate > 0:
-        row["operating_point"] = operating_point(job.workload, dep, res.rate * settings.operating_share,
-                                                 settings)
+        row["operating_point"] = operating_point(
+            job.workload, dep, res.rate * settings.operating_share, settings
+        )
     return row
 
 
@@ -140,13 +169,16 @@ def binding_from_reason(reason: str) -> str:
     return "unknown"
 
 
-def _binding(res: GoodputResult, workload: WorkloadConfig, dep: DeploymentConfig,
-             settings: SearchSettings) -> dict[str, Any]:
+def _binding(
+    res: GoodputResult, workload: WorkloadConfig, dep: DeploymentConfig, settings: SearchSettings
+) -> dict[str, Any]:
     """The limit at goodput: what the lowest failed probe above it names (TTFT, TPOT, queue
     growth), or "KV capacity" when, at that rate, a run that fails with the deployment's KV
     pool passes with twice the pool (more memory would raise goodput)."""
-    failed = sorted((p for p in res.probes if not p.ok and p.rate > res.rate
-                     and not p.reason.startswith("withdrawn")), key=lambda p: p.rate)
+    failed = sorted(
+        (p for p in res.probes if not p.ok and p.rate > res.rate and not p.reason.startswith("withdrawn")),
+        key=lambda p: p.rate,
+    )
     if not failed:
         return {"binding": "none found (feasible at every probed rate)", "binding_rate": None}
     at = failed[0]
@@ -156,36 +188,49 @@ def _binding(res: GoodputResult, workload: WorkloadConfig, dep: DeploymentConfig
     return {"binding": binding, "binding_rate": at.rate, "binding_reason": at.reason}
 
 
-def kv_relieves(workload: WorkloadConfig, dep: DeploymentConfig, rate: float,
-                settings: SearchSettings) -> bool:
+def kv_relieves(
+    workload: WorkloadConfig, dep: DeploymentConfig, rate: float, settings: SearchSettings
+) -> bool:
     """Does a run of ``binding_requests`` per seed at ``rate`` that fails the SLO pass with
     twice the KV pool? (False when it passes as it is: the short run cannot tell.)"""
     profile = dep.load_profile()
     doubled = replace(profile, kv_capacity_tokens=2 * profile.kv_capacity_tokens)
-    more = _with_profile(replace(dep, pp=profile.pp, tp=profile.tp),
-                         json.dumps(doubled.to_dict()))
+    more = _with_profile(replace(dep, pp=profile.pp, tp=profile.tp), json.dumps(doubled.to_dict()))
 
     def verdict(deployment: DeploymentConfig) -> bool:
-        runs = [open_simulation(replace(workload, rate=rate, seed=seed,
-                                        num_requests=settings.binding_requests, duration_s=None),
-                                deployment, record_iterations=False,
-                                record_token_times=False).run().records
-                for seed in settings.seeds]
-        return judge_records(runs, dep.slo, rate=rate,
-                             require_steady=settings.require_steady).ok
+        runs = [
+            open_simulation(
+                replace(
+                    workload, rate=rate, seed=seed, num_requests=settings.binding_requests, duration_s=None
+                ),
+                deployment,
+                record_iterations=False,
+                record_token_times=False,
+            )
+            .run()
+            .records
+            for seed in settings.seeds
+        ]
+        return judge_records(runs, dep.slo, rate=rate, require_steady=settings.require_steady).ok
 
     return not verdict(dep) and verdict(more)
 
 
-def operating_point(workload: WorkloadConfig, dep: DeploymentConfig, rate: float,
-                    settings: SearchSettings) -> dict[str, float]:
+def operating_point(
+    workload: WorkloadConfig, dep: DeploymentConfig, rate: float, settings: SearchSettings
+) -> dict[str, float]:
     """Latency percentiles (ms) and SLO attainment at ``rate`` (a replica's), every seed's
     ``operating_requests`` requests pooled."""
     records = []
     for seed in settings.seeds:
-        sim = open_simulation(replace(workload, rate=rate, seed=seed,
-                                      num_requests=settings.operating_requests, duration_s=None),
-                              dep, record_iterations=False, record_token_times=False)
+        sim = open_simulation(
+            replace(
+                workload, rate=rate, seed=seed, num_requests=settings.operating_requests, duration_s=None
+            ),
+            dep,
+            record_iterations=False,
+            record_token_times=False,
+        )
         records += sim.run().records
     summary = summarize(records, slo=dep.slo)
     return {"replica_rate": rate, **{k: float(summary[k]) for k in OP_KEYS}}

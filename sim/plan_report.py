@@ -26,31 +26,56 @@ VLLM_PORT = 8000
 def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
     """One row per candidate, best first; pruned and beaten ones say why they lost."""
     slo = f"P90 TTFT <= {plan.slo_ttft_ms:g} ms, P90 TPOT <= {plan.slo_tpot_ms:g} ms"
-    table = Table(title=f"{plan.model} on {plan.num_gpus} x {plan.gpu} ({plan.interconnect}, "
-                        f"{plan.gpu_note.split(' (')[0]}), {plan.workload}, {slo}",
-                  title_justify="left", caption_justify="left")
+    table = Table(
+        title=f"{plan.model} on {plan.num_gpus} x {plan.gpu} ({plan.interconnect}, "
+        f"{plan.gpu_note.split(' (')[0]}), {plan.workload}, {slo}",
+        title_justify="left",
+        caption_justify="left",
+    )
     share = f"{100 * plan.operating_share:g}%"
-    for col, right in (("#", True), ("layout", False), ("policy", False), ("goodput", True),
-                       ("/GPU", True), ("bound", True), ("share", True),
-                       ("binds at goodput", False), ("TTFT ms", True), ("TPOT ms", True),
-                       ("E2E s", True), ("attain", True), ("probes", True)):
+    for col, right in (
+        ("#", True),
+        ("layout", False),
+        ("policy", False),
+        ("goodput", True),
+        ("/GPU", True),
+        ("bound", True),
+        ("share", True),
+        ("binds at goodput", False),
+        ("TTFT ms", True),
+        ("TPOT ms", True),
+        ("E2E s", True),
+        ("attain", True),
+        ("probes", True),
+    ):
         table.add_column(col, justify="right" if right else "left", overflow="fold")
     rows = plan.results if limit is None else plan.results[:limit]
     for i, r in enumerate(rows, 1):
         style = "bold green" if r is plan.best else None
-        table.add_row(str(i), r.candidate.layout.label, r.candidate.policy, _goodput(r),
-                      _f(r.goodput_per_gpu, "{:.2f}"), f"{r.bound.rate:.2f}",
-                      _f(r.bound_share, "{:.0%}"), _binding(r), *_latency(r), str(r.num_probes),
-                      style=style)
+        table.add_row(
+            str(i),
+            r.candidate.layout.label,
+            r.candidate.policy,
+            _goodput(r),
+            _f(r.goodput_per_gpu, "{:.2f}"),
+            f"{r.bound.rate:.2f}",
+            _f(r.bound_share, "{:.0%}"),
+            _binding(r),
+            *_latency(r),
+            str(r.num_probes),
+            style=style,
+        )
     if limit is not None and len(plan.results) > limit:
         table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * 10)
-    table.caption = (f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
-                     f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
-                     f"below the best goodput, so it cannot win (no probe); beaten: failed one "
-                     f"probe at the best goodput (the limit it failed on). TTFT, TPOT, E2E: "
-                     f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
-                     f"searched to {plan.precision:g} req/s per replica, seeds "
-                     f"{','.join(map(str, plan.seeds))} pooled. {ROUTING_NOTE}.")
+    table.caption = (
+        f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
+        f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
+        f"below the best goodput, so it cannot win (no probe); beaten: failed one "
+        f"probe at the best goodput (the limit it failed on). TTFT, TPOT, E2E: "
+        f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
+        f"searched to {plan.precision:g} req/s per replica, seeds "
+        f"{','.join(map(str, plan.seeds))} pooled. {ROUTING_NOTE}."
+    )
     return table
 
 
@@ -66,15 +91,19 @@ def excluded_table(plan: DeploymentPlan) -> Table:
 def verdict(plan: DeploymentPlan) -> list[str]:
     """The recommendation in words, or why there is none."""
     best = plan.best
-    lines = [f"{plan.count('searched')} candidates searched, {plan.count('beaten')} beaten after "
-             f"one probe, {plan.count('pruned')} pruned by their bound: {plan.probes_run} goodput "
-             f"probes run, about {plan.probes_saved:.0f} saved; {plan.wall_s:.1f} s"]
+    lines = [
+        f"{plan.count('searched')} candidates searched, {plan.count('beaten')} beaten after "
+        f"one probe, {plan.count('pruned')} pruned by their bound: {plan.probes_run} goodput "
+        f"probes run, about {plan.probes_saved:.0f} saved; {plan.wall_s:.1f} s"
+    ]
     if best is None:
         lines.append("no feasible deployment: " + no_feasible_reason(plan))
         return lines
-    lines.append(f"recommended: {best.label}: goodput {best.goodput:.3g} req/s "
-                 f"({best.goodput_per_gpu:.3g} per GPU), {_f(best.bound_share, '{:.0%}')} of its "
-                 f"bound {best.bound.describe()}; the limit at goodput: {best.binding}")
+    lines.append(
+        f"recommended: {best.label}: goodput {best.goodput:.3g} req/s "
+        f"({best.goodput_per_gpu:.3g} per GPU), {_f(best.bound_share, '{:.0%}')} of its "
+        f"bound {best.bound.describe()}; the limit at goodput: {best.binding}"
+    )
     return lines
 
 
@@ -85,31 +114,67 @@ def no_feasible_reason(plan: DeploymentPlan) -> str:
         return f"no layout of {plan.num_gpus} x {plan.gpu} fits {plan.model} ({reasons})"
     top = max(plan.results, key=lambda r: r.bound.rate)
     why = top.reason or "no probed rate met the SLO"
-    return (f"no candidate meets the SLO at any probed rate; the one with the highest bound, "
-            f"{top.label} ({top.bound.describe()}), fails on {top.binding or 'the SLO'}: {why}")
+    return (
+        f"no candidate meets the SLO at any probed rate; the one with the highest bound, "
+        f"{top.label} ({top.bound.describe()}), fails on {top.binding or 'the SLO'}: {why}"
+    )
 
 
-def serve_commands(plan: DeploymentPlan, result: CandidateResult, model_path: str = "MODEL",
-                   profile: str | None = None) -> dict[str, str]:
+def serve_commands(
+    plan: DeploymentPlan, result: CandidateResult, model_path: str = "MODEL", profile: str | None = None
+) -> dict[str, str]:
     """``fastpp serve`` for SGLang and for vLLM running ``result``'s replica with its policy."""
     layout, policy = result.candidate.layout, result.candidate.policy
     chunk = static_chunk(policy) or max(DEFAULT_CANDIDATES)
-    common = ["--policy", policy, "--slo-ttft-ms", f"{plan.slo_ttft_ms:g}",
-              "--slo-tpot-ms", f"{plan.slo_tpot_ms:g}"]
+    common = [
+        "--policy",
+        policy,
+        "--slo-ttft-ms",
+        f"{plan.slo_ttft_ms:g}",
+        "--slo-tpot-ms",
+        f"{plan.slo_tpot_ms:g}",
+    ]
     if profile is not None:
         common += ["--profile", profile]
     elif static_chunk(policy) is None:
         common += ["--profile", "PROFILE.json"]  # dynamic policies read the deployment's costs
-    sglang = ["fastpp", "serve", "--backend", "sglang", "-m", model_path, "--pp", str(layout.pp),
-              *common, "--tp-size", str(layout.tp), "--chunked-prefill-size", str(chunk)]
-    vllm = ["fastpp", "serve", "--backend", "vllm", "-m", model_path, "--pp", str(layout.pp),
-            *common, "--tensor-parallel-size", str(layout.tp),
-            "--max-num-batched-tokens", str(chunk)]
+    sglang = [
+        "fastpp",
+        "serve",
+        "--backend",
+        "sglang",
+        "-m",
+        model_path,
+        "--pp",
+        str(layout.pp),
+        *common,
+        "--tp-size",
+        str(layout.tp),
+        "--chunked-prefill-size",
+        str(chunk),
+    ]
+    vllm = [
+        "fastpp",
+        "serve",
+        "--backend",
+        "vllm",
+        "-m",
+        model_path,
+        "--pp",
+        str(layout.pp),
+        *common,
+        "--tensor-parallel-size",
+        str(layout.tp),
+        "--max-num-batched-tokens",
+        str(chunk),
+    ]
     out = {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm)}
     if layout.dp > 1:
-        out["replicas"] = (f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "
-                           f"(CUDA_VISIBLE_DEVICES per replica, one --port each) behind a router "
-                           f"that sends each request to a random replica")
+        out["replicas"] = (
+            f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "
+            f"(CUDA_VISIBLE_DEVICES per replica, one --port each) behind a router "
+            f"that sends each request to a random replica"
+        )
     return out
 
 
@@ -133,10 +198,12 @@ def _latency(r: CandidateResult) -> list[str]:
     op = r.operating_point
     if not op:
         return ["-"] * 4
-    return [f"{op['median_ttft_ms']:.0f}/{op['p90_ttft_ms']:.0f}",
-            f"{op['median_tpot_ms']:.0f}/{op['p90_tpot_ms']:.0f}",
-            f"{op['median_e2e_latency_ms'] / 1e3:.1f}/{op['p90_e2e_latency_ms'] / 1e3:.1f}",
-            _f(op.get("slo_attainment"), "{:.1%}")]
+    return [
+        f"{op['median_ttft_ms']:.0f}/{op['p90_ttft_ms']:.0f}",
+        f"{op['median_tpot_ms']:.0f}/{op['p90_tpot_ms']:.0f}",
+        f"{op['median_e2e_latency_ms'] / 1e3:.1f}/{op['p90_e2e_latency_ms'] / 1e3:.1f}",
+        _f(op.get("slo_attainment"), "{:.1%}"),
+    ]
 
 
 def _f(value: float | None, fmt: str) -> str:

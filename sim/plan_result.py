@@ -63,30 +63,59 @@ class CandidateResult:
     def to_dict(self) -> dict[str, Any]:
         layout = self.candidate.layout
         return {
-            "label": self.label, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
-            "policy": self.candidate.policy, "status": self.status, "goodput": self.goodput,
-            "goodput_per_gpu": self.goodput_per_gpu, "margin": self.margin,
-            "attainment": self.attainment, "bound": self.bound.rate,
+            "label": self.label,
+            "dp": layout.dp,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "policy": self.candidate.policy,
+            "status": self.status,
+            "goodput": self.goodput,
+            "goodput_per_gpu": self.goodput_per_gpu,
+            "margin": self.margin,
+            "attainment": self.attainment,
+            "bound": self.bound.rate,
             "bound_bottleneck": self.bound.bottleneck,
-            "bound_replica_rates": self.bound.replica_rates, "bound_share": self.bound_share,
-            "binding": self.binding, "binding_rate": self.binding_rate, "reason": self.reason,
-            "below": self.below, "num_probes": self.num_probes,
-            "operating_point": self.operating_point, "cached": self.cached,
+            "bound_replica_rates": self.bound.replica_rates,
+            "bound_share": self.bound_share,
+            "binding": self.binding,
+            "binding_rate": self.binding_rate,
+            "reason": self.reason,
+            "below": self.below,
+            "num_probes": self.num_probes,
+            "operating_point": self.operating_point,
+            "cached": self.cached,
         }
 
     @classmethod
-    def from_row(cls, candidate: DeploymentCandidate, bound: CapacityBound, row: dict[str, Any],
-                 cached: bool = False) -> CandidateResult:
+    def from_row(
+        cls, candidate: DeploymentCandidate, bound: CapacityBound, row: dict[str, Any], cached: bool = False
+    ) -> CandidateResult:
         """From an ``evaluate_candidate`` row."""
         if row["status"] == "beaten":
-            return cls(candidate, bound, "beaten", num_probes=int(row["num_probes"]),
-                       binding=row.get("binding", ""), reason=row.get("reason", ""),
-                       below=row["beaten_at"], cached=cached)
-        return cls(candidate, bound, "searched", goodput=float(row["goodput"]),
-                   margin=_num(row.get("margin")), attainment=_num(row.get("attainment")),
-                   num_probes=int(row["num_probes"]), binding=row.get("binding", ""),
-                   binding_rate=row.get("binding_rate"), reason=row.get("reason", ""),
-                   operating_point=dict(row.get("operating_point") or {}), cached=cached)
+            return cls(
+                candidate,
+                bound,
+                "beaten",
+                num_probes=int(row["num_probes"]),
+                binding=row.get("binding", ""),
+                reason=row.get("reason", ""),
+                below=row["beaten_at"],
+                cached=cached,
+            )
+        return cls(
+            candidate,
+            bound,
+            "searched",
+            goodput=float(row["goodput"]),
+            margin=_num(row.get("margin")),
+            attainment=_num(row.get("attainment")),
+            num_probes=int(row["num_probes"]),
+            binding=row.get("binding", ""),
+            binding_rate=row.get("binding_rate"),
+            reason=row.get("reason", ""),
+            operating_point=dict(row.get("operating_point") or {}),
+            cached=cached,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,30 +159,50 @@ class DeploymentPlan:
         search (the searched candidates' mean), a beaten one that less its one probe."""
         full = [r.num_probes for r in self.results if r.status == "searched"]
         mean = sum(full) / len(full) if full else 0.0
-        return self.count("pruned") * mean + sum(max(0.0, mean - r.num_probes)
-                                                 for r in self.results if r.status == "beaten")
+        return self.count("pruned") * mean + sum(
+            max(0.0, mean - r.num_probes) for r in self.results if r.status == "beaten"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
         return {
-            "model": self.model, "gpu": self.gpu, "gpu_note": self.gpu_note,
-            "interconnect": self.interconnect, "num_gpus": self.num_gpus,
-            "workload": self.workload, "slo_ttft_ms": self.slo_ttft_ms,
-            "slo_tpot_ms": self.slo_tpot_ms, "cost_source": self.cost_source,
-            "operating_share": self.operating_share, "precision": self.precision,
-            "seeds": list(self.seeds), "routing": ROUTING_NOTE,
+            "model": self.model,
+            "gpu": self.gpu,
+            "gpu_note": self.gpu_note,
+            "interconnect": self.interconnect,
+            "num_gpus": self.num_gpus,
+            "workload": self.workload,
+            "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms,
+            "cost_source": self.cost_source,
+            "operating_share": self.operating_share,
+            "precision": self.precision,
+            "seeds": list(self.seeds),
+            "routing": ROUTING_NOTE,
             "best": None if best is None else best.label,
-            "counts": {s: self.count(s) for s in STATUSES}, "probes_run": self.probes_run,
-            "probes_saved_estimate": self.probes_saved, "wall_s": self.wall_s,
+            "counts": {s: self.count(s) for s in STATUSES},
+            "probes_run": self.probes_run,
+            "probes_saved_estimate": self.probes_saved,
+            "wall_s": self.wall_s,
             "results": [r.to_dict() for r in self.results],
-            "excluded": [{"label": e.layout.label, "dp": e.layout.dp, "tp": e.layout.tp,
-                          "pp": e.layout.pp, "reason": e.reason} for e in self.excluded],
+            "excluded": [
+                {
+                    "label": e.layout.label,
+                    "dp": e.layout.dp,
+                    "tp": e.layout.tp,
+                    "pp": e.layout.pp,
+                    "reason": e.reason,
+                }
+                for e in self.excluded
+            ],
             "notes": list(self.notes),
         }
 
 
-ROUTING_NOTE = ("dp replicas: each gets rate / dp (random routing of a Poisson stream), so a "
-                "layout's goodput is dp x one replica's")
+ROUTING_NOTE = (
+    "dp replicas: each gets rate / dp (random routing of a Poisson stream), so a "
+    "layout's goodput is dp x one replica's"
+)
 
 
 def _num(value: Any) -> float:

@@ -52,8 +52,14 @@ from fastpp.sim.plan_exec import JobRunner, make_runner
 from fastpp.sim.plan_job import CandidateJob, SearchSettings
 from fastpp.sim.plan_result import CandidateResult, DeploymentPlan
 
-__all__ = ["CandidateResult", "DeploymentPlan", "PlanConfig", "plan_deployment", "replica_profile",
-           "sample_lengths"]
+__all__ = [
+    "CandidateResult",
+    "DeploymentPlan",
+    "PlanConfig",
+    "plan_deployment",
+    "replica_profile",
+    "sample_lengths",
+]
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
@@ -89,8 +95,7 @@ class PlanConfig:
             object.__setattr__(self, "policies", PolicyGrid.parse(self.policies))
         object.__setattr__(self, "profiles", tuple(self.profiles))
         if self.host_loop not in HOST_LOOPS:
-            raise ValueError(f"--host-loop must be one of {', '.join(HOST_LOOPS)}, got "
-                             f"{self.host_loop!r}")
+            raise ValueError(f"--host-loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
         if self.num_gpus < 1:
             raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
         if self.workload not in WORKLOADS and not self.workload.startswith("random:"):
@@ -107,10 +112,15 @@ class _Layout:
     profile_json: str | None
 
 
-def plan_deployment(config: PlanConfig | None = None, *, executor: str = "process",
-                    workers: int | None = None, ray_address: str | None = None,
-                    out_dir: Path | str | None = None,
-                    progress: Progress | None = None) -> DeploymentPlan:
+def plan_deployment(
+    config: PlanConfig | None = None,
+    *,
+    executor: str = "process",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    out_dir: Path | str | None = None,
+    progress: Progress | None = None,
+) -> DeploymentPlan:
     """Plan ``config`` (module docstring); ValueError names a bad model, GPU, workload,
     profile or GPU count before any search runs."""
     start = time.perf_counter()
@@ -125,12 +135,17 @@ def plan_deployment(config: PlanConfig | None = None, *, executor: str = "proces
         known = {lay.fit.layout.key for lay in layouts} | {e.layout.key for e in excluded}
         unknown = sorted(wanted - known)
         if unknown:
-            raise ValueError(f"--layouts: {', '.join(unknown)} is not a layout of "
-                             f"{config.num_gpus} GPUs; the layouts: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"--layouts: {', '.join(unknown)} is not a layout of "
+                f"{config.num_gpus} GPUs; the layouts: {', '.join(sorted(known))}"
+            )
         layouts = [lay for lay in layouts if lay.fit.layout.key in wanted]
         excluded = [e for e in excluded if e.layout.key in wanted]
-    candidates = [(lay, DeploymentCandidate(lay.fit.layout, policy))
-                  for lay in layouts for policy in config.policies.for_layout(lay.fit.layout)]
+    candidates = [
+        (lay, DeploymentCandidate(lay.fit.layout, policy))
+        for lay in layouts
+        for policy in config.policies.for_layout(lay.fit.layout)
+    ]
     jobs: list[CandidateJob] = []
     for lay, cand in candidates:
         dep = replace(lay.deployment, policy=cand.policy)
@@ -138,29 +153,49 @@ def plan_deployment(config: PlanConfig | None = None, *, executor: str = "proces
             build_scheduler(lay.profile, dep)
         except ValueError as exc:
             raise ValueError(f"{cand.label}: {exc}") from None
-        bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates),
-                               cand.layout.dp)
-        jobs.append(CandidateJob(_job_id(config, lay, cand, model, gpu), cand, workload, dep,
-                                 bound, config.settings, profile_json=lay.profile_json))
+        bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates), cand.layout.dp)
+        jobs.append(
+            CandidateJob(
+                _job_id(config, lay, cand, model, gpu),
+                cand,
+                workload,
+                dep,
+                bound,
+                config.settings,
+                profile_json=lay.profile_json,
+            )
+        )
     jobs.sort(key=lambda j: -j.bound.rate)
-    notes = [f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
-             f"sampled); a layout's KV pool must hold it"]
+    notes = [
+        f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
+        f"sampled); a layout's KV pool must hold it"
+    ]
     if not config.settings.require_steady:
-        notes.append("--no-steady: a fixed run can pass above a layout's capacity before its queue "
-                     "builds up (goodput above the bound), and pruning by the bound then drops "
-                     "candidates a steady search would rank: for quick looks only")
+        notes.append(
+            "--no-steady: a fixed run can pass above a layout's capacity before its queue "
+            "builds up (goodput above the bound), and pruning by the bound then drops "
+            "candidates a steady search would rank: for quick looks only"
+        )
     results = _search(jobs, config, executor, workers, ray_address, out_dir, progress, notes)
     results.sort(key=lambda r: (r.status == "pruned", r.status == "beaten", r.rank_key()))
     return DeploymentPlan(
-        model=model.name, gpu=gpu.name if gpu else "-",
+        model=model.name,
+        gpu=gpu.name if gpu else "-",
         gpu_note=calibration_note(gpu) if gpu else "measured profile",
         interconnect=layouts[0].profile.interconnect if layouts else (gpu.interconnect if gpu else "-"),
-        num_gpus=config.num_gpus, workload=config.workload,
-        slo_ttft_ms=config.slo.ttft_s * 1e3, slo_tpot_ms=config.slo.tpot_s * 1e3,
-        results=tuple(results), excluded=tuple(excluded),
-        operating_share=config.settings.operating_share, precision=config.settings.precision,
-        seeds=config.settings.seeds, wall_s=time.perf_counter() - start, notes=tuple(notes),
-        cost_source=source)
+        num_gpus=config.num_gpus,
+        workload=config.workload,
+        slo_ttft_ms=config.slo.ttft_s * 1e3,
+        slo_tpot_ms=config.slo.tpot_s * 1e3,
+        results=tuple(results),
+        excluded=tuple(excluded),
+        operating_share=config.settings.operating_share,
+        precision=config.settings.precision,
+        seeds=config.settings.seeds,
+        wall_s=time.perf_counter() - start,
+        notes=tuple(notes),
+        cost_source=source,
+    )
 
 
 def sample_lengths(workload: WorkloadConfig) -> list[tuple[int, int]]:
@@ -169,8 +204,9 @@ def sample_lengths(workload: WorkloadConfig) -> list[tuple[int, int]]:
     return [(r.prompt_len, r.output_len) for r in sample.requests()]
 
 
-def _layouts(config: PlanConfig, p99: int) -> tuple[list[_Layout], list[LayoutExclusion],
-                                                    ModelShape, GpuSpec | None, str]:
+def _layouts(
+    config: PlanConfig, p99: int
+) -> tuple[list[_Layout], list[LayoutExclusion], ModelShape, GpuSpec | None, str]:
     if config.profiles:
         profiles = [load_profile(resolve_profile(p)) for p in config.profiles]
         fits, excluded = profile_layouts(profiles, config.num_gpus, p99)
@@ -184,13 +220,20 @@ def _layouts(config: PlanConfig, p99: int) -> tuple[list[_Layout], list[LayoutEx
     model = resolve_model(config.model)
     gpu = resolve_gpu(config.gpu)
     fits, excluded = enumerate_layouts(model, gpu, config.num_gpus, p99)
-    by_name = (MODELS.get(model.name) == model and GPUS.get(gpu.name) == gpu
-               and config.interconnect is None)  # names: the very runs `fastpp goodput` makes
+    by_name = (
+        MODELS.get(model.name) == model and GPUS.get(gpu.name) == gpu and config.interconnect is None
+    )  # names: the very runs `fastpp goodput` makes
     out = []
     for fit in fits:
         lay = fit.layout
-        prof = analytic_profile(model, gpu, lay.pp, lay.tp, interconnect=config.interconnect,
-                                created_at="2000-01-01T00:00:00+00:00")
+        prof = analytic_profile(
+            model,
+            gpu,
+            lay.pp,
+            lay.tp,
+            interconnect=config.interconnect,
+            created_at="2000-01-01T00:00:00+00:00",
+        )
         dep = _replica(config, lay, model=model.name, gpu=gpu.name)
         out.append(_Layout(fit, prof, dep, None if by_name else json.dumps(prof.to_dict())))
     return out, excluded, model, gpu, "analytic"
@@ -205,34 +248,60 @@ def replica_profile(config: PlanConfig, layout: Layout) -> Profile:
             return prof
     if config.profiles:
         raise ValueError(f"no profile given for {layout.replica_label}")
-    return analytic_profile(resolve_model(config.model), resolve_gpu(config.gpu), layout.pp,
-                            layout.tp, interconnect=config.interconnect)
+    return analytic_profile(
+        resolve_model(config.model),
+        resolve_gpu(config.gpu),
+        layout.pp,
+        layout.tp,
+        interconnect=config.interconnect,
+    )
 
 
-def _replica(config: PlanConfig, layout: Layout, profile_path: str | None = None,
-             **names: str) -> DeploymentConfig:
-    return DeploymentConfig(pp=layout.pp, tp=layout.tp, slo=config.slo, profile_path=profile_path,
-                            chunk_candidates=config.chunk_candidates, host_loop=config.host_loop,
-                            **names)
+def _replica(
+    config: PlanConfig, layout: Layout, profile_path: str | None = None, **names: str
+) -> DeploymentConfig:
+    return DeploymentConfig(
+        pp=layout.pp,
+        tp=layout.tp,
+        slo=config.slo,
+        profile_path=profile_path,
+        chunk_candidates=config.chunk_candidates,
+        host_loop=config.host_loop,
+        **names,
+    )
 
 
-def _job_id(config: PlanConfig, lay: _Layout, cand: DeploymentCandidate, model: ModelShape,
-            gpu: GpuSpec | None) -> str:
+def _job_id(
+    config: PlanConfig, lay: _Layout, cand: DeploymentCandidate, model: ModelShape, gpu: GpuSpec | None
+) -> str:
     key = {
-        "plan_method": PLAN_METHOD, "goodput_method": GOODPUT_METHOD, "label": cand.label,
-        "profile": hashlib.sha256((lay.profile_json or json.dumps(lay.profile.to_dict()))
-                                  .encode()).hexdigest(),
-        "workload": config.workload, "data_dir": config.data_dir,
-        "slo": [config.slo.ttft_s, config.slo.tpot_s], "host_loop": config.host_loop,
-        "chunk_candidates": config.chunk_candidates, "settings": asdict(config.settings),
+        "plan_method": PLAN_METHOD,
+        "goodput_method": GOODPUT_METHOD,
+        "label": cand.label,
+        "profile": hashlib.sha256(
+            (lay.profile_json or json.dumps(lay.profile.to_dict())).encode()
+        ).hexdigest(),
+        "workload": config.workload,
+        "data_dir": config.data_dir,
+        "slo": [config.slo.ttft_s, config.slo.tpot_s],
+        "host_loop": config.host_loop,
+        "chunk_candidates": config.chunk_candidates,
+        "settings": asdict(config.settings),
     }
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _search(jobs: Sequence[CandidateJob], config: PlanConfig, executor: str, workers: int | None,
-            ray_address: str | None, out_dir: Path | str | None, progress: Progress | None,
-            notes: list[str]) -> list[CandidateResult]:
+def _search(
+    jobs: Sequence[CandidateJob],
+    config: PlanConfig,
+    executor: str,
+    workers: int | None,
+    ray_address: str | None,
+    out_dir: Path | str | None,
+    progress: Progress | None,
+    notes: list[str],
+) -> list[CandidateResult]:
     """Search ``jobs`` (highest bound first), pruning on the best goodput found so far."""
     cached: dict[str, dict[str, Any]] = {}
     path = None
@@ -271,12 +340,17 @@ def _search(jobs: Sequence[CandidateJob], config: PlanConfig, executor: str, wor
             while pending and (runner is None or len(in_flight) < runner.capacity):
                 job = pending.pop(0)
                 row = cached.get(job.job_id)
-                if config.prune and row is not None and row["status"] == "beaten" \
-                        and row["beaten_at"] <= best:
+                if (
+                    config.prune
+                    and row is not None
+                    and row["status"] == "beaten"
+                    and row["beaten_at"] <= best
+                ):
                     record(job, row, True)
                 elif config.prune and best > 0 and job.bound.rate < best:
-                    results[job.job_id] = CandidateResult(job.candidate, job.bound, "pruned",
-                                                          below=job.bound.rate)
+                    results[job.job_id] = CandidateResult(
+                        job.candidate, job.bound, "pruned", below=job.bound.rate
+                    )
                 else:
                     if runner is None:
                         runner = make_runner(executor, workers=workers, ray_address=ray_address)

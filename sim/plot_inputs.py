@@ -120,8 +120,17 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         return [{k: _cell(v or "") for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-PLOT_ITERATION_COLUMNS = ("mb_id", "stage", "slot", "started_at", "finished_at", "num_tokens",
-                          "num_prefill_tokens", "num_decode_reqs", "chunk_budget")
+PLOT_ITERATION_COLUMNS = (
+    "mb_id",
+    "stage",
+    "slot",
+    "started_at",
+    "finished_at",
+    "num_tokens",
+    "num_prefill_tokens",
+    "num_decode_reqs",
+    "chunk_budget",
+)
 
 
 def read_columns(path: str | Path, names: Sequence[str] | None = None) -> Columns:
@@ -141,8 +150,17 @@ def read_columns(path: str | Path, names: Sequence[str] | None = None) -> Column
     out: dict[str, np.ndarray] = {}
     if numeric:
         try:
-            data = np.loadtxt(path, delimiter=",", skiprows=1, usecols=numeric, ndmin=2,
-                              dtype=float, comments=None, quotechar='"', encoding="utf-8")
+            data = np.loadtxt(
+                path,
+                delimiter=",",
+                skiprows=1,
+                usecols=numeric,
+                ndmin=2,
+                dtype=float,
+                comments=None,
+                quotechar='"',
+                encoding="utf-8",
+            )
         except ValueError:  # an empty or text cell further down: the slow, general reader
             return _read_columns_slowly(path, header, wanted)
         out = {header[i]: data[:, j] for j, i in enumerate(numeric)}
@@ -240,8 +258,11 @@ def load_goodput_json(path: str | Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise PlotInputError(f"{path}: not JSON ({exc.msg})") from exc
     results = [data] if isinstance(data, dict) else data
-    if not (isinstance(results, list) and results
-            and all(isinstance(r, dict) and isinstance(r.get("probes"), list) for r in results)):
+    if not (
+        isinstance(results, list)
+        and results
+        and all(isinstance(r, dict) and isinstance(r.get("probes"), list) for r in results)
+    ):
         raise PlotInputError(f"{path}: not `fastpp goodput --json` output (no probes list)")
     return results
 
@@ -264,8 +285,11 @@ def _read_iterations(run: Path) -> Columns:
         return read_columns(run / "iterations.csv", PLOT_ITERATION_COLUMNS)
     if (run / "iterations.parquet").is_file():
         table = _parquet(run / "iterations.parquet")
-        return {n: table.column(n).to_numpy().astype(float) for n in PLOT_ITERATION_COLUMNS
-                if n in table.column_names}
+        return {
+            n: table.column(n).to_numpy().astype(float)
+            for n in PLOT_ITERATION_COLUMNS
+            if n in table.column_names
+        }
     return {}
 
 
@@ -322,9 +346,13 @@ def select_runs(path: str | Path) -> RunSelection:
     if len(candidates) == 1:
         return RunSelection(candidates[0])
     newest = max(candidates, key=lambda d: ((d / "summary.json").stat().st_mtime, d.name))
-    return RunSelection(newest, (
-        f"{path} holds {len(candidates)} `fastpp simulate` runs; plotting the newest, {newest} "
-        f"(pass a run's own folder to plot another)",))
+    return RunSelection(
+        newest,
+        (
+            f"{path} holds {len(candidates)} `fastpp simulate` runs; plotting the newest, {newest} "
+            f"(pass a run's own folder to plot another)",
+        ),
+    )
 
 
 def load_run_dir(path: str | Path, notes: list[str] | None = None) -> list[RunData]:
@@ -343,8 +371,7 @@ def load_run_dir(path: str | Path, notes: list[str] | None = None) -> list[RunDa
         listed = [d for d in dirs if summaries[d] in order]
         stale = [d.name for d in dirs if d not in listed]
         if stale and notes is not None:
-            notes.append(f"{path}: skipped {', '.join(stale)}: not in its summary.json (left by "
-                         f"another run)")
+            notes.append(f"{path}: skipped {', '.join(stale)}: not in its summary.json (left by another run)")
         dirs = sorted(listed, key=lambda d: (order.index(summaries[d]), d.name))
     runs = [RunData(d.name, summaries[d], _read_requests(d), _read_iterations(d)) for d in dirs]
     if not runs:  # only summary.json: the summaries still plot as rows
@@ -362,7 +389,8 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
         if any((path / n).is_file() for n in RESULTS_NAMES):
             return "sweep", path
         if (path / "summary.json").is_file() or any(
-                _is_run(d) or (d / "summary.json").is_file() for d in _subdirs(path)):
+            _is_run(d) or (d / "summary.json").is_file() for d in _subdirs(path)
+        ):
             return "run_dir", path
     elif path.suffix in (".jsonl", ".csv"):
         return "sweep", path
@@ -373,7 +401,8 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
         return "goodput", path
     raise PlotInputError(
         f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a run "
-        f"folder, a sweep results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)")
+        f"folder, a sweep results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)"
+    )
 
 
 def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:
@@ -384,8 +413,10 @@ def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:
     for res in results:
         probes = sorted(res.get("probes", []), key=lambda p: num(p, "rate"))
         for p in probes:
-            row = {k: res.get(k) for k in ("deployment", "policy", "workload", "model", "gpu",
-                                            "slo_ttft_ms", "slo_tpot_ms")}
+            row = {
+                k: res.get(k)
+                for k in ("deployment", "policy", "workload", "model", "gpu", "slo_ttft_ms", "slo_tpot_ms")
+            }
             row.update(p)
             if row.get("p90_ttft_ms") is None and not row.get("ok", True):
                 row["p90_ttft_ms"] = math.inf

@@ -59,8 +59,11 @@ KINDS_BY_SOURCE = {  # what each input can make, in the order auto makes them
     "sweep": ("goodput", "rate", "slo"),
     "goodput": ("rate", "goodput"),
 }
-_SOURCE_NAMES = {"run_dir": "`fastpp simulate` folder", "sweep": "sweep results table",
-                 "goodput": "`fastpp goodput --json` file"}
+_SOURCE_NAMES = {
+    "run_dir": "`fastpp simulate` folder",
+    "sweep": "sweep results table",
+    "goodput": "`fastpp goodput --json` file",
+}
 FACET_KEYS = {  # axes that split a sweep figure into one file per value
     "goodput": ("model", "gpu", "slo_scale"),
     "rate": ("workload", "model", "gpu", "slo_scale"),
@@ -83,8 +86,7 @@ class _Figures:
         self.paths += written
         if written:
             exts = ", ".join(p.suffix for p in written)
-            self.log(f"drew {written[0].with_suffix('')} ({exts}) in "
-                     f"{time.perf_counter() - began:.1f} s")
+            self.log(f"drew {written[0].with_suffix('')} ({exts}) in {time.perf_counter() - began:.1f} s")
 
 
 def plot_results(
@@ -106,16 +108,16 @@ def plot_results(
     source, where = detect(path)
     allowed = KINDS_BY_SOURCE[source]
     if kind != "auto" and kind not in allowed:
-        raise PlotInputError(f"{path}: a {_SOURCE_NAMES[source]} makes {', '.join(allowed)} "
-                             f"plots, not {kind}")
+        raise PlotInputError(
+            f"{path}: a {_SOURCE_NAMES[source]} makes {', '.join(allowed)} plots, not {kind}"
+        )
     figures = _Figures(progress)
     notes: list[str] = []
     if source == "run_dir":
         selection = select_runs(where)
         notes += selection.notes
         where = selection.path
-    out = Path(out_dir) if out_dir is not None else (
-        where if where.is_dir() else where.parent) / PLOTS_DIR
+    out = Path(out_dir) if out_dir is not None else (where if where.is_dir() else where.parent) / PLOTS_DIR
     slo = (slo_ttft_ms, slo_tpot_ms)
     wanted = allowed if kind == "auto" else (kind,)
     if source == "run_dir":
@@ -133,8 +135,10 @@ def plot_results(
         results = load_goodput_json(where)
         context = _context(results, skip=("policy",))
         searched = ", ".join(f"{r.get('deployment')} {r.get('policy')}" for r in results)
-        figures.log(f"plotting {where}: {context + ', ' if context else ''}{len(results)} goodput "
-                    f"search(es): {searched}")
+        figures.log(
+            f"plotting {where}: {context + ', ' if context else ''}{len(results)} goodput "
+            f"search(es): {searched}"
+        )
         _goodput(figures, results, out, wanted, slo, formats)
     paths = figures.paths
     if not paths:
@@ -146,8 +150,10 @@ def _why_empty(source: str) -> str:
     if source == "run_dir":
         return "no run folder with requests.jsonl/.parquet or iterations.csv/.parquet"
     if source == "sweep":
-        return ("no goodput values, no varying rate with p90_ttft_ms / p90_tpot_ms, and no "
-                "varying slo_scale with slo_attainment or goodput")
+        return (
+            "no goodput values, no varying rate with p90_ttft_ms / p90_tpot_ms, and no "
+            "varying slo_scale with slo_attainment or goodput"
+        )
     return "no probes with a rate"
 
 
@@ -167,8 +173,9 @@ def _slo(rows: Sequence[Row], given: float | None, key: str) -> float | None:
 def _context(rows: Sequence[Row], skip: Sequence[str] = ()) -> str:
     """``Qwen2.5-14B on A100-40GB-PCIe, sharegpt, static:2048, SLO 2000/200 ms``: the setting
     the rows share (model, GPU, workload, policy, SLO TTFT/TPOT), for titles."""
-    model, gpu, workload, policy = (None if k in skip else _common(rows, k)
-                                    for k in ("model", "gpu", "workload", "policy"))
+    model, gpu, workload, policy = (
+        None if k in skip else _common(rows, k) for k in ("model", "gpu", "workload", "policy")
+    )
     where = " on ".join(str(v) for v in (model, gpu) if v is not None)
     ttft, tpot = (None if "slo" in skip else _common(rows, k) for k in ("slo_ttft_ms", "slo_tpot_ms"))
     slo = f"SLO {_fmt(ttft)}/{_fmt(tpot)} ms TTFT/TPOT" if ttft is not None and tpot is not None else ""
@@ -181,12 +188,25 @@ def _distinct_labels(runs: list[RunData]) -> list[RunData]:
     their folder (added last)."""
     summaries = [r.summary for r in runs]
     differ = [k for k in ("model", "gpu", "workload") if varies(summaries, k)]
-    labelled = [r if not differ else RunData(r.run_id, r.summary, r.requests, r.iterations,
-                                             " ".join([r.label, *(str(r.summary.get(k)) for k in differ)]))
-                for r in runs]
+    labelled = [
+        r
+        if not differ
+        else RunData(
+            r.run_id,
+            r.summary,
+            r.requests,
+            r.iterations,
+            " ".join([r.label, *(str(r.summary.get(k)) for k in differ)]),
+        )
+        for r in runs
+    ]
     counts = {lbl: [r.label for r in labelled].count(lbl) for lbl in {r.label for r in labelled}}
-    return [r if counts[r.label] == 1 else RunData(r.run_id, r.summary, r.requests, r.iterations,
-                                                   f"{r.label} ({r.run_id})") for r in labelled]
+    return [
+        r
+        if counts[r.label] == 1
+        else RunData(r.run_id, r.summary, r.requests, r.iterations, f"{r.label} ({r.run_id})")
+        for r in labelled
+    ]
 
 
 def _describe_runs(runs: Sequence[RunData]) -> str:
@@ -206,16 +226,14 @@ def _facets(rows: Sequence[Row], keys: Sequence[str]) -> list[tuple[str, str, li
     facets = []
     for values, group in groups.items():
         pairs = list(zip(split, values, strict=True))
-        suffix = "".join("_" + re.sub(r"[^A-Za-z0-9.]+", "-", f"{k} {_fmt(v)}").strip("-")
-                         for k, v in pairs)
+        suffix = "".join("_" + re.sub(r"[^A-Za-z0-9.]+", "-", f"{k} {_fmt(v)}").strip("-") for k, v in pairs)
         shown = [_FACET_TITLES.get(k, k + " {}").format(_fmt(v)) for k, v in pairs]
         setting = _context(group, skip=split)
         facets.append((suffix, ", ".join(p for p in (setting, *shown) if p), group))
     return facets
 
 
-_FACET_TITLES = {"rate": "{} req/s", "slo_scale": "SLO x{}", "model": "{}", "gpu": "{}",
-                 "workload": "{}"}
+_FACET_TITLES = {"rate": "{} req/s", "slo_scale": "SLO x{}", "model": "{}", "gpu": "{}", "workload": "{}"}
 
 
 def _fmt(value: Any) -> str:
@@ -230,32 +248,62 @@ def _title(head: str, *parts: str) -> str:
 # ---- per source ----------------------------------------------------------------------------------
 
 
-def _run_dir(figures: _Figures, runs: list[RunData], out: Path, wanted: Sequence[str],
-             slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
+def _run_dir(
+    figures: _Figures,
+    runs: list[RunData],
+    out: Path,
+    wanted: Sequence[str],
+    slo: tuple[float | None, float | None],
+    formats: Sequence[str],
+) -> None:
     summaries = [r.summary for r in runs]
     context = _context(summaries)
     if "cdf" in wanted and any(r.requests for r in runs):
         requests = {r.label: r.requests for r in runs if r.requests}
-        for metric, slo_ms in (("ttft", _slo(summaries, slo[0], "slo_ttft_ms")),
-                               ("tpot", _slo(summaries, slo[1], "slo_tpot_ms")), ("e2e", None)):
-            figures.draw(latency_cdf, requests, out / f"cdf_{metric}", metric=metric, slo_ms=slo_ms,
-                         log_x=metric != "tpot", formats=formats,
-                         title=_title(f"{metric.upper()} CDF", context))
+        for metric, slo_ms in (
+            ("ttft", _slo(summaries, slo[0], "slo_ttft_ms")),
+            ("tpot", _slo(summaries, slo[1], "slo_tpot_ms")),
+            ("e2e", None),
+        ):
+            figures.draw(
+                latency_cdf,
+                requests,
+                out / f"cdf_{metric}",
+                metric=metric,
+                slo_ms=slo_ms,
+                log_x=metric != "tpot",
+                formats=formats,
+                title=_title(f"{metric.upper()} CDF", context),
+            )
     with_iterations = [r for r in runs if num_rows(r.iterations)]
     if "chunk" in wanted and with_iterations:
-        figures.draw(chunk_over_time, {r.label: r.iterations for r in with_iterations},
-                     out / "chunk_over_time", formats=formats,
-                     title=_title("Chunk budget (stage 0)", context))
+        figures.draw(
+            chunk_over_time,
+            {r.label: r.iterations for r in with_iterations},
+            out / "chunk_over_time",
+            formats=formats,
+            title=_title("Chunk budget (stage 0)", context),
+        )
     if "timeline" in wanted and with_iterations:
         start, end, chosen_by = _common_window(with_iterations)
         for r in with_iterations:
             pp = num(r.summary, "pp")
             own = _context([r.summary], skip=("slo", "policy"))  # the label names the policy
-            figures.draw(stage_timeline, r.iterations, out / f"timeline_{r.run_id}", formats=formats,
-                         num_stages=int(pp) if pp >= 1 else None, start=start, end=end,
-                         title=_title(f"{r.label}: stages busy and idle", own) + (
-                             f"\nsame window for every deployment: {chosen_by}'s 40 most "
-                             f"prefill-heavy microbatches" if len(with_iterations) > 1 else ""))
+            figures.draw(
+                stage_timeline,
+                r.iterations,
+                out / f"timeline_{r.run_id}",
+                formats=formats,
+                num_stages=int(pp) if pp >= 1 else None,
+                start=start,
+                end=end,
+                title=_title(f"{r.label}: stages busy and idle", own)
+                + (
+                    f"\nsame window for every deployment: {chosen_by}'s 40 most prefill-heavy microbatches"
+                    if len(with_iterations) > 1
+                    else ""
+                ),
+            )
 
 
 def _common_window(runs: Sequence[RunData]) -> tuple[float, float, str]:
@@ -268,19 +316,29 @@ def _common_window(runs: Sequence[RunData]) -> tuple[float, float, str]:
     return start, end, label
 
 
-def _sweep(figures: _Figures, rows: list[dict[str, Any]], out: Path, wanted: Sequence[str],
-           slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
+def _sweep(
+    figures: _Figures,
+    rows: list[dict[str, Any]],
+    out: Path,
+    wanted: Sequence[str],
+    slo: tuple[float | None, float | None],
+    formats: Sequence[str],
+) -> None:
     if "goodput" in wanted:
         have = [r for r in rows if not math.isnan(num(r, "goodput"))]
         for suffix, shown, group in _facets(have, FACET_KEYS["goodput"]):
-            figures.draw(goodput_bars, group, out / f"goodput{suffix}", formats=formats,
-                         title=_title("Goodput", shown))
+            figures.draw(
+                goodput_bars, group, out / f"goodput{suffix}", formats=formats, title=_title("Goodput", shown)
+            )
     if "rate" in wanted:
-        have = [r for r in rows if math.isfinite(num(r, "rate"))
-                and (has_values([r], "p90_ttft_ms") or has_values([r], "p90_tpot_ms"))]
+        have = [
+            r
+            for r in rows
+            if math.isfinite(num(r, "rate"))
+            and (has_values([r], "p90_ttft_ms") or has_values([r], "p90_tpot_ms"))
+        ]
         if len(wanted) == 1 or varies(have, "rate"):
-            _latency_facets(figures, have, out / "latency_vs_rate", "P90 latency vs rate", slo,
-                            formats)
+            _latency_facets(figures, have, out / "latency_vs_rate", "P90 latency vs rate", slo, formats)
     if "slo" in wanted:
         have = [r for r in rows if math.isfinite(num(r, "slo_scale"))]
         if len(wanted) == 1 or varies(have, "slo_scale"):
@@ -288,27 +346,54 @@ def _sweep(figures: _Figures, rows: list[dict[str, Any]], out: Path, wanted: Seq
                 for suffix, shown, group in _facets(have, FACET_KEYS["slo"]):
                     if has_values(group, metric):
                         head = "SLO attainment" if metric == "slo_attainment" else "Goodput"
-                        figures.draw(attainment_vs_slo_scale, group, out / f"{name}{suffix}",
-                                     metric=metric, formats=formats,
-                                     title=_title(f"{head} vs SLO scale", shown))
+                        figures.draw(
+                            attainment_vs_slo_scale,
+                            group,
+                            out / f"{name}{suffix}",
+                            metric=metric,
+                            formats=formats,
+                            title=_title(f"{head} vs SLO scale", shown),
+                        )
 
 
-def _latency_facets(figures: _Figures, rows: Sequence[Row], stem: Path, head: str,
-                    slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
+def _latency_facets(
+    figures: _Figures,
+    rows: Sequence[Row],
+    stem: Path,
+    head: str,
+    slo: tuple[float | None, float | None],
+    formats: Sequence[str],
+) -> None:
     for suffix, shown, group in _facets(rows, FACET_KEYS["rate"]):
         figures.draw(
-            latency_vs_rate, group, stem.with_name(stem.name + suffix), formats=formats,
-            log_ttft=True, slo_ttft_ms=_slo(group, slo[0], "slo_ttft_ms"),
-            slo_tpot_ms=_slo(group, slo[1], "slo_tpot_ms"), title=_title(head, shown))
+            latency_vs_rate,
+            group,
+            stem.with_name(stem.name + suffix),
+            formats=formats,
+            log_ttft=True,
+            slo_ttft_ms=_slo(group, slo[0], "slo_ttft_ms"),
+            slo_tpot_ms=_slo(group, slo[1], "slo_tpot_ms"),
+            title=_title(head, shown),
+        )
 
 
-def _goodput(figures: _Figures, results: list[dict[str, Any]], out: Path, wanted: Sequence[str],
-             slo: tuple[float | None, float | None], formats: Sequence[str]) -> None:
+def _goodput(
+    figures: _Figures,
+    results: list[dict[str, Any]],
+    out: Path,
+    wanted: Sequence[str],
+    slo: tuple[float | None, float | None],
+    formats: Sequence[str],
+) -> None:
     if "rate" in wanted:
         rows = [r for r in probe_rows(results) if math.isfinite(num(r, "rate"))]
         if rows:
-            _latency_facets(figures, rows, out / "goodput_probes", "Goodput search probes", slo,
-                            formats)
+            _latency_facets(figures, rows, out / "goodput_probes", "Goodput search probes", slo, formats)
     if "goodput" in wanted:
-        figures.draw(goodput_bars, results, out / "goodput", formats=formats,
-                     title=_title("Goodput", _context(results)))
+        figures.draw(
+            goodput_bars,
+            results,
+            out / "goodput",
+            formats=formats,
+            title=_title("Goodput", _context(results)),
+        )

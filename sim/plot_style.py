@@ -54,14 +54,14 @@ def matplotlib_module() -> ModuleType:
         import matplotlib
         import matplotlib.style  # noqa: F401  (a subpackage: not loaded by `import matplotlib`)
     except ImportError as exc:
-        raise ImportError("plots need matplotlib, which the `fastpp[plots]` extra installs: "
-                          "pip install 'fastpp[plots]'") from exc
+        raise ImportError(
+            "plots need matplotlib, which the `fastpp[plots]` extra installs: pip install 'fastpp[plots]'"
+        ) from exc
     return matplotlib
 
 
 @contextmanager
-def figure(figsize: tuple[float, float], nrows: int = 1, ncols: int = 1
-            ) -> Iterator[tuple[Figure, Any]]:
+def figure(figsize: tuple[float, float], nrows: int = 1, ncols: int = 1) -> Iterator[tuple[Figure, Any]]:
     """A constrained-layout Figure and its axes grid, under FastPP's fixed style (the style must
     still hold when saving, since the SVG hash salt is read then)."""
     mpl = matplotlib_module()
@@ -95,8 +95,7 @@ def suptitle(fig: Figure, title: str | None) -> None:
     """The figure title, each line wrapped to the figure's width (long run descriptions)."""
     if title:
         width = max(30, int(fig.get_figwidth() * 12))  # characters per line at 10 pt
-        fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.splitlines()),
-                     fontsize=10)
+        fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.splitlines()), fontsize=10)
 
 
 def compact_number(value: float) -> str:
@@ -142,8 +141,9 @@ class CompactFormatter:
 
             def format_ticks(self, values: Sequence[float]) -> list[str]:
                 top = max((abs(v) for v in values), default=0.0)
-                self.scale, self.suffix = next(((s, x) for s, x in ((1e9, "G"), (1e6, "M"), (1e4, "k"))
-                                                if top >= s), (1.0, ""))
+                self.scale, self.suffix = next(
+                    ((s, x) for s, x in ((1e9, "G"), (1e6, "M"), (1e4, "k")) if top >= s), (1.0, "")
+                )
                 if self.suffix == "k":
                     self.scale = 1e3
                 return [self(v) for v in values]
@@ -177,8 +177,14 @@ def styles(systems: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per system a colour, a line style and a marker, all three distinct from its neighbours',
     so that series which coincide still show (a dashed line over a solid one)."""
     palette = colors(systems)
-    return {s: {"color": palette[s], "linestyle": LINESTYLES[i % len(LINESTYLES)],
-                "marker": MARKERS[i % len(MARKERS)]} for i, s in enumerate(systems)}
+    return {
+        s: {
+            "color": palette[s],
+            "linestyle": LINESTYLES[i % len(LINESTYLES)],
+            "marker": MARKERS[i % len(MARKERS)],
+        }
+        for i, s in enumerate(systems)
+    }
 
 
 def same_as(series: Mapping[str, np.ndarray]) -> dict[str, str]:
@@ -201,8 +207,13 @@ def legend_below(fig: Figure, axes: Sequence[Axes], ncols: int = 3) -> None:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
     if handles:
-        fig.legend(handles.values(), handles.keys(), loc="outside lower center",
-                   ncols=min(len(handles), ncols), fontsize=8)
+        fig.legend(
+            handles.values(),
+            handles.keys(),
+            loc="outside lower center",
+            ncols=min(len(handles), ncols),
+            fontsize=8,
+        )
 
 
 def columns(table: Columns | Sequence[Row], names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -213,7 +224,10 @@ def columns(table: Columns | Sequence[Row], names: Sequence[str]) -> dict[str, n
         out = {}
         for k in names:
             col = table.get(k)
-            out[k] = (np.full(n, math.nan) if col is None or col.dtype.kind not in "fiub"
-                      else np.asarray(col, float))
+            out[k] = (
+                np.full(n, math.nan)
+                if col is None or col.dtype.kind not in "fiub"
+                else np.asarray(col, float)
+            )
         return out
     return {k: np.array([num(r, k) for r in table], float) for k in names}

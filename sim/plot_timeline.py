@@ -43,12 +43,12 @@ def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
     if values.size >= width:
         from numpy.lib.stride_tricks import sliding_window_view
 
-        out[half: values.size - half] = np.median(sliding_window_view(values, width), axis=1)
+        out[half : values.size - half] = np.median(sliding_window_view(values, width), axis=1)
         edges = [*range(half), *range(values.size - half, values.size)]
     else:
         edges = list(range(values.size))
     for i in edges:
-        out[i] = np.median(values[max(0, i - half): i + half + 1])
+        out[i] = np.median(values[max(0, i - half) : i + half + 1])
     return out
 
 
@@ -89,8 +89,9 @@ def chunk_over_time(
                 np.minimum.at(lo, which, c)
                 np.maximum.at(hi, which, c)
                 seen = np.isfinite(lo)
-                ax.fill_between(edges[:-1][seen], lo[seen], hi[seen], step="post", color=color,
-                                alpha=0.18, linewidth=0)
+                ax.fill_between(
+                    edges[:-1][seen], lo[seen], hi[seen], step="post", color=color, alpha=0.18, linewidth=0
+                )
             else:
                 ax.plot(t, c, drawstyle="steps-post", color=color, alpha=0.25, linewidth=0.8)
             med = rolling_median(c, window)
@@ -100,15 +101,31 @@ def chunk_over_time(
             drawn.append(s)
         same = same_as(medians)
         if same:
-            ax.text(0.0, 1.01, "; ".join(f"{s} = {t}" for s, t in same.items()),
-                    transform=ax.transAxes, ha="left", va="bottom", fontsize=7, color="0.4")
+            ax.text(
+                0.0,
+                1.01,
+                "; ".join(f"{s} = {t}" for s, t in same.items()),
+                transform=ax.transAxes,
+                ha="left",
+                va="bottom",
+                fontsize=7,
+                color="0.4",
+            )
         ax.set_xlabel("time (s)")
         ax.set_ylabel("chunk budget (tokens)")
         ax.set_ylim(bottom=0)
         compact_axis(ax, "x")
         suptitle(fig, title or "Chunk budget per microbatch")
-        ax.text(1.0, 1.01, f"bold: rolling median of {window}; pale: range", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=7, color="0.4")
+        ax.text(
+            1.0,
+            1.01,
+            f"bold: rolling median of {window}; pale: range",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="0.4",
+        )
         legend_below(fig, [ax])
         return save(fig, out, formats)
 
@@ -123,8 +140,7 @@ def _phases(cols: Mapping[str, np.ndarray]) -> np.ndarray:
 _TIMELINE_COLUMNS = ("stage", "started_at", "finished_at", "num_prefill_tokens", "num_decode_reqs")
 
 
-def timeline_window(iterations: Columns | Sequence[Row], num_microbatches: int = 40
-                    ) -> tuple[float, float]:
+def timeline_window(iterations: Columns | Sequence[Row], num_microbatches: int = 40) -> tuple[float, float]:
     """The ``num_microbatches`` consecutive stage-0 microbatches carrying the most prefill tokens
     (the earliest such run on ties), as (start, end) run-clock seconds: where prefill and decode
     meet and bubbles form. A quiet decode-only tail, which the middle of a run often is, would
@@ -136,8 +152,9 @@ def timeline_window(iterations: Columns | Sequence[Row], num_microbatches: int =
         first = ok
     if not first.any():
         raise ValueError("a timeline needs at least one iteration row with start and finish times")
-    order = np.lexsort((cols["num_prefill_tokens"][first], cols["finished_at"][first],
-                        cols["started_at"][first]))
+    order = np.lexsort(
+        (cols["num_prefill_tokens"][first], cols["finished_at"][first], cols["started_at"][first])
+    )
     t0, t1 = cols["started_at"][first][order], cols["finished_at"][first][order]
     prefill = np.nan_to_num(cols["num_prefill_tokens"][first][order])
     k = min(t0.size, max(1, num_microbatches))
@@ -179,8 +196,10 @@ def stage_timeline(
         raise ValueError(f"the window must have end > start, got {start:g} .. {end:g} s")
     shown = (cols["finished_at"] > start) & (cols["started_at"] < end)
     cols = {k: v[shown] for k, v in cols.items()}
-    spans = [SimpleNamespace(stage=int(k), started_at=a, finished_at=b) for k, a, b in zip(
-        cols["stage"], cols["started_at"], cols["finished_at"], strict=True)]
+    spans = [
+        SimpleNamespace(stage=int(k), started_at=a, finished_at=b)
+        for k, a, b in zip(cols["stage"], cols["started_at"], cols["finished_at"], strict=True)
+    ]
     idle = iteration_bubble_fraction(spans, n, start, end)
     length = end - start
     in_s = length > 5.0
@@ -198,20 +217,27 @@ def stage_timeline(
                 sel = (cols["stage"] == k) & (phases == phase)
                 if sel.any():
                     bars = _merged_bars(x0[sel], x1[sel])
-                    ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color,
-                                   edgecolors="none" if dense else "white",
-                                   linewidths=0 if dense else 0.4)
+                    ax.broken_barh(
+                        bars,
+                        (k - 0.4, 0.8),
+                        facecolors=color,
+                        edgecolors="none" if dense else "white",
+                        linewidths=0 if dense else 0.4,
+                    )
         ax.set_yticks(range(n), [f"stage {k}  (idle {idle[k]:.0%})" for k in range(n)])
         ax.set_ylim(n - 0.5, -0.5)  # stage 0 on top
         ax.set_xlim(0, length * unit)
         compact_axis(ax, "x", nbins=8)
-        ax.set_xlabel(f"{'s' if in_s else 'ms'} since t = {start:.3f} s "
-                      f"(window {compact_number(length * unit)} {'s' if in_s else 'ms'})")
+        ax.set_xlabel(
+            f"{'s' if in_s else 'ms'} since t = {start:.3f} s "
+            f"(window {compact_number(length * unit)} {'s' if in_s else 'ms'})"
+        )
         ax.grid(axis="y", visible=False)
         suptitle(fig, title)
         present = [p for p in PHASE_COLORS if (phases == p).any()]
-        fig.legend([Patch(color=PHASE_COLORS[p]) for p in present], present,
-                   loc="outside lower center", ncols=3)
+        fig.legend(
+            [Patch(color=PHASE_COLORS[p]) for p in present], present, loc="outside lower center", ncols=3
+        )
         return save(fig, out, formats)
 
 

@@ -57,15 +57,26 @@ from fastpp.sim.plot_style import (
 from fastpp.sim.plot_timeline import chunk_over_time, rolling_median, stage_timeline, timeline_window
 
 __all__ = [  # the loaders live in plot_inputs (no matplotlib there) and are re-exported here
-    "FORMATS", "PlotInputError", "RunData", "attainment_vs_slo_scale", "chunk_over_time",
-    "goodput_bars", "latency_cdf", "latency_vs_rate", "load_goodput_json", "load_results",
-    "load_run_dir", "request_latencies_ms", "rolling_median", "stage_timeline", "timeline_window",
+    "FORMATS",
+    "PlotInputError",
+    "RunData",
+    "attainment_vs_slo_scale",
+    "chunk_over_time",
+    "goodput_bars",
+    "latency_cdf",
+    "latency_vs_rate",
+    "load_goodput_json",
+    "load_results",
+    "load_run_dir",
+    "request_latencies_ms",
+    "rolling_median",
+    "stage_timeline",
+    "timeline_window",
     "compact_number",
 ]
 
 CdfMetric = Literal["ttft", "tpot", "e2e"]
 _COMPLETED = ("length", "stop")  # finish reasons of requests that produced their output
-
 
 
 def _mean_by(rows: Sequence[Row], key: Callable[[Row], tuple], metric: str) -> dict[tuple, float]:
@@ -79,15 +90,15 @@ def _mean_by(rows: Sequence[Row], key: Callable[[Row], tuple], metric: str) -> d
     return {k: float(np.mean(v)) for k, v in groups.items()}
 
 
-def _series(rows: Sequence[Row], x: str, metric: str, series: Sequence[str]
-            ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _series(
+    rows: Sequence[Row], x: str, metric: str, series: Sequence[str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per system with any x value, the sorted x values and the mean metric at each (NaN where
     none)."""
     means = _mean_by(rows, lambda r: (system_label(r, series), num(r, x)), metric)
     out = {}
     for s in unique(system_label(r, series) for r in rows):
-        xs = sorted({v for r in rows if system_label(r, series) == s
-                     and math.isfinite(v := num(r, x))})
+        xs = sorted({v for r in rows if system_label(r, series) == s and math.isfinite(v := num(r, x))})
         if xs:
             out[s] = (np.array(xs), np.array([means.get((s, v), math.nan) for v in xs]))
     return out
@@ -163,11 +174,20 @@ def latency_vs_rate(
     with figure((9.0, 3.8), 1, 2) as (fig, axs):
         panels = ((axs[0, 0], ttft_key, slo_ttft_ms, "TTFT"), (axs[0, 1], tpot_key, slo_tpot_ms, "TPOT"))
         by_panel = {key: _series(rows, x, key, series) for _, key, _, _ in panels}
-        same = same_as({s: np.concatenate([np.concatenate(lines[s]) if s in lines else [np.nan]
-                                            for lines in by_panel.values()]) for s in systems})
+        same = same_as(
+            {
+                s: np.concatenate(
+                    [np.concatenate(lines[s]) if s in lines else [np.nan] for lines in by_panel.values()]
+                )
+                for s in systems
+            }
+        )
         for ax, key, slo, name in panels:
-            here = {s: t for s, t in same_as({s: np.concatenate(v) for s, v in by_panel[key].items()}
-                                               ).items() if s not in same}
+            here = {
+                s: t
+                for s, t in same_as({s: np.concatenate(v) for s, v in by_panel[key].items()}).items()
+                if s not in same
+            }
             if here:  # coinciding in this panel only: said above it, off the data
                 note = "lines coincide: " + "; ".join(f"{s} = {t}" for s, t in here.items())
                 ax.set_title(textwrap.fill(note, 80), loc="left", fontsize=7, color="0.4")
@@ -175,17 +195,40 @@ def latency_vs_rate(
                 style = style_of[s]
                 finite = np.where(np.isfinite(ys), ys, np.nan)
                 label = (s or "all") + (f" (= {same[s]})" if s in same else "")
-                ax.plot(xs, finite, marker=style["marker"], markersize=4, color=style["color"],
-                        linestyle=style["linestyle"], label=label)
+                ax.plot(
+                    xs,
+                    finite,
+                    marker=style["marker"],
+                    markersize=4,
+                    color=style["color"],
+                    linestyle=style["linestyle"],
+                    label=label,
+                )
                 off = xs[np.isinf(ys)]
                 if off.size:
-                    ax.plot(off, np.full(off.size, 0.98), marker="^", linestyle="none",
-                            color=style["color"], transform=ax.get_xaxis_transform(), clip_on=False)
-                hollow = [(num(r, x), num(r, key)) for r in rows if r.get("ok") is False
-                          and system_label(r, series) == s and math.isfinite(num(r, key))]
+                    ax.plot(
+                        off,
+                        np.full(off.size, 0.98),
+                        marker="^",
+                        linestyle="none",
+                        color=style["color"],
+                        transform=ax.get_xaxis_transform(),
+                        clip_on=False,
+                    )
+                hollow = [
+                    (num(r, x), num(r, key))
+                    for r in rows
+                    if r.get("ok") is False and system_label(r, series) == s and math.isfinite(num(r, key))
+                ]
                 if hollow:
-                    ax.plot(*zip(*hollow, strict=True), marker="o", markersize=7, linestyle="none",
-                            markerfacecolor="white", markeredgecolor=style["color"])
+                    ax.plot(
+                        *zip(*hollow, strict=True),
+                        marker="o",
+                        markersize=7,
+                        linestyle="none",
+                        markerfacecolor="white",
+                        markeredgecolor=style["color"],
+                    )
             if slo is not None and math.isfinite(slo):
                 ax.axhline(slo, **SLO_LINE, label=f"{name} SLO {slo:g} ms")
             ax.set_xlabel("arrival rate (req/s)")
@@ -197,8 +240,10 @@ def latency_vs_rate(
                 ax.set_ylim(bottom=0)
                 compact_axis(ax, "y")
         notes = (["hollow: infeasible probe"] if any(r.get("ok") is False for r in rows) else []) + (
-            ["▲: infinite P90 (failed requests)"] if any(
-                math.isinf(num(r, k)) for r in rows for k in (ttft_key, tpot_key)) else [])
+            ["▲: infinite P90 (failed requests)"]
+            if any(math.isinf(num(r, k)) for r in rows for k in (ttft_key, tpot_key))
+            else []
+        )
         if notes:
             fig.text(0.99, 0.01, "; ".join(notes), ha="right", fontsize=7, color="0.4")
         suptitle(fig, title)
@@ -213,11 +258,9 @@ def request_latencies_ms(requests: Sequence[Row], metric: CdfMetric) -> np.ndarr
     for r in requests:
         done = r.get("finish_reason") in _COMPLETED
         if metric == "ttft":
-            values.append((num(r, "first_token_at") - num(r, "arrived_at")) * 1e3 if done
-                          else math.inf)
+            values.append((num(r, "first_token_at") - num(r, "arrived_at")) * 1e3 if done else math.inf)
         elif metric == "e2e":
-            values.append((num(r, "finished_at") - num(r, "arrived_at")) * 1e3 if done
-                          else math.inf)
+            values.append((num(r, "finished_at") - num(r, "arrived_at")) * 1e3 if done else math.inf)
         elif not done:  # tpot
             values.append(math.inf)
         elif num(r, "num_generated") >= 2 and r.get("itl_ms"):  # else TPOT is undefined
@@ -259,8 +302,15 @@ def latency_cdf(
                 label += f"; same as {same[s]}"
             xs, ys = _cdf_points(finite, v.size)
             style = style_of[s]
-            ax.plot(xs, ys, drawstyle="steps-post", color=style["color"],
-                    linestyle=style["linestyle"], linewidth=1.4, label=label + ")")
+            ax.plot(
+                xs,
+                ys,
+                drawstyle="steps-post",
+                color=style["color"],
+                linestyle=style["linestyle"],
+                linewidth=1.4,
+                label=label + ")",
+            )
         if slo_ms is not None:
             ax.axvline(slo_ms, **SLO_LINE, label=f"SLO {slo_ms:g} ms")
         ax.set_xlabel(f"{metric.upper()} (ms)")
@@ -312,17 +362,32 @@ def attainment_vs_slo_scale(
     nrows = math.ceil(len(panels) / ncols)
     with figure((1.0 + 3.2 * ncols, 0.9 + 2.9 * nrows), nrows, ncols) as (fig, axs):
         flat = list(axs.flat)
-        whole = {p: _series([r for r in rows if not panel_by or str(r.get(panel_by) or "") == p],
-                            x, metric, series) for p in panels}
-        same = same_as({s: np.concatenate([np.concatenate(lines[s]) if s in lines else [np.nan]
-                                            for lines in whole.values()]) for s in systems})
+        whole = {
+            p: _series(
+                [r for r in rows if not panel_by or str(r.get(panel_by) or "") == p], x, metric, series
+            )
+            for p in panels
+        }
+        same = same_as(
+            {
+                s: np.concatenate(
+                    [np.concatenate(lines[s]) if s in lines else [np.nan] for lines in whole.values()]
+                )
+                for s in systems
+            }
+        )
         for ax, panel in zip(flat, panels, strict=False):
             group = [r for r in rows if not panel_by or str(r.get(panel_by) or "") == panel]
             lines = _series(group, x, metric, series)
             for s, (xs, ys) in lines.items():
-                ax.plot(xs, ys * 100 if is_share else ys, markersize=4, **style_of[s],
-                        label=(s or "all") + (f" (= {same[s]})" if s in same else ""),
-                        clip_on=False)  # zeros on the axis
+                ax.plot(
+                    xs,
+                    ys * 100 if is_share else ys,
+                    markersize=4,
+                    **style_of[s],
+                    label=(s or "all") + (f" (= {same[s]})" if s in same else ""),
+                    clip_on=False,
+                )  # zeros on the axis
             ax.invert_xaxis()
             ax.set_xlabel("SLO scale")
             if panel:
@@ -336,8 +401,13 @@ def attainment_vs_slo_scale(
             elif not is_share:
                 ax.set_ylim(0, top * 1.05 if top > 0 else 1.0)
             if i % ncols == 0:
-                ax.set_ylabel("requests within SLO (%)" if is_share else
-                              "goodput (req/s)" if metric == "goodput" else metric)
+                ax.set_ylabel(
+                    "requests within SLO (%)"
+                    if is_share
+                    else "goodput (req/s)"
+                    if metric == "goodput"
+                    else metric
+                )
         suptitle(fig, title)
-        legend_below(fig, flat[:len(panels)])
+        legend_below(fig, flat[: len(panels)])
         return save(fig, out, formats)

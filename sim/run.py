@@ -34,8 +34,7 @@ def parse_deployment(text: str) -> tuple[int, int, str | None]:
     shape, _, policy = text.strip().partition("@")
     m = _DEPLOYMENT.match(shape.lower())
     if not m or not (m["pp"] or m["tp"]):
-        raise ValueError(
-            f"deployment must look like pp4, tp4, pp2tp2 or pp4@static:512, got {text!r}")
+        raise ValueError(f"deployment must look like pp4, tp4, pp2tp2 or pp4@static:512, got {text!r}")
     pp, tp = int(m["pp"] or 1), int(m["tp"] or 1)
     if pp < 1 or tp < 1:
         raise ValueError(f"deployment {text!r}: pp and tp must be >= 1")
@@ -71,20 +70,30 @@ class WorkloadConfig:
     def requests(self) -> list[Request]:
         if self.replay is not None:
             return replay_requests(
-                self.replay, start_s=self.replay_start_s, window_s=self.replay_window_s,
-                speed=self.replay_speed, data_dir=self.data_dir,
+                self.replay,
+                start_s=self.replay_start_s,
+                window_s=self.replay_window_s,
+                speed=self.replay_speed,
+                data_dir=self.data_dir,
             )
         return make_requests(
-            self.name, seed=self.seed, rate=self.rate, num_requests=self.num_requests,
-            duration_s=self.duration_s, arrival=self.arrival, cv=self.cv, data_dir=self.data_dir,
+            self.name,
+            seed=self.seed,
+            rate=self.rate,
+            num_requests=self.num_requests,
+            duration_s=self.duration_s,
+            arrival=self.arrival,
+            cv=self.cv,
+            data_dir=self.data_dir,
         )
 
     def describe(self) -> str:
         if self.replay is not None:
             window = "" if self.replay_window_s is None else f", {self.replay_window_s:g} s window"
             return f"replay of {self.replay} from {self.replay_start_s:g} s{window} at {self.replay_speed:g}x"
-        extent = (f"{self.num_requests} requests" if self.num_requests is not None
-                  else f"{self.duration_s:g} s")
+        extent = (
+            f"{self.num_requests} requests" if self.num_requests is not None else f"{self.duration_s:g} s"
+        )
         rate = "all at t=0" if self.rate is None else f"{self.arrival} {self.rate:g} req/s"
         return f"{self.name}, {rate}, {extent}, seed {self.seed}"
 
@@ -107,8 +116,10 @@ class DeploymentConfig:
 
     def __post_init__(self) -> None:
         if self.chunk_candidates is not None and len(self.chunk_candidates) > MAX_CHUNK_CANDIDATES:
-            raise ValueError(f"chunk_candidates (--chunk-candidates): {len(self.chunk_candidates):,} "
-                             f"values, at most {MAX_CHUNK_CANDIDATES:,}")
+            raise ValueError(
+                f"chunk_candidates (--chunk-candidates): {len(self.chunk_candidates):,} "
+                f"values, at most {MAX_CHUNK_CANDIDATES:,}"
+            )
 
     @property
     def label(self) -> str:
@@ -167,8 +178,9 @@ class SimulationRun:
     summary: dict
 
 
-def build_scheduler(profile: Profile, deployment: DeploymentConfig, *,
-                    record_token_times: bool = True) -> Scheduler:
+def build_scheduler(
+    profile: Profile, deployment: DeploymentConfig, *, record_token_times: bool = True
+) -> Scheduler:
     """A scheduler sized by the profile, with the deployment's policies (clock set by the sim);
     ``record_token_times=False``: its records keep no per-token times (fastpp.types)."""
     config = SchedulerConfig(
@@ -181,8 +193,7 @@ def build_scheduler(profile: Profile, deployment: DeploymentConfig, *,
         chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
     )
     chunk_policy, balancer = make_policies(deployment.policy, config, profile)
-    return Scheduler(config, lambda: 0.0, chunk_policy, balancer,
-                     record_token_times=record_token_times)
+    return Scheduler(config, lambda: 0.0, chunk_policy, balancer, record_token_times=record_token_times)
 
 
 def open_simulation(
@@ -199,13 +210,20 @@ def open_simulation(
     whole, or ``run_until_ended(n)`` to look at its first n requests and go on from there.
     ``record_token_times=False`` keeps no per-token times in its records (no ITL; TTFT and
     TPOT unchanged): a goodput probe's runs, which hold tens of millions of tokens."""
-    return _build(workload, deployment, requests, record_iterations, max_time_s, noise_cv,
-                  record_token_times)[0]
+    return _build(
+        workload, deployment, requests, record_iterations, max_time_s, noise_cv, record_token_times
+    )[0]
 
 
-def _build(workload: WorkloadConfig, deployment: DeploymentConfig, requests: list[Request] | None,
-           record_iterations: bool, max_time_s: float | None, noise_cv: float,
-           record_token_times: bool = True) -> tuple[PipelineSimulation, DeploymentConfig]:
+def _build(
+    workload: WorkloadConfig,
+    deployment: DeploymentConfig,
+    requests: list[Request] | None,
+    record_iterations: bool,
+    max_time_s: float | None,
+    noise_cv: float,
+    record_token_times: bool = True,
+) -> tuple[PipelineSimulation, DeploymentConfig]:
     """The simulation, and the deployment as its profile splits it (a profile file says its
     own pp and tp)."""
     reqs = workload.requests() if requests is None else requests
@@ -213,9 +231,16 @@ def _build(workload: WorkloadConfig, deployment: DeploymentConfig, requests: lis
     if deployment.profile_path is not None:
         deployment = replace(deployment, pp=profile.pp, tp=profile.tp)
     scheduler = build_scheduler(profile, deployment, record_token_times=record_token_times)
-    sim = PipelineSimulation(profile, scheduler, reqs, record_iterations=record_iterations,
-                             max_time_s=max_time_s, noise_cv=noise_cv, noise_seed=workload.seed,
-                             host_loop=deployment.host_loop)
+    sim = PipelineSimulation(
+        profile,
+        scheduler,
+        reqs,
+        record_iterations=record_iterations,
+        max_time_s=max_time_s,
+        noise_cv=noise_cv,
+        noise_seed=workload.seed,
+        host_loop=deployment.host_loop,
+    )
     return sim, deployment
 
 
@@ -230,12 +255,15 @@ def run_simulation(
     noise_cv: float = 0.0,
 ) -> SimulationRun:
     """Simulate ``workload`` on ``deployment``; ``requests`` overrides the generated ones."""
-    sim, deployment = _build(workload, deployment, requests, record_iterations, max_time_s,
-                             noise_cv)
+    sim, deployment = _build(workload, deployment, requests, record_iterations, max_time_s, noise_cv)
     profile, scheduler = sim.profile, sim.scheduler
     result = sim.run(progress)
-    summary = summarize(result.records, slo=deployment.slo, backend=f"fastpp-sim {deployment.label}",
-                        request_rate=workload.rate if workload.replay is None else None)
+    summary = summarize(
+        result.records,
+        slo=deployment.slo,
+        backend=f"fastpp-sim {deployment.label}",
+        request_rate=workload.rate if workload.replay is None else None,
+    )
     summary.update(
         deployment=deployment.label,
         model=profile.model.name,
@@ -253,8 +281,15 @@ def run_simulation(
         sim_end_s=result.end_at,
         sim_wall_s=round(result.wall_s, 3),
         notes=result.notes,
-        setup=RunSetup(engine="fastpp-sim", device=profile.gpu, pp=profile.pp, tp=profile.tp,
-                       policy=deployment.policy, scheduler=scheduler.config, model=profile.model,
-                       layers_per_stage=tuple(s.num_layers for s in profile.stages)).to_dict(),
+        setup=RunSetup(
+            engine="fastpp-sim",
+            device=profile.gpu,
+            pp=profile.pp,
+            tp=profile.tp,
+            policy=deployment.policy,
+            scheduler=scheduler.config,
+            model=profile.model,
+            layers_per_stage=tuple(s.num_layers for s in profile.stages),
+        ).to_dict(),
     )
     return SimulationRun(deployment, profile, result, summary)

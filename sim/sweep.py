@@ -52,22 +52,68 @@ from fastpp.sim.sweep_table import (
 )
 from fastpp.workloads import WORKLOADS
 
-__all__ = ["SweepGrid", "SweepPoint", "BestStaticTarget", "SweepPlan", "SweepResult",
-           "PointExecutor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "EXECUTORS",
-           "make_executor", "evaluate_point", "plan_sweep", "execute_plan", "execute_plans",
-           "run_sweep", "best_static_row", "grid_from_mapping", "load_grid_file", "SIMULATE_COLUMNS",
-           "GOODPUT_COLUMNS", "TABLE_COLUMNS", "DEFAULT_STATIC_CHUNKS"]
+__all__ = [
+    "SweepGrid",
+    "SweepPoint",
+    "BestStaticTarget",
+    "SweepPlan",
+    "SweepResult",
+    "PointExecutor",
+    "SerialExecutor",
+    "ProcessExecutor",
+    "RayExecutor",
+    "EXECUTORS",
+    "make_executor",
+    "evaluate_point",
+    "plan_sweep",
+    "execute_plan",
+    "execute_plans",
+    "run_sweep",
+    "best_static_row",
+    "grid_from_mapping",
+    "load_grid_file",
+    "SIMULATE_COLUMNS",
+    "GOODPUT_COLUMNS",
+    "TABLE_COLUMNS",
+    "DEFAULT_STATIC_CHUNKS",
+]
 
 # The summary keys a simulate row keeps (fastpp.metrics.summarize plus run_simulation's).
 SIMULATE_COLUMNS = (
-    "completed", "num_rejected", "num_aborted", "num_unfinished", "request_throughput",
-    "output_throughput", "total_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
-    "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p90_itl_ms",
-    "p90_e2e_latency_ms", "slo_attainment", "slo_met", "mean_bubble_fraction",
-    "num_microbatches", "num_decode_sitouts", "kv_capacity_tokens", "sim_end_s",
+    "completed",
+    "num_rejected",
+    "num_aborted",
+    "num_unfinished",
+    "request_throughput",
+    "output_throughput",
+    "total_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "p90_itl_ms",
+    "p90_e2e_latency_ms",
+    "slo_attainment",
+    "slo_met",
+    "mean_bubble_fraction",
+    "num_microbatches",
+    "num_decode_sitouts",
+    "kv_capacity_tokens",
+    "sim_end_s",
 )
-GOODPUT_COLUMNS = ("goodput", "margin", "seed_goodputs", "attainment", "num_probes",
-                   "num_candidates", "reason")
+GOODPUT_COLUMNS = (
+    "goodput",
+    "margin",
+    "seed_goodputs",
+    "attainment",
+    "num_probes",
+    "num_candidates",
+    "reason",
+)
 TABLE_COLUMNS = AXIS_COLUMNS + SIMULATE_COLUMNS + GOODPUT_COLUMNS
 EXECUTORS = ("process", "serial", "ray")
 
@@ -84,11 +130,22 @@ def evaluate_point(point: SweepPoint) -> dict[str, Any]:
             summary = run_simulation(workload, deployment, record_iterations=False).summary
             row.update({k: _plain(summary.get(k)) for k in SIMULATE_COLUMNS})
         else:
-            res = slo_goodput(workload, deployment, seeds=point.seeds,
-                              num_requests=point.num_requests, precision=point.precision,
-                              require_steady=point.steady)
-            row.update(goodput=res.rate, margin=res.margin, seed_goodputs=list(res.seed_rates),
-                       attainment=res.attainment, num_probes=len(res.probes), reason=res.reason)
+            res = slo_goodput(
+                workload,
+                deployment,
+                seeds=point.seeds,
+                num_requests=point.num_requests,
+                precision=point.precision,
+                require_steady=point.steady,
+            )
+            row.update(
+                goodput=res.rate,
+                margin=res.margin,
+                seed_goodputs=list(res.seed_rates),
+                attainment=res.attainment,
+                num_probes=len(res.probes),
+                reason=res.reason,
+            )
     except ValueError as exc:
         raise ValueError(f"{point.describe()}: {exc}") from exc
     return row
@@ -109,9 +166,14 @@ def best_static_row(target: BestStaticTarget, rows: dict[str, dict[str, Any]]) -
 
     best = max(cands, key=rank)
     row = target.axes()
-    row.update(goodput=best["goodput"], margin=best["margin"],
-               seed_goodputs=best.get("seed_goodputs"), attainment=best["attainment"],
-               num_candidates=len(cands), reason="")
+    row.update(
+        goodput=best["goodput"],
+        margin=best["margin"],
+        seed_goodputs=best.get("seed_goodputs"),
+        attainment=best["attainment"],
+        num_candidates=len(cands),
+        reason="",
+    )
     if (best["goodput"] or 0.0) > 0:
         row.update(policy=best["policy"], chunk=best["chunk"])
     else:
@@ -197,8 +259,9 @@ class RayExecutor:
                 ray.shutdown()
 
 
-def make_executor(kind: str = "process", *, workers: int | None = None,
-                  ray_address: str | None = None) -> PointExecutor:
+def make_executor(
+    kind: str = "process", *, workers: int | None = None, ray_address: str | None = None
+) -> PointExecutor:
     """The executor ``kind`` names (process | serial | ray). Checks that Ray is installed now,
     so a missing extra fails before any work."""
     if kind == "serial":
@@ -260,20 +323,23 @@ def plan_sweep(grid: SweepGrid, out_dir: Path) -> SweepPlan:
         rewrite_rows(path, rows.values())  # drop bad lines now, so appends start on a fresh line
     todo = [p for p in points if p.point_id not in rows]
     if len(todo) < len(points):
-        notes.append(f"resuming: {len(points) - len(todo)} of {len(points)} points already in "
-                     f"{path}, skipped")
+        notes.append(
+            f"resuming: {len(points) - len(todo)} of {len(points)} points already in {path}, skipped"
+        )
     return SweepPlan(grid, out_dir, points, targets, rows, todo, notes)
 
 
-def execute_plan(plan: SweepPlan, executor: PointExecutor | None = None,
-                 progress: Progress | None = None) -> SweepResult:
+def execute_plan(
+    plan: SweepPlan, executor: PointExecutor | None = None, progress: Progress | None = None
+) -> SweepResult:
     """Run ``plan.todo`` on ``executor`` (default: a process pool), appending each row as it
     completes; then add the best-static rows and write the sorted JSONL and the CSV."""
     return execute_plans([plan], executor, progress)[0]
 
 
-def execute_plans(plans: Sequence[SweepPlan], executor: PointExecutor | None = None,
-                  progress: Progress | None = None) -> list[SweepResult]:
+def execute_plans(
+    plans: Sequence[SweepPlan], executor: PointExecutor | None = None, progress: Progress | None = None
+) -> list[SweepResult]:
     """``execute_plan`` for several plans through one executor run: every plan's points are
     handed over at once (a point two plans share runs once, its row goes to both), so a pool
     stays busy across grids instead of idling at the end of each. Rows are appended to their
@@ -291,8 +357,11 @@ def execute_plans(plans: Sequence[SweepPlan], executor: PointExecutor | None = N
         progress(0, len(todo))
     if todo:
         with ExitStack() as stack:
-            files = {id(plan): stack.enter_context((plan.out_dir / RESULTS_JSONL).open("a"))
-                     for plan in plans if plan.todo}
+            files = {
+                id(plan): stack.enter_context((plan.out_dir / RESULTS_JSONL).open("a"))
+                for plan in plans
+                if plan.todo
+            }
             for done, row in enumerate((executor or ProcessExecutor()).run(todo), start=1):
                 waiting = owners.pop(row.get("point_id"), None)
                 if waiting is None:
@@ -325,8 +394,9 @@ def _finish(plan: SweepPlan, num_run: int) -> SweepResult:
     return SweepResult(table, len(plan.points), num_run, plan.num_skipped, jsonl, csv_path, notes)
 
 
-def run_sweep(grid: SweepGrid, out_dir: Path, executor: PointExecutor | None = None,
-              progress: Progress | None = None) -> SweepResult:
+def run_sweep(
+    grid: SweepGrid, out_dir: Path, executor: PointExecutor | None = None, progress: Progress | None = None
+) -> SweepResult:
     """``plan_sweep`` then ``execute_plan``: the whole sweep in one call."""
     return execute_plan(plan_sweep(grid, out_dir), executor, progress)
 
@@ -354,8 +424,9 @@ def _validate(points: Sequence[SweepPoint]) -> None:
         key = (p.model, p.gpu, p.pp, p.tp, p.profile)
         try:
             if key not in profiles:
-                profiles[key] = (analytic_profile(*key[:4]) if p.profile is None
-                                 else p.deployment_config().load_profile())
+                profiles[key] = (
+                    analytic_profile(*key[:4]) if p.profile is None else p.deployment_config().load_profile()
+                )
             if key + (p.policy,) not in checked:
                 build_scheduler(profiles[key], p.deployment_config())
                 checked.add(key + (p.policy,))

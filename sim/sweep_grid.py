@@ -47,9 +47,26 @@ METRICS = ("simulate", "goodput", "best-static")
 DEFAULT_STATIC_CHUNKS: tuple[int, ...] = tuple(range(128, 2049, 128))  # tokens; best-static candidates
 
 # The leading columns of every row, in table order (metrics follow).
-AXIS_COLUMNS = ("point_id", "metric", "workload", "model", "gpu", "deploy", "pp", "tp", "policy",
-                "chunk", "slo_scale", "slo_ttft_ms", "slo_tpot_ms", "rate", "seeds",
-                "num_requests", "precision", "steady")
+AXIS_COLUMNS = (
+    "point_id",
+    "metric",
+    "workload",
+    "model",
+    "gpu",
+    "deploy",
+    "pp",
+    "tp",
+    "policy",
+    "chunk",
+    "slo_scale",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "rate",
+    "seeds",
+    "num_requests",
+    "precision",
+    "steady",
+)
 
 _DEPLOY_DEFAULT = DeploymentConfig()
 _WORKLOAD_DEFAULT = WorkloadConfig()
@@ -110,13 +127,24 @@ class SweepPoint:
         """The row's leading columns (``AXIS_COLUMNS``), JSON-ready."""
         slo = self.slo.scaled(self.slo_scale)
         row = {
-            "point_id": self.point_id if with_id else None, "metric": self.metric,
-            "workload": self.workload, "model": self.model, "gpu": self.gpu, "deploy": self.deploy,
-            "pp": self.pp, "tp": self.tp, "policy": self.policy, "chunk": static_chunk(self.policy),
-            "slo_scale": self.slo_scale, "slo_ttft_ms": slo.ttft_s * 1e3,
-            "slo_tpot_ms": slo.tpot_s * 1e3, "rate": self.rate,
-            "seeds": ",".join(map(str, self.seeds)), "num_requests": self.num_requests,
-            "precision": self.precision, "steady": self.steady,
+            "point_id": self.point_id if with_id else None,
+            "metric": self.metric,
+            "workload": self.workload,
+            "model": self.model,
+            "gpu": self.gpu,
+            "deploy": self.deploy,
+            "pp": self.pp,
+            "tp": self.tp,
+            "policy": self.policy,
+            "chunk": static_chunk(self.policy),
+            "slo_scale": self.slo_scale,
+            "slo_ttft_ms": slo.ttft_s * 1e3,
+            "slo_tpot_ms": slo.tpot_s * 1e3,
+            "rate": self.rate,
+            "seeds": ",".join(map(str, self.seeds)),
+            "num_requests": self.num_requests,
+            "precision": self.precision,
+            "steady": self.steady,
         }
         if not with_id:
             del row["point_id"]
@@ -124,22 +152,36 @@ class SweepPoint:
 
     def workload_config(self) -> WorkloadConfig:
         """The workload this point simulates (goodput probes replace rate and seed)."""
-        return replace(_WORKLOAD_DEFAULT, name=self.workload, rate=self.rate,
-                       seed=self.seeds[0], data_dir=self.data_dir,
-                       num_requests=self.num_requests or _WORKLOAD_DEFAULT.num_requests)
+        return replace(
+            _WORKLOAD_DEFAULT,
+            name=self.workload,
+            rate=self.rate,
+            seed=self.seeds[0],
+            data_dir=self.data_dir,
+            num_requests=self.num_requests or _WORKLOAD_DEFAULT.num_requests,
+        )
 
     def deployment_config(self) -> DeploymentConfig:
         """The deployment this point simulates, its SLO scaled by ``slo_scale``."""
-        return DeploymentConfig(model=self.model, gpu=self.gpu, pp=self.pp, tp=self.tp,
-                                policy=self.policy, slo=self.slo.scaled(self.slo_scale),
-                                profile_path=self.profile, host_loop=self.host_loop,
-                                chunk_candidates=self.chunk_candidates)
+        return DeploymentConfig(
+            model=self.model,
+            gpu=self.gpu,
+            pp=self.pp,
+            tp=self.tp,
+            policy=self.policy,
+            slo=self.slo.scaled(self.slo_scale),
+            profile_path=self.profile,
+            host_loop=self.host_loop,
+            chunk_candidates=self.chunk_candidates,
+        )
 
     def describe(self) -> str:
         """One line for messages: ``pp2 static:512 Qwen2.5-14B/A100-40GB-PCIe ...``."""
         rate = "" if self.rate is None else f" @ {self.rate:g} req/s"
-        return (f"{self.metric} {self.workload} {self.model}/{self.gpu} {self.deploy} "
-                f"{self.policy} slo x{self.slo_scale:g}{rate} seeds {self.seeds}")
+        return (
+            f"{self.metric} {self.workload} {self.model}/{self.gpu} {self.deploy} "
+            f"{self.policy} slo x{self.slo_scale:g}{rate} seeds {self.seeds}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +266,10 @@ class SweepGrid:
         if self.precision is not None and not self.precision > 0:
             raise ValueError(f"precision must be > 0 req/s, got {self.precision!r}")
         if self.metric != "simulate" and self.rates is not None:
-            raise ValueError(f"rates: metric {self.metric!r} searches the rate itself; "
-                             "the rate axis applies to metric 'simulate' only")
+            raise ValueError(
+                f"rates: metric {self.metric!r} searches the rate itself; "
+                "the rate axis applies to metric 'simulate' only"
+            )
         if self.metric == "simulate" and self.precision is not None:
             raise ValueError("precision applies to metrics 'goodput' and 'best-static' only")
         if not isinstance(self.steady, bool):
@@ -237,8 +281,10 @@ class SweepGrid:
         if self.profile is not None and (self.models is not None or self.gpus is not None):
             raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:
-            raise ValueError("policies: best-static searches static chunks; give candidates "
-                             "with chunks instead of policies")
+            raise ValueError(
+                "policies: best-static searches static chunks; give candidates "
+                "with chunks instead of policies"
+            )
 
     def _check_names(self) -> None:
         for name in self.workloads or ():
@@ -261,8 +307,7 @@ class SweepGrid:
         """Points in grid order (workload, model, GPU, deployment, SLO scale, policy, rate, seed)
         and, for best-static, one target per group. Raises ValueError on duplicate points."""
         goodput = self.metric != "simulate"
-        seeds = self.seeds or (_GOODPUT_DEFAULTS["seeds"].default if goodput
-                               else (_WORKLOAD_DEFAULT.seed,))
+        seeds = self.seeds or (_GOODPUT_DEFAULTS["seeds"].default if goodput else (_WORKLOAD_DEFAULT.seed,))
         precision = (self.precision or _GOODPUT_DEFAULTS["precision"].default) if goodput else None
         num_requests = self.num_requests or (None if goodput else _WORKLOAD_DEFAULT.num_requests)
         if self.metric == "best-static":
@@ -281,8 +326,12 @@ class SweepGrid:
             prof = load_profile(resolve_profile(self.profile))
             models, gpus, default_deploy = (prof.model.name,), (prof.gpu,), f"pp{prof.pp}tp{prof.tp}"
             names = lambda model, gpu: (model, gpu)  # noqa: E731
-        extra = {"profile": self.profile, "host_loop": self.host_loop,
-                 "chunk_candidates": self.chunk_candidates, "data_dir": self.data_dir}
+        extra = {
+            "profile": self.profile,
+            "host_loop": self.host_loop,
+            "chunk_candidates": self.chunk_candidates,
+            "data_dir": self.data_dir,
+        }
 
         points: list[SweepPoint] = []
         targets: list[BestStaticTarget] = []
@@ -293,12 +342,25 @@ class SweepGrid:
                         pp, tp, own = parse_deployment(deploy)
                         for scale in self.slo_scales or (1.0,):
                             group = [
-                                SweepPoint("goodput" if goodput else "simulate", workload,
-                                           *names(model, gpu), pp, tp,
-                                           policy, float(scale), rate, seed_set, num_requests,
-                                           precision, self.slo, self.steady, **extra)
+                                SweepPoint(
+                                    "goodput" if goodput else "simulate",
+                                    workload,
+                                    *names(model, gpu),
+                                    pp,
+                                    tp,
+                                    policy,
+                                    float(scale),
+                                    rate,
+                                    seed_set,
+                                    num_requests,
+                                    precision,
+                                    self.slo,
+                                    self.steady,
+                                    **extra,
+                                )
                                 for policy in ((own,) if own else policies)
-                                for rate in rates for seed_set in seed_sets
+                                for rate in rates
+                                for seed_set in seed_sets
                             ]
                             points += group
                             if self.metric == "best-static":
@@ -312,20 +374,33 @@ class SweepGrid:
 
 
 # SweepPoint's simulate options and their defaults (a default stays out of the point's id).
-_SIMULATE_OPTIONS = {"profile": None, "host_loop": "free-slots", "chunk_candidates": None,
-                     "data_dir": None}
+_SIMULATE_OPTIONS = {"profile": None, "host_loop": "free-slots", "chunk_candidates": None, "data_dir": None}
 
-_AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates",
-         "slo_scales", "seeds")
+_AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates", "slo_scales", "seeds")
 
 # Grid-file keys and the SweepGrid fields they set: the CLI's option names (``-`` or ``_``).
-GRID_KEYS = {"workload": "workloads", "model": "models", "gpu": "gpus", "deploy": "deployments",
-             "policy": "policies", "chunk": "chunks", "rate": "rates", "slo_scale": "slo_scales",
-             "metric": "metric", "seeds": "seeds", "num_requests": "num_requests",
-             "precision": "precision", "steady": "steady", "best_static": "best_static",
-             "slo_ttft_ms": "slo_ttft_ms", "slo_tpot_ms": "slo_tpot_ms", "profile": "profile",
-             "host_loop": "host_loop", "chunk_candidates": "chunk_candidates",
-             "data_dir": "data_dir"}
+GRID_KEYS = {
+    "workload": "workloads",
+    "model": "models",
+    "gpu": "gpus",
+    "deploy": "deployments",
+    "policy": "policies",
+    "chunk": "chunks",
+    "rate": "rates",
+    "slo_scale": "slo_scales",
+    "metric": "metric",
+    "seeds": "seeds",
+    "num_requests": "num_requests",
+    "precision": "precision",
+    "steady": "steady",
+    "best_static": "best_static",
+    "slo_ttft_ms": "slo_ttft_ms",
+    "slo_tpot_ms": "slo_tpot_ms",
+    "profile": "profile",
+    "host_loop": "host_loop",
+    "chunk_candidates": "chunk_candidates",
+    "data_dir": "data_dir",
+}
 
 
 def check_policy_name(spec: str) -> None:
@@ -334,8 +409,7 @@ def check_policy_name(spec: str) -> None:
     parts = [p.strip() for p in spec.split("+")]
     if not parts[0] or len(parts) > 2:
         raise ValueError(f"policy spec must be NAME[:ARG][+BALANCER[:ARG]], got {spec!r}")
-    for part, table, kind in zip(parts, (POLICIES, BALANCERS), ("chunk policy", "balancer"),
-                                 strict=False):
+    for part, table, kind in zip(parts, (POLICIES, BALANCERS), ("chunk policy", "balancer"), strict=False):
         name = part.partition(":")[0]
         if name not in table:
             raise ValueError(f"unknown {kind} {name!r} in policy {spec!r}; known: {', '.join(table)}")
@@ -381,8 +455,9 @@ def grid_from_mapping(values: dict[str, Any]) -> SweepGrid:
     elif seeds is not None:
         kwargs["seeds"] = tuple(seeds)
     base = SLO()
-    kwargs["slo"] = SLO(values.get("slo_ttft_ms", base.ttft_s * 1e3) / 1e3,
-                        values.get("slo_tpot_ms", base.tpot_s * 1e3) / 1e3)
+    kwargs["slo"] = SLO(
+        values.get("slo_ttft_ms", base.ttft_s * 1e3) / 1e3, values.get("slo_tpot_ms", base.tpot_s * 1e3) / 1e3
+    )
     return SweepGrid(**kwargs)
 
 

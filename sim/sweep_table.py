@@ -40,8 +40,10 @@ def read_rows(path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             where = "last line" if number == len(lines) else f"line {number}"
-            notes.append(f"{path}: ignored the {where}, which is not a complete JSON row "
-                         "(interrupted write?); its point will be run again")
+            notes.append(
+                f"{path}: ignored the {where}, which is not a complete JSON row "
+                "(interrupted write?); its point will be run again"
+            )
             continue
         if not isinstance(row, dict) or not isinstance(row.get("point_id"), str):
             notes.append(f"{path}: ignored line {number}, a row without a point_id")

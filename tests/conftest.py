@@ -44,8 +44,14 @@ def make_scheduler(clock=None, chunk_policy=None, balancer=None, **overrides) ->
     return Scheduler(SchedulerConfig(**cfg), clock or FakeClock(), chunk_policy, balancer)
 
 
-def make_profile(pp: int = 2, num_layers: int = 4, kv_tokens: int = 8192, step: int = 16,
-                 token_return_s: float = 0.0005, host_overhead_s: float = 0.0002) -> Profile:
+def make_profile(
+    pp: int = 2,
+    num_layers: int = 4,
+    kv_tokens: int = 8192,
+    step: int = 16,
+    token_return_s: float = 0.0005,
+    host_overhead_s: float = 0.0002,
+) -> Profile:
     """A toy deployment with stepped linear cost (steps of ``step`` tokens) and cheap links."""
     model = ModelShape("toy", num_layers, 64, 4, 2, 16, 128, 1000, 4096)
     tokens = [n for k in range(1, 65) for n in (k * step, k * step + 1)]
@@ -54,20 +60,35 @@ def make_profile(pp: int = 2, num_layers: int = 4, kv_tokens: int = 8192, step: 
     stages = []
     for i in range(pp):
         layers = base + (1 if i < extra else 0)
-        stages.append(StageCost(
-            num_layers=layers,
-            linear=LinearTable(tuple(tokens), tuple(s * layers for s in linear_per_layer)),
-            attn_past_x_pre_s=1e-9 * layers, attn_pre_sq_s=5e-10 * layers,
-            attn_dec_ctx_s=1e-8 * layers, fixed_s=1e-4,
-            embedding_s_per_token=1e-7 if i == 0 else 0.0,
-            lm_head=LinearTable((1, 64), (2e-4, 4e-4)) if i == pp - 1 else None,
-        ))
+        stages.append(
+            StageCost(
+                num_layers=layers,
+                linear=LinearTable(tuple(tokens), tuple(s * layers for s in linear_per_layer)),
+                attn_past_x_pre_s=1e-9 * layers,
+                attn_pre_sq_s=5e-10 * layers,
+                attn_dec_ctx_s=1e-8 * layers,
+                fixed_s=1e-4,
+                embedding_s_per_token=1e-7 if i == 0 else 0.0,
+                lm_head=LinearTable((1, 64), (2e-4, 4e-4)) if i == pp - 1 else None,
+            )
+        )
     return Profile(
-        name="toy", kind="analytic", provenance={"source": "tests/conftest.py"}, gpu="toy",
-        interconnect="loopback", model=model, pp=pp, tp=1, kv_capacity_tokens=kv_tokens,
-        page_size=1, token_step=step, host_overhead_s=host_overhead_s,
-        token_return_s=token_return_s, activation_bytes_per_token=256,
-        link=LinkCost(1e-5, 1e10), stages=tuple(stages),
+        name="toy",
+        kind="analytic",
+        provenance={"source": "tests/conftest.py"},
+        gpu="toy",
+        interconnect="loopback",
+        model=model,
+        pp=pp,
+        tp=1,
+        kv_capacity_tokens=kv_tokens,
+        page_size=1,
+        token_step=step,
+        host_overhead_s=host_overhead_s,
+        token_return_s=token_return_s,
+        activation_bytes_per_token=256,
+        link=LinkCost(1e-5, 1e10),
+        stages=tuple(stages),
     )
 
 

@@ -82,15 +82,26 @@ class _Handler(BaseHTTPRequestHandler):
             stats.bodies.append(body)
             stats.paths.append(self.path)
         if beh.fail_every and number % beh.fail_every == 0:
-            self._json(400, {"error": {"message": f"fake failure of request {number}",
-                                       "type": "invalid_request_error", "code": 400}})
+            self._json(
+                400,
+                {
+                    "error": {
+                        "message": f"fake failure of request {number}",
+                        "type": "invalid_request_error",
+                        "code": 400,
+                    }
+                },
+            )
             return
         with stats.lock:
             stats.num_streams += 1
             stats.peak_streams = max(stats.peak_streams, stats.num_streams)
         try:
-            self._stream(body, is_chat=self.path.endswith("chat/completions"),
-                         drop=bool(beh.drop_every and number % beh.drop_every == 0))
+            self._stream(
+                body,
+                is_chat=self.path.endswith("chat/completions"),
+                drop=bool(beh.drop_every and number % beh.drop_every == 0),
+            )
         except (BrokenPipeError, ConnectionResetError):  # the client went away (cancel, timeout)
             self.close_connection = True
         finally:
@@ -124,15 +135,26 @@ class _Handler(BaseHTTPRequestHandler):
             n = min(beh.tokens_per_chunk, num_tokens - i * beh.tokens_per_chunk)
             text = " tok" * n
             finish = "length" if i == num_chunks - 1 else None
-            choice = ({"index": 0, "delta": {"content": text}, "finish_reason": finish} if is_chat
-                      else {"index": 0, "text": text, "finish_reason": finish})
+            choice = (
+                {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+                if is_chat
+                else {"index": 0, "text": text, "finish_reason": finish}
+            )
             self._event({"object": kind, "choices": [choice]})
         if (body.get("stream_options") or {}).get("include_usage"):
             prompt = body["messages"][0]["content"] if is_chat else body["prompt"]
             prompt_tokens = len(prompt.split()) + (5 if is_chat else 1)  # + template / BOS
-            self._event({"object": kind, "choices": [], "usage": {
-                "prompt_tokens": prompt_tokens, "completion_tokens": num_tokens,
-                "total_tokens": prompt_tokens + num_tokens}})
+            self._event(
+                {
+                    "object": kind,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": num_tokens,
+                        "total_tokens": prompt_tokens + num_tokens,
+                    },
+                }
+            )
         self._event(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
 

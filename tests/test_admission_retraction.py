@@ -25,8 +25,15 @@ def run_round(sched, clock):
 @pytest.mark.parametrize(("mode", "admitted"), [("all", False), ("slot", True)])
 def test_the_slot_reserve_ignores_the_other_slots_remaining_output(mode, admitted):
     clock = FakeClock()
-    sched = make_scheduler(clock, num_slots=2, kv_capacity_tokens=1000, default_chunk=1024,
-                           max_context=4096, new_token_ratio=0.5, admission_reserve=mode)
+    sched = make_scheduler(
+        clock,
+        num_slots=2,
+        kv_capacity_tokens=1000,
+        default_chunk=1024,
+        max_context=4096,
+        new_token_ratio=0.5,
+        admission_reserve=mode,
+    )
     sched.add_request(Request(0, 0.0, 100, 800))  # decodes in slot 0, 800 tokens to go
     sched.update(sched.schedule(0))
     assert sched.view.num_running(0) == 1
@@ -38,8 +45,9 @@ def test_the_slot_reserve_ignores_the_other_slots_remaining_output(mode, admitte
 
 def _retract_once(mode):
     clock = FakeClock()
-    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=96, default_chunk=256,
-                           new_token_ratio=0.0, retraction=mode)
+    sched = make_scheduler(
+        clock, num_slots=1, kv_capacity_tokens=96, default_chunk=256, new_token_ratio=0.0, retraction=mode
+    )
     sched.add_request(Request(0, 0.0, 30, 40))
     run_round(sched, clock)
     for _ in range(5):  # request 0 is 5 tokens ahead when request 1 joins

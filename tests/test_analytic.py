@@ -78,8 +78,12 @@ def test_kv_capacity_is_min_over_stages(pp4):
     assert pp4.kv_capacity_tokens == min(per_stage) > 100_000
     # embedding and LM head make the end stages hold fewer tokens than the middle ones
     assert per_stage[0] < per_stage[1] and per_stage[3] < per_stage[2]
-    assert analytic_profile("Qwen2.5-32B", "a100-40gb", 4, 1, mem_fraction=0.8,
-                            created_at=CREATED_AT).kv_capacity_tokens < pp4.kv_capacity_tokens
+    assert (
+        analytic_profile(
+            "Qwen2.5-32B", "a100-40gb", 4, 1, mem_fraction=0.8, created_at=CREATED_AT
+        ).kv_capacity_tokens
+        < pp4.kv_capacity_tokens
+    )
     with pytest.raises(ValueError, match="does not fit"):
         analytic_profile("Qwen2.5-72B", "A100-40GB-PCIe", pp=1, tp=1)
 

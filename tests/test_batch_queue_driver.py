@@ -15,8 +15,14 @@ from fastpp.types import SLO, Request
 
 def run(requests, batch_queue: bool):
     profile = load_profile(resolve_profile("cpu_smollm2-135m_pp2"))
-    config = SchedulerConfig(num_slots=2, kv_capacity_tokens=65536, page_size=16, chunk_candidates=(256,),
-                             default_chunk=4096, slo=SLO(5.0, 0.5))
+    config = SchedulerConfig(
+        num_slots=2,
+        kv_capacity_tokens=65536,
+        page_size=16,
+        chunk_candidates=(256,),
+        default_chunk=4096,
+        slo=SLO(5.0, 0.5),
+    )
     chunk, balancer = make_policies("static", config, profile)
     sched = Scheduler(config, lambda: 0.0, chunk, balancer)
     loop = "batch-queue" if batch_queue else "free-slots"
@@ -89,11 +95,18 @@ def test_a_blocking_launch_host_neither_launches_nor_folds_in_tokens_while_stage
     reqs = [Request(i, 0.003 * i, 200, 6) for i in range(8)]
     runs = {}
     for loop in ("free-slots", "blocking-launch"):
-        config = SchedulerConfig(num_slots=2, kv_capacity_tokens=65536, page_size=16, chunk_candidates=(256,),
-                                 default_chunk=256, slo=SLO(5.0, 0.5))
+        config = SchedulerConfig(
+            num_slots=2,
+            kv_capacity_tokens=65536,
+            page_size=16,
+            chunk_candidates=(256,),
+            default_chunk=256,
+            slo=SLO(5.0, 0.5),
+        )
         chunk, balancer = make_policies("static", config, profile)
-        result = PipelineSimulation(profile, Scheduler(config, lambda: 0.0, chunk, balancer), reqs,
-                                    host_loop=loop).run()
+        result = PipelineSimulation(
+            profile, Scheduler(config, lambda: 0.0, chunk, balancer), reqs, host_loop=loop
+        ).run()
         assert all(r.num_generated == 6 for r in result.records)
         stage0 = sorted((it.started_at, it.finished_at) for it in result.iterations if it.stage == 0)
         gaps = [b[0] - a[1] for a, b in zip(stage0, stage0[1:], strict=False)]

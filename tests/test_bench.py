@@ -31,16 +31,37 @@ from fastpp.cli.app import app
 from fastpp.metrics import per_second_peak_concurrency
 from fastpp.types import SLO, FinishReason, Request, RequestRecord
 
-SGLANG_HEAD = ["tag", "backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len",
-               "random_input_len", "random_output_len", "random_range_ratio", "server_info"]
+SGLANG_HEAD = [
+    "tag",
+    "backend",
+    "dataset_name",
+    "request_rate",
+    "max_concurrency",
+    "sharegpt_output_len",
+    "random_input_len",
+    "random_output_len",
+    "random_range_ratio",
+    "server_info",
+]
 SGLANG_KEYS = {
-    *SGLANG_HEAD, "duration",
-    "completed", "total_input_tokens", "total_output_tokens", "total_output_tokens_retokenized",
+    *SGLANG_HEAD,
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "total_output_tokens_retokenized",
     "request_throughput",
-    "input_throughput", "output_throughput", "total_throughput", "concurrency",
-    "max_output_tokens_per_s", "max_concurrent_requests",
-    *(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p95", "p99")
-      for m in ("e2e_latency", "ttft", "tpot", "itl")),
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "concurrency",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    *(
+        f"{s}_{m}_ms"
+        for s in ("mean", "median", "std", "p90", "p95", "p99")
+        for m in ("e2e_latency", "ttft", "tpot", "itl")
+    ),
 }
 DETAIL_KEYS = {"input_lens", "output_lens", "ttfts", "itls", "errors"}
 
@@ -188,8 +209,9 @@ def test_a_request_past_its_timeout_is_aborted(serve):
     t0 = time.perf_counter()
     res = bench(srv, reqs(2, output_len=50), timeout_s=0.15)
     assert time.perf_counter() - t0 < 1.0
-    assert all(r.finish_reason == FinishReason.ABORTED and r.detail == "timed out after 0.15 s"
-               for r in res.records)
+    assert all(
+        r.finish_reason == FinishReason.ABORTED and r.detail == "timed out after 0.15 s" for r in res.records
+    )
 
 
 def test_no_server_and_no_model_is_a_clear_error():
@@ -219,8 +241,11 @@ def test_requests_are_sent_at_their_arrival_times(serve):
     srv = serve(ttft_s=0.005, itl_s=0.002)
     requests = reqs(5, gap_s=0.06)
     progress: list[tuple[int, int]] = []
-    res = run_bench(BenchConfig(base_url=srv.url, warmup_requests=0), requests=requests,
-                    progress=lambda done, total: progress.append((done, total)))
+    res = run_bench(
+        BenchConfig(base_url=srv.url, warmup_requests=0),
+        requests=requests,
+        progress=lambda done, total: progress.append((done, total)),
+    )
     for req, rec in zip(requests, res.records, strict=True):
         assert 0 <= rec.arrived_at - req.arrived_at < 0.03
     assert progress[0] == (0, 5) and progress[-1] == (5, 5)
@@ -243,8 +268,10 @@ def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
         timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
         t0 = time.perf_counter()
         timer.start()
-        res = run_bench(BenchConfig(base_url=srv.url, max_concurrency=2, warmup_requests=0),
-                        requests=reqs(6, output_len=60))
+        res = run_bench(
+            BenchConfig(base_url=srv.url, max_concurrency=2, warmup_requests=0),
+            requests=reqs(6, output_len=60),
+        )
         elapsed = time.perf_counter() - t0
         timer.join()
     assert elapsed < 1.0  # each request alone would take 1.2 s
@@ -257,6 +284,7 @@ def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
 
 def test_ctrl_c_between_arrivals_keeps_what_finished():
     with FakeOpenAIServer(FakeBehaviour(ttft_s=0.005, itl_s=0.002)) as srv:
+
         def interrupt_after_the_first_request() -> None:  # not on a timer: a loaded box is slow
             deadline = time.monotonic() + 8.0  # the second request is due at 10 s
             while srv.stats.num_requests < 1 and time.monotonic() < deadline:
@@ -288,16 +316,19 @@ def test_a_stop_before_the_first_request_is_an_error(serve):
 # ---- configuration and prompts ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"backend": "vllm"}, "backend must be one of openai, openai-chat"),
-    ({"base_url": "localhost:8000"}, "must start with http"),
-    ({"workload": "nope"}, "unknown workload 'nope'"),
-    ({"replay": "azure-conv", "request_rate": 2.0}, "do not apply to a replay"),
-    ({"request_rate": 0.0}, "request_rate must be > 0"),
-    ({"max_concurrency": 0}, "max_concurrency must be >= 1"),
-    ({"timeout_s": float("inf")}, "timeout_s must be a positive"),
-    ({"arrival": "uniform"}, "arrival must be one of poisson, gamma"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "vllm"}, "backend must be one of openai, openai-chat"),
+        ({"base_url": "localhost:8000"}, "must start with http"),
+        ({"workload": "nope"}, "unknown workload 'nope'"),
+        ({"replay": "azure-conv", "request_rate": 2.0}, "do not apply to a replay"),
+        ({"request_rate": 0.0}, "request_rate must be > 0"),
+        ({"max_concurrency": 0}, "max_concurrency must be >= 1"),
+        ({"timeout_s": float("inf")}, "timeout_s must be a positive"),
+        ({"arrival": "uniform"}, "arrival must be one of poisson, gamma"),
+    ],
+)
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BenchConfig(**kwargs)
@@ -333,9 +364,28 @@ def test_prompts_have_one_word_per_token_and_differ_per_request():
 def test_cli_end_to_end_writes_the_block_and_the_jsonl_line(serve, tmp_path):
     srv = serve(ttft_s=0.002, itl_s=0.001)
     out = tmp_path / "bench.jsonl"
-    args = ["bench", "--base-url", srv.url, "-w", "cnn-dailymail-synthetic", "-n", "5", "-r", "50",
-            "--seed", "1", "--max-concurrency", "2", "--goodput", "ttft:500", "tpot:50", "e2el:60000",
-            "-o", str(out), "--output-details"]
+    args = [
+        "bench",
+        "--base-url",
+        srv.url,
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-n",
+        "5",
+        "-r",
+        "50",
+        "--seed",
+        "1",
+        "--max-concurrency",
+        "2",
+        "--goodput",
+        "ttft:500",
+        "tpot:50",
+        "e2el:60000",
+        "-o",
+        str(out),
+        "--output-details",
+    ]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.stdout + res.stderr
     assert "Serving Benchmark Result" in res.stdout and "Successful requests:" in res.stdout
@@ -409,29 +459,66 @@ def test_per_second_peak_concurrency_counts_whole_second_buckets():
 # sglang.benchmark.serving's console labels (header, Goodput with ttft and e2el, then the latency
 # sections) in the order it prints them
 SGLANG_CONSOLE = [
-    "Backend:", "Traffic request rate:", "Max request concurrency:", "Successful requests:",
-    "Benchmark duration (s):", "Total input tokens:", "Total input text tokens:", "Total generated tokens:",
-    "Total generated tokens (retokenized):", "Request throughput (req/s):", "Input token throughput (tok/s):",
-    "Output token throughput (tok/s):", "Peak output token throughput (tok/s):", "Peak concurrent requests:",
-    "Total token throughput (tok/s):", "Concurrency:",
-    "SLOs (ms):", "Request goodput (req/s):", "SLO attainment (%):", "TTFT SLO attainment (%):",
+    "Backend:",
+    "Traffic request rate:",
+    "Max request concurrency:",
+    "Successful requests:",
+    "Benchmark duration (s):",
+    "Total input tokens:",
+    "Total input text tokens:",
+    "Total generated tokens:",
+    "Total generated tokens (retokenized):",
+    "Request throughput (req/s):",
+    "Input token throughput (tok/s):",
+    "Output token throughput (tok/s):",
+    "Peak output token throughput (tok/s):",
+    "Peak concurrent requests:",
+    "Total token throughput (tok/s):",
+    "Concurrency:",
+    "SLOs (ms):",
+    "Request goodput (req/s):",
+    "SLO attainment (%):",
+    "TTFT SLO attainment (%):",
     "E2EL SLO attainment (%):",
     *[f"{s} E2E Latency (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
     *[f"{s} TTFT (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
     *[f"{s} TPOT (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
-    *[f"{s} ITL (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")], "Max ITL (ms):",
+    *[f"{s} ITL (ms):" for s in ("Mean", "Median", "P90", "P95", "P99")],
+    "Max ITL (ms):",
 ]
-SGLANG_SECTIONS = ["Goodput", "End-to-End Latency", "Time to First Token",
-                   "Time per Output Token (excl. 1st token)", "Inter-Token Latency"]
+SGLANG_SECTIONS = [
+    "Goodput",
+    "End-to-End Latency",
+    "Time to First Token",
+    "Time per Output Token (excl. 1st token)",
+    "Inter-Token Latency",
+]
 # its JSONL result keys after server_info, in its order
 SGLANG_RESULTS = [
-    "duration", "completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
-    "total_output_tokens", "total_output_tokens_retokenized", "request_throughput", "input_throughput",
-    "output_throughput", "total_throughput",
-    *(f"{s}_{m}_ms" for m in ("e2e_latency", "ttft", "tpot", "itl")
-      for s in ("mean", "median", "std", "p90", "p95", "p99")),
-    "concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
-    "goodput_slos_ms", "request_goodput", "slo_attainment", "slo_attainment_by_metric",
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_input_text_tokens",
+    "total_input_vision_tokens",
+    "total_output_tokens",
+    "total_output_tokens_retokenized",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    *(
+        f"{s}_{m}_ms"
+        for m in ("e2e_latency", "ttft", "tpot", "itl")
+        for s in ("mean", "median", "std", "p90", "p95", "p99")
+    ),
+    "concurrency",
+    "accept_length",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "goodput_slos_ms",
+    "request_goodput",
+    "slo_attainment",
+    "slo_attainment_by_metric",
 ]
 
 
@@ -486,10 +573,13 @@ def test_jsonl_keys_follow_sglangs_order(serve):
 
 def test_a_replay_writes_trace_as_its_rate(serve, tmp_path):
     trace = tmp_path / "trace.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                     "2023-11-16 18:15:46.6805900,12,3\n2023-11-16 18:15:46.7805900,8,2\n")
-    res = run_bench(BenchConfig(base_url=serve(ttft_s=0.002, itl_s=0.001).url, replay=str(trace),
-                                warmup_requests=0))
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,12,3\n2023-11-16 18:15:46.7805900,8,2\n"
+    )
+    res = run_bench(
+        BenchConfig(base_url=serve(ttft_s=0.002, itl_s=0.001).url, replay=str(trace), warmup_requests=0)
+    )
     assert res.summary["completed"] == 2 and jsonl_record(res)["request_rate"] == "trace"
     assert "Traffic request rate:                    trace" in format_result(res)
 
@@ -512,8 +602,9 @@ def word_tokenizer(folder):
     vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", "tok", *sorted(set(WORDS))])}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A",
-                                                                  special_tokens=[("<s>", 1)])
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     return folder

@@ -43,25 +43,42 @@ def test_simulate_json_output_and_per_deployment_policy(tmp_path):
 
 
 def test_trace_replay_window_and_speed(tmp_path, shared_data):
-    res = invoke("simulate", "--replay", "azure-conv", "--replay-window", "60",
-                 "--replay-speed", "0.5", "-d", "pp4", "--data-dir", str(shared_data),
-                 "--json", "--no-timeline", "-o", str(tmp_path))
+    res = invoke(
+        "simulate",
+        "--replay",
+        "azure-conv",
+        "--replay-window",
+        "60",
+        "--replay-speed",
+        "0.5",
+        "-d",
+        "pp4",
+        "--data-dir",
+        str(shared_data),
+        "--json",
+        "--no-timeline",
+        "-o",
+        str(tmp_path),
+    )
     assert res.exit_code == 0, res.output
     (summary,) = json.loads(res.output)
     assert summary["num_requests"] > 100 and "replay of azure-conv" in summary["workload"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gpu", "B300-NOPE"], "B300-NOPE"),
-    (["--model", "GPT-17"], "GPT-17"),
-    (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0, got 0"),
-    (["--slo-tpot-ms", "-5"], "--slo-tpot-ms must be > 0, got -5"),
-    (["--max-time", "-5"], "--max-time must be > 0, got -5"),
-    (["--workload", "nope"], "nope"),
-    (["-d", "pp4x"], "pp4x"),
-    (["--policy", "fancy:1"], "fancy"),
-    (["--rate", "-1"], "rate"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpu", "B300-NOPE"], "B300-NOPE"),
+        (["--model", "GPT-17"], "GPT-17"),
+        (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0, got 0"),
+        (["--slo-tpot-ms", "-5"], "--slo-tpot-ms must be > 0, got -5"),
+        (["--max-time", "-5"], "--max-time must be > 0, got -5"),
+        (["--workload", "nope"], "nope"),
+        (["-d", "pp4x"], "pp4x"),
+        (["--policy", "fancy:1"], "fancy"),
+        (["--rate", "-1"], "rate"),
+    ],
+)
 def test_bad_options_are_named(args, needle, tmp_path):
     res = invoke("simulate", "-n", "5", "-o", str(tmp_path), *args)
     assert res.exit_code == 2
@@ -92,18 +109,30 @@ def test_python_dash_m_lists_every_command():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "fastpp", "--help"], capture_output=True, text=True,
-                         check=True).stdout
-    for command in ("simulate", "goodput", "sweep", "plot", "workloads", "policies", "profile", "serve",
-                    "bench"):
+    out = subprocess.run(
+        [sys.executable, "-m", "fastpp", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for command in (
+        "simulate",
+        "goodput",
+        "sweep",
+        "plot",
+        "workloads",
+        "policies",
+        "profile",
+        "serve",
+        "bench",
+    ):
         assert command in out
 
 
 def test_malformed_trace_line_is_named(tmp_path):
     trace = tmp_path / "trace.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                     "2023-11-16 18:15:46.6805900,374,44\n"
-                     "2023-11-16 18:15:47.0000000,-3,10\n")
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.0000000,-3,10\n"
+    )
     res = invoke("simulate", "--replay", str(trace), "-o", str(tmp_path))
     assert res.exit_code == 2
     assert "trace.csv line 3" in res.output and "ContextTokens" in res.output
@@ -117,8 +146,21 @@ def test_profile_round_trip_and_a_profile_missing_a_field(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)[0]["model"] == "Qwen2.5-14B"
     # -d names policies on the file's shape; another shape is refused
-    res = invoke("simulate", "--profile", str(path), "-n", "20", "--json", "-o", str(tmp_path),
-                 "-d", "pp2@static:256", "-d", "pp2@predictive", "--overwrite")
+    res = invoke(
+        "simulate",
+        "--profile",
+        str(path),
+        "-n",
+        "20",
+        "--json",
+        "-o",
+        str(tmp_path),
+        "-d",
+        "pp2@static:256",
+        "-d",
+        "pp2@predictive",
+        "--overwrite",
+    )
     assert res.exit_code == 0, res.output
     assert [r["policy"] for r in json.loads(res.output)] == ["static:256", "predictive"]
     res = invoke("simulate", "--profile", str(path), "-n", "20", "-d", "pp4", "-o", str(tmp_path))
@@ -163,16 +205,41 @@ def test_an_out_folder_holding_another_run_is_refused_or_cleared(tmp_path):
 
 def test_a_profile_with_a_conflicting_model_or_gpu_is_an_error_naming_both(tmp_path):
     path = tmp_path / "p.json"
-    assert invoke("profile", "-m", "Qwen2.5-14B", "--gpu", "A100-40GB-PCIe", "-d", "pp2",
-                  "-o", str(path)).exit_code == 0
-    res = invoke("simulate", "--profile", str(path), "-m", "Qwen2.5-72B", "--gpu", "H100", "-n", "5",
-                 "-o", str(tmp_path / "a"))
+    assert (
+        invoke(
+            "profile", "-m", "Qwen2.5-14B", "--gpu", "A100-40GB-PCIe", "-d", "pp2", "-o", str(path)
+        ).exit_code
+        == 0
+    )
+    res = invoke(
+        "simulate",
+        "--profile",
+        str(path),
+        "-m",
+        "Qwen2.5-72B",
+        "--gpu",
+        "H100",
+        "-n",
+        "5",
+        "-o",
+        str(tmp_path / "a"),
+    )
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and f"--profile {path} is Qwen2.5-14B on A100-40GB-PCIe" in text
     assert "-m/--model Qwen2.5-72B" in text and "--gpu H100" in text
     assert not (tmp_path / "a").exists()
-    res = invoke("simulate", "--profile", str(path), "-m", "Qwen2.5-14B", "-n", "5", "--json",
-                 "-o", str(tmp_path / "b"))
+    res = invoke(
+        "simulate",
+        "--profile",
+        str(path),
+        "-m",
+        "Qwen2.5-14B",
+        "-n",
+        "5",
+        "--json",
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert res.exit_code == 0, res.output  # the same model is no conflict
     res = invoke("goodput", "--profile", str(path), "--gpu", "H100", "-n", "20")
     text = " ".join(res.output.split())
@@ -188,8 +255,22 @@ def test_workloads_and_policies_listings():
 
 
 def test_goodput_command_reports_a_rate_and_its_probes():
-    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
-                 "--seeds", "1", "--precision", "2", "-n", "120", "--json")
+    res = invoke(
+        "goodput",
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2@static:512",
+        "--seeds",
+        "1",
+        "--precision",
+        "2",
+        "-n",
+        "120",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     (result,) = json.loads(res.stdout)
     assert result["goodput"] > 0 and result["probes"]
@@ -199,16 +280,50 @@ def test_goodput_command_reports_a_rate_and_its_probes():
 def test_goodput_no_steady_judges_the_slo_alone():
     # 300 decode-heavy requests end long before the KV cache fills: the P90s pass at rates whose
     # queue is still growing, which only the steady-queue rule catches
-    args = ("goodput", "-w", "cnn-reversed-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:256",
-            "--seeds", "1", "--precision", "4", "-n", "300", "--low", "16", "--high", "32", "--json")
+    args = (
+        "goodput",
+        "-w",
+        "cnn-reversed-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2@static:256",
+        "--seeds",
+        "1",
+        "--precision",
+        "4",
+        "-n",
+        "300",
+        "--low",
+        "16",
+        "--high",
+        "32",
+        "--json",
+    )
     strict, lax = (json.loads(invoke(*args, *extra).stdout)[0] for extra in ((), ("--no-steady",)))
     assert "steady queue" in strict["criterion"] and "steady queue" not in lax["criterion"]
     assert lax["goodput"] > strict["goodput"] > 0
 
 
 def test_goodput_first_seed_picks_the_seeds_pooled():
-    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
-                 "--seeds", "2", "--first-seed", "6", "--precision", "4", "-n", "60", "--json")
+    res = invoke(
+        "goodput",
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2@static:512",
+        "--seeds",
+        "2",
+        "--first-seed",
+        "6",
+        "--precision",
+        "4",
+        "-n",
+        "60",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     assert "seeds (6, 7) pooled" in json.loads(res.stdout)[0]["criterion"]
     res = invoke("goodput", "--first-seed", "-1")
@@ -222,28 +337,81 @@ def test_goodput_names_a_bad_deployment_before_searching():
 
 
 def test_goodput_with_an_impossible_slo_reports_zero_and_why():
-    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
-                 "--seeds", "1", "-n", "60", "--slo-tpot-ms", "1", "--low", "1", "--json")
+    res = invoke(
+        "goodput",
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2",
+        "--seeds",
+        "1",
+        "-n",
+        "60",
+        "--slo-tpot-ms",
+        "1",
+        "--low",
+        "1",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     (result,) = json.loads(res.stdout)
     assert result["goodput"] == 0 and "TPOT" in result["reason"]
 
 
 def test_goodput_and_sweep_can_plot_directly(tmp_path):
-    res = invoke("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
-                 "--seeds", "1", "--precision", "4", "-n", "60", "--plot", str(tmp_path / "g"))
+    res = invoke(
+        "goodput",
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2@static:512",
+        "--seeds",
+        "1",
+        "--precision",
+        "4",
+        "-n",
+        "60",
+        "--plot",
+        str(tmp_path / "g"),
+    )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "g" / "goodput.json").exists() and (tmp_path / "g" / "goodput_probes.png").exists()
     (result,) = json.loads((tmp_path / "g" / "goodput.json").read_text())
     assert {k: result[k] for k in ("model", "gpu", "workload", "slo_ttft_ms", "slo_tpot_ms", "policy")} == {
-        "model": "Qwen2.5-14B", "gpu": "A100-40GB-PCIe", "workload": "cnn-dailymail-synthetic",
-        "slo_ttft_ms": 2000.0, "slo_tpot_ms": 200.0, "policy": "static:512"}
+        "model": "Qwen2.5-14B",
+        "gpu": "A100-40GB-PCIe",
+        "workload": "cnn-dailymail-synthetic",
+        "slo_ttft_ms": 2000.0,
+        "slo_tpot_ms": 200.0,
+        "policy": "static:512",
+    }
     title = " ".join(res.stderr.split())  # the figures' titles say the same
     svg = (tmp_path / "g" / "goodput.svg").read_text()
     assert "Qwen2.5-14B on A100-40GB-PCIe" in title and "Qwen2.5-14B" in svg and "static:512" in svg
-    res = invoke("sweep", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2",
-                 "--chunk", "256,512", "-r", "2,4", "-n", "30", "--executor", "serial",
-                 "-o", str(tmp_path / "s"), "--plot")
+    res = invoke(
+        "sweep",
+        "-w",
+        "cnn-dailymail-synthetic",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2",
+        "--chunk",
+        "256,512",
+        "-r",
+        "2,4",
+        "-n",
+        "30",
+        "--executor",
+        "serial",
+        "-o",
+        str(tmp_path / "s"),
+        "--plot",
+    )
     assert res.exit_code == 0, res.output
     assert list((tmp_path / "s" / "plots").glob("latency_vs_rate*.png"))
 
@@ -256,8 +424,18 @@ def test_chunk_candidates_option(tmp_path):
     for bad in ("5:1", "256,64", "0,64", "a:b:c", "64:32:32"):
         with pytest.raises(ValueError, match="chunk candidates"):
             parse_chunk_candidates(bad)
-    res = invoke("simulate", "-n", "20", "-d", "pp4@predictive", "--chunk-candidates", "64:512:64", "--json",
-                 "-o", str(tmp_path))
+    res = invoke(
+        "simulate",
+        "-n",
+        "20",
+        "-d",
+        "pp4@predictive",
+        "--chunk-candidates",
+        "64:512:64",
+        "--json",
+        "-o",
+        str(tmp_path),
+    )
     assert res.exit_code == 0, res.output
     res = invoke("simulate", "-n", "20", "--chunk-candidates", "512,64", "-o", str(tmp_path))
     assert res.exit_code == 2 and "strictly ascending" in " ".join(res.output.split())

@@ -53,8 +53,20 @@ def test_no_checkout_and_nothing_given_is_a_clear_error(monkeypatch):
 
 def test_the_cli_error_names_the_option(tmp_path: Path, monkeypatch):
     monkeypatch.delenv(dd.DATA_DIR_ENV, raising=False)
-    res = CliRunner().invoke(app, ["simulate", "-w", "azure-conv-trace", "-n", "5", "--data-dir",
-                                   str(tmp_path / "nope"), "-o", str(tmp_path / "out")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "-w",
+            "azure-conv-trace",
+            "-n",
+            "5",
+            "--data-dir",
+            str(tmp_path / "nope"),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+    )
     assert res.exit_code == 2
     text = " ".join(res.output.split())
     assert "--data-dir" in text and "FASTPP_DATA_DIR" in text and "Traceback" not in text

@@ -22,8 +22,17 @@ DEFAULT_SLO = SLO(2.0, 0.2)
 class FakeView:
     """The part of SchedulerView a balancer reads, with state a test sets directly."""
 
-    def __init__(self, running, parked_ages=(), num_slots=None, now=10.0, token_step=0,
-                 waiting_tokens=0, kv_free=0.5, slo=DEFAULT_SLO) -> None:
+    def __init__(
+        self,
+        running,
+        parked_ages=(),
+        num_slots=None,
+        now=10.0,
+        token_step=0,
+        waiting_tokens=0,
+        kv_free=0.5,
+        slo=DEFAULT_SLO,
+    ) -> None:
         self.now = now
         self.num_slots = num_slots or len(running)
         self.slot = 0
@@ -76,8 +85,14 @@ class FakeView:
 
 
 def _live(rid: int, slot: int) -> LiveRequest:
-    return LiveRequest(RequestRecord(rid, 0.0, 16, 100), target_len=100, fill_len=16, num_computed=16,
-                       slot=slot, admit_seq=rid)
+    return LiveRequest(
+        RequestRecord(rid, 0.0, 16, 100),
+        target_len=100,
+        fill_len=16,
+        num_computed=16,
+        slot=slot,
+        admit_seq=rid,
+    )
 
 
 def delay(**kw) -> DelayScheduler:
@@ -142,24 +157,30 @@ def test_base_unit_defaults_to_the_token_step_then_128():
     assert delay().plan(FakeView([6, 4]), 0).is_noop  # 10 requests are below a tier of 128
 
 
-@pytest.mark.parametrize("mode,tpot_victims,expected", [
-    ("tpot_first", "oldest", [0, 1]),  # PAPER.md: short TPOT slack defers the oldest
-    ("e2e_first", "oldest", [4, 5]),
-    ("tpot_first", "newest", [4, 5]),  # the reference code's mapping
-    ("e2e_first", "newest", [0, 1]),
-])
+@pytest.mark.parametrize(
+    "mode,tpot_victims,expected",
+    [
+        ("tpot_first", "oldest", [0, 1]),  # PAPER.md: short TPOT slack defers the oldest
+        ("e2e_first", "oldest", [4, 5]),
+        ("tpot_first", "newest", [4, 5]),  # the reference code's mapping
+        ("e2e_first", "newest", [0, 1]),
+    ],
+)
 def test_victims_per_mode(mode, tpot_victims, expected):
     bal = delay(base_unit=4, mode=mode, tpot_first_victims=tpot_victims)
     assert sorted(bal.plan(FakeView([6, 4]), 0).park_ids) == expected
     assert bal.last_mode == mode
 
 
-@pytest.mark.parametrize("gaps,expected_mode", [
-    ([(9.0, 0.19), (9.5, 0.18)], BalanceMode.TPOT_FIRST),  # mean 0.185 >= 0.9 * 0.2
-    ([(9.0, 0.19), (9.5, 0.10)], BalanceMode.E2E_FIRST),
-    ([(1.0, 0.50), (9.5, 0.10)], BalanceMode.E2E_FIRST),  # the slow sample left the 5 s window
-    ([], BalanceMode.E2E_FIRST),  # no signal yet counts as ample slack
-])
+@pytest.mark.parametrize(
+    "gaps,expected_mode",
+    [
+        ([(9.0, 0.19), (9.5, 0.18)], BalanceMode.TPOT_FIRST),  # mean 0.185 >= 0.9 * 0.2
+        ([(9.0, 0.19), (9.5, 0.10)], BalanceMode.E2E_FIRST),
+        ([(1.0, 0.50), (9.5, 0.10)], BalanceMode.E2E_FIRST),  # the slow sample left the 5 s window
+        ([], BalanceMode.E2E_FIRST),  # no signal yet counts as ample slack
+    ],
+)
 def test_auto_mode_switches_on_the_windowed_tpot_signal(gaps, expected_mode):
     view = FakeView([6, 4])
     view.recent_token_gap.extend(gaps)
@@ -170,8 +191,11 @@ def test_auto_mode_switches_on_the_windowed_tpot_signal(gaps, expected_mode):
 
 
 @settings(max_examples=60, deadline=None)
-@given(batches=st.lists(st.tuples(st.lists(st.floats(0.0, 1.0), max_size=10), st.floats(0.0, 3.0)),
-                        min_size=1, max_size=15))
+@given(
+    batches=st.lists(
+        st.tuples(st.lists(st.floats(0.0, 1.0), max_size=10), st.floats(0.0, 3.0)), min_size=1, max_size=15
+    )
+)
 def test_tpot_signal_equals_the_mean_of_samples_in_the_window(batches):
     view = FakeView([1])
     bal = delay(signal_window_s=2.0)
@@ -205,12 +229,21 @@ def test_max_park_is_relative_to_the_slo_unless_set():
     assert delay(base_unit=4, max_park_s=0.2).plan(view, 0).is_noop
 
 
-@pytest.mark.parametrize("field,value", [
-    ("base_unit", -1), ("load_alpha", 1.5), ("waiting_tok_threshold", -1),
-    ("kv_free_threshold", 2.0), ("mode", "fastest"), ("tpot_first_victims", "middle"),
-    ("tpot_mode_ratio", 0.0), ("signal_window_s", 0.0), ("max_park_slo_ratio", -1.0),
-    ("max_park_s", 0.0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("base_unit", -1),
+        ("load_alpha", 1.5),
+        ("waiting_tok_threshold", -1),
+        ("kv_free_threshold", 2.0),
+        ("mode", "fastest"),
+        ("tpot_first_victims", "middle"),
+        ("tpot_mode_ratio", 0.0),
+        ("signal_window_s", 0.0),
+        ("max_park_slo_ratio", -1.0),
+        ("max_park_s", 0.0),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         DelayConfig(**{field: value})
@@ -238,10 +271,15 @@ def expected_count(running, n_total, num_parked, num_slots, unit, alpha, pressur
 
 
 @settings(max_examples=200, deadline=None)
-@given(counts=st.lists(st.integers(0, 14), min_size=1, max_size=4),
-       ages=st.lists(st.floats(0.0, 0.4), max_size=8), unit=st.integers(1, 4),
-       alpha=st.sampled_from([0.0, 0.4, 1.0]), pressure=st.booleans(),
-       mode=st.sampled_from(list(BalanceMode)), data=st.data())
+@given(
+    counts=st.lists(st.integers(0, 14), min_size=1, max_size=4),
+    ages=st.lists(st.floats(0.0, 0.4), max_size=8),
+    unit=st.integers(1, 4),
+    alpha=st.sampled_from([0.0, 0.4, 1.0]),
+    pressure=st.booleans(),
+    mode=st.sampled_from(list(BalanceMode)),
+    data=st.data(),
+)
 def test_plans_stay_in_the_slot_and_follow_the_rules(counts, ages, unit, alpha, pressure, mode, data):
     view = FakeView(counts, parked_ages=ages, waiting_tokens=5000 if pressure else 0)
     view.recent_token_gap.append((view.now, data.draw(st.sampled_from([0.05, 0.3]))))
@@ -250,7 +288,7 @@ def test_plans_stay_in_the_slot_and_follow_the_rules(counts, ages, unit, alpha, 
     running, parked = view.ids(slot), [r.req_id for r in view.parked]
     plan = bal.plan(view, slot)
     assert set(plan.park_ids) <= set(running) and len(set(plan.park_ids)) == len(plan.park_ids)
-    assert list(plan.restore_ids) == parked[:len(plan.restore_ids)]  # longest parked first
+    assert list(plan.restore_ids) == parked[: len(plan.restore_ids)]  # longest parked first
     after = len(running) - len(plan.park_ids) + len(plan.restore_ids)
     expired = sum(r.parked_at <= view.now - 0.2 for r in view.parked)  # the SLO TPOT is 0.2 s
     assert len(plan.restore_ids) >= expired
@@ -258,8 +296,7 @@ def test_plans_stay_in_the_slot_and_follow_the_rules(counts, ages, unit, alpha, 
         assert after >= 1, "a rule emptied the slot"
     if not expired:
         n_total = sum(counts) + len(ages)
-        assert after == expected_count(len(running), n_total, len(ages), len(counts), unit, alpha,
-                                       pressure)
+        assert after == expected_count(len(running), n_total, len(ages), len(counts), unit, alpha, pressure)
     if plan.park_ids:  # victims are one end of the list
         k = len(plan.park_ids)
         assert sorted(plan.park_ids) in (sorted(running[:k]), sorted(running[-k:]))
@@ -304,19 +341,39 @@ def check_state(sched) -> None:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(st.tuples(st.integers(1, 64), st.integers(2, 40)), min_size=4, max_size=40),
-       num_slots=st.integers(1, 4), unit=st.integers(1, 4), seed=st.integers(0, 10_000),
-       mode=st.sampled_from(list(BalanceMode)), victims=st.sampled_from(list(Victims)),
-       max_park=st.sampled_from([0.003, 0.01, 0.05]), waiting_tok=st.sampled_from([0, 1024]))
+@given(
+    reqs=st.lists(st.tuples(st.integers(1, 64), st.integers(2, 40)), min_size=4, max_size=40),
+    num_slots=st.integers(1, 4),
+    unit=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+    mode=st.sampled_from(list(BalanceMode)),
+    victims=st.sampled_from(list(Victims)),
+    max_park=st.sampled_from([0.003, 0.01, 0.05]),
+    waiting_tok=st.sampled_from([0, 1024]),
+)
 def test_a_real_scheduler_loses_nothing_and_parks_within_the_bound(
-        reqs, num_slots, unit, seed, mode, victims, max_park, waiting_tok):
+    reqs, num_slots, unit, seed, mode, victims, max_park, waiting_tok
+):
     rng = random.Random(seed)
     clock = FakeClock()
-    inner = DelayScheduler(DelayConfig(base_unit=unit, mode=mode, tpot_first_victims=victims,
-                                       max_park_s=max_park, waiting_tok_threshold=waiting_tok))
+    inner = DelayScheduler(
+        DelayConfig(
+            base_unit=unit,
+            mode=mode,
+            tpot_first_victims=victims,
+            max_park_s=max_park,
+            waiting_tok_threshold=waiting_tok,
+        )
+    )
     checked = Checked(inner)
-    sched = make_scheduler(clock, balancer=checked, num_slots=num_slots, kv_capacity_tokens=4096,
-                           default_chunk=256, slo=SLO(2.0, 0.01))
+    sched = make_scheduler(
+        clock,
+        balancer=checked,
+        num_slots=num_slots,
+        kv_capacity_tokens=4096,
+        default_chunk=256,
+        slo=SLO(2.0, 0.01),
+    )
     pending = deque(Request(i, 0.0, p, o) for i, (p, o) in enumerate(reqs))
     in_flight: deque = deque()
     records = {}

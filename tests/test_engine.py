@@ -81,7 +81,8 @@ def test_every_stage_serves_in_launch_order_and_starts_when_input_and_stage_are_
         for stage in (1, 2):
             prev, cur = by_mb[mb_id, stage - 1], by_mb[mb_id, stage]
             sent = max(prev.finished_at, link_free[stage - 1]) + link.time_s(
-                prev.num_tokens * profile.activation_bytes_per_token)
+                prev.num_tokens * profile.activation_bytes_per_token
+            )
             link_free[stage - 1] = sent
             own_prev = by_mb.get((mb_id - 1, stage))
             ready = max(sent, own_prev.finished_at if own_prev else 0.0)
@@ -124,6 +125,7 @@ def test_the_event_clock_runs_a_callback_at_the_instant_asked_or_one_ulp_after()
 
     tie_now, tie_when = 1.9194282348248724e-06, 0.00032701679757823286
     assert tie_now + (tie_when - tie_now) < tie_when
+
     def seen_at(now: float, when: float) -> list[float]:
         clock, seen = EventClock(), []
         clock.at(now, lambda _: clock.at(when, lambda _: seen.append(clock.now)))
@@ -185,8 +187,7 @@ def test_records_without_token_times_have_the_same_ttft_tpot_and_run():
     for policy in ("static:512", "predictive+ds"):
         deployment = DeploymentConfig(pp=4, policy=policy)
         kept = open_simulation(workload, deployment, record_iterations=False).run()
-        bare = open_simulation(workload, deployment, record_iterations=False,
-                               record_token_times=False).run()
+        bare = open_simulation(workload, deployment, record_iterations=False, record_token_times=False).run()
         assert all(r.token_times == [] for r in bare.records)
         assert all(len(r.token_times) == r.num_generated for r in kept.records)
         assert [r.tpot_s for r in bare.records] == [r.tpot_s for r in kept.records]
@@ -254,13 +255,16 @@ def test_a_launch_has_no_event_of_its_own_and_the_host_looks_again_only_when_it_
     # a loaded PP=4 deployment paying 3 ms of host overhead per launch: every launch used to be
     # an event (then the host's look for work); now a run has about one event per microbatch
     # (its return), plus the arrivals and the looks after an overhead with a slot still free
-    result = run_simulation(WorkloadConfig(name="azure-conv", rate=6.0, num_requests=600, seed=3),
-                            DeploymentConfig(model="Qwen2.5-14B", pp=4, policy="static:512"),
-                            record_iterations=False).result
+    result = run_simulation(
+        WorkloadConfig(name="azure-conv", rate=6.0, num_requests=600, seed=3),
+        DeploymentConfig(model="Qwen2.5-14B", pp=4, policy="static:512"),
+        record_iterations=False,
+    ).result
     assert result.events < 1.2 * result.num_microbatches + len(result.records)
     sched = make_scheduler(None, num_slots=2, kv_capacity_tokens=8192, default_chunk=64)
-    sim = PipelineSimulation(make_profile(pp=2), sched, make_requests(4, prompt_len=40,
-                                                                      output_len=6, gap_s=0.0))
+    sim = PipelineSimulation(
+        make_profile(pp=2), sched, make_requests(4, prompt_len=40, output_len=6, gap_s=0.0)
+    )
     driver = sim.driver
     assert driver.may_launch()  # both slots free
     sched.add_request(Request(0, 0.0, 40, 6))

@@ -21,8 +21,7 @@ def test_children_write_the_same_folder_as_the_parent(tmp_path):
     res = run.result
     write_run(tmp_path / "here", res.records, res.iterations, run.summary)
     writes = ForkedWrites(max_children=2)  # three files: the third waits for a free child
-    paths = write_run(tmp_path / "forked", res.records, res.iterations, run.summary,
-                      submit=writes.submit)
+    paths = write_run(tmp_path / "forked", res.records, res.iterations, run.summary, submit=writes.submit)
     assert writes.wait() == []
     for kind, path in paths.items():
         assert path.read_bytes() == (tmp_path / "here" / path.name).read_bytes(), kind

@@ -18,9 +18,21 @@ import pytest
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
 
 GOLDEN = Path(__file__).parent / "golden"
-KEYS = ("completed", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
-        "p99_itl_ms", "mean_e2e_latency_ms", "num_microbatches", "num_retractions",
-        "slo_attainment", "bubble_fraction", "sim_end_s")
+KEYS = (
+    "completed",
+    "mean_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p90_tpot_ms",
+    "p99_itl_ms",
+    "mean_e2e_latency_ms",
+    "num_microbatches",
+    "num_retractions",
+    "slo_attainment",
+    "bubble_fraction",
+    "sim_end_s",
+)
 
 AZURE = WorkloadConfig(rate=3.0, num_requests=150, seed=7)
 # Decode-heavy and dense enough that more than a tier of 4 x 128 decodes runs at once, so delay
@@ -40,7 +52,9 @@ CASES = {
     "pp4_azure_conv_upstream": (AZURE, DeploymentConfig(pp=4, tp=1, policy="upstream:2048")),
     "pp4_cnnr_all_at_once_greedy": (CNN_REVERSED_ALL_AT_ONCE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
     "pp4_14b_cnnr_predictive_ds": (
-        CNN_REVERSED_BURST, DeploymentConfig(model="Qwen2.5-14B", pp=4, tp=1, policy="predictive+ds")),
+        CNN_REVERSED_BURST,
+        DeploymentConfig(model="Qwen2.5-14B", pp=4, tp=1, policy="predictive+ds"),
+    ),
 }
 
 

@@ -42,8 +42,12 @@ def assert_consistent(result) -> None:
 
 @pytest.mark.parametrize(
     ("low", "high", "expansion"),
-    [(0.5, 8.0, None), (0.1, 1.0, "expanded upward to 4"), (0.5, 2.0, "expanded upward to 4"),
-     (5.0, 8.0, "expanded downward to 2.5")],
+    [
+        (0.5, 8.0, None),
+        (0.1, 1.0, "expanded upward to 4"),
+        (0.5, 2.0, "expanded upward to 4"),
+        (5.0, 8.0, "expanded downward to 2.5"),
+    ],
 )
 def test_bisection_finds_threshold_within_precision(low, high, expansion):
     result = find_goodput(threshold_criterion, low=low, high=high, precision=0.01, max_probes=40)
@@ -56,10 +60,16 @@ def test_bisection_finds_threshold_within_precision(low, high, expansion):
 
 
 @settings(max_examples=200, deadline=None)
-@given(looks=st.floats(0.05, 40.0), confirmed=st.floats(0.0, 1.0), low=st.floats(0.2, 6.0),
-       span=st.floats(1.5, 8.0), precision=st.sampled_from([0.01, 0.1, 0.5]))
-def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(looks, confirmed, low,
-                                                                        span, precision):
+@given(
+    looks=st.floats(0.05, 40.0),
+    confirmed=st.floats(0.0, 1.0),
+    low=st.floats(0.2, 6.0),
+    span=st.floats(1.5, 8.0),
+    precision=st.sampled_from([0.01, 0.1, 0.5]),
+)
+def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(
+    looks, confirmed, low, span, precision
+):
     """First looks pass up to ``looks`` req/s, the longest look only up to a lower rate (a short
     look is optimistic): the answer passes confirmation, the rate above it fails, within the
     precision, and every probe that passed above the answer was replaced by its failed
@@ -74,8 +84,9 @@ def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(looks, 
         confirms.append(rate)
         return ProbeResult(rate, rate <= truth, {"look": 2.0}, "" if rate <= truth else "longer")
 
-    result = find_goodput(first_look, low=low, high=low * span, precision=precision,
-                          max_probes=60, confirm=longest_look)
+    result = find_goodput(
+        first_look, low=low, high=low * span, precision=precision, max_probes=60, confirm=longest_look
+    )
     assert_consistent(result)
     assert len(set(confirms)) == len(confirms)  # no rate confirmed twice
     # a withdrawn pass does not start a walk down, one confirmation per step
@@ -94,8 +105,9 @@ def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(looks, 
 
 
 def test_feasible_at_cap_reports_lower_bound():
-    result = find_goodput(lambda r: ProbeResult(r, True), low=1.0, high=4.0, precision=0.1,
-                          max_probes=20, max_rate=32.0)
+    result = find_goodput(
+        lambda r: ProbeResult(r, True), low=1.0, high=4.0, precision=0.1, max_probes=20, max_rate=32.0
+    )
     assert result.rate == 32.0 and math.isinf(result.margin)
     assert "at least" in result.notes[-1]
     assert [p.rate for p in result.probes] == [1.0, 4.0, 8.0, 16.0, 32.0]
@@ -103,8 +115,14 @@ def test_feasible_at_cap_reports_lower_bound():
 
 def test_search_is_deterministic_and_reports_progress():
     seen: list[float] = []
-    first = find_goodput(threshold_criterion, low=0.5, high=8.0, precision=0.05, max_probes=30,
-                         progress=lambda p: seen.append(p.rate))
+    first = find_goodput(
+        threshold_criterion,
+        low=0.5,
+        high=8.0,
+        precision=0.05,
+        max_probes=30,
+        progress=lambda p: seen.append(p.rate),
+    )
     second = find_goodput(threshold_criterion, low=0.5, high=8.0, precision=0.05, max_probes=30)
     assert first.to_dict() == second.to_dict()
     assert seen == [p.rate for p in first.probes]
@@ -118,8 +136,14 @@ def test_probe_budget_stops_the_search():
 
 
 def test_zero_goodput_names_the_reason():
-    result = find_goodput(lambda r: ProbeResult(r, False, reason="P90 TPOT: 312.00 ms > 200 ms"),
-                          low=0.5, high=8.0, precision=0.1, max_probes=20, min_rate=0.125)
+    result = find_goodput(
+        lambda r: ProbeResult(r, False, reason="P90 TPOT: 312.00 ms > 200 ms"),
+        low=0.5,
+        high=8.0,
+        precision=0.1,
+        max_probes=20,
+        min_rate=0.125,
+    )
     assert result.rate == 0.0 and result.best is None and math.isnan(result.attainment)
     assert result.reason == "even 0.125 req/s fails: P90 TPOT: 312.00 ms > 200 ms"
     assert [p.rate for p in result.probes] == [0.5, 0.25, 0.125]
@@ -136,13 +160,23 @@ def test_invalid_search_arguments_are_rejected():
 # ---- the probe judge on fabricated records -------------------------------------------------------
 
 
-def record(i: int, arrived_at: float, ttft_s: float, tpot_s: float = 0.05,
-           num_tokens: int = 5) -> RequestRecord:
+def record(
+    i: int, arrived_at: float, ttft_s: float, tpot_s: float = 0.05, num_tokens: int = 5
+) -> RequestRecord:
     first = arrived_at + ttft_s
     times = [first + k * tpot_s for k in range(num_tokens)]
-    return RequestRecord(i, arrived_at, 100, num_tokens, num_generated=num_tokens,
-                         scheduled_at=arrived_at, first_token_at=first, finished_at=times[-1],
-                         finish_reason=FinishReason.LENGTH, token_times=times)
+    return RequestRecord(
+        i,
+        arrived_at,
+        100,
+        num_tokens,
+        num_generated=num_tokens,
+        scheduled_at=arrived_at,
+        first_token_at=first,
+        finished_at=times[-1],
+        finish_reason=FinishReason.LENGTH,
+        token_times=times,
+    )
 
 
 def run_with_misses(rate: float, n: int = 200) -> list[RequestRecord]:
@@ -168,8 +202,9 @@ def test_attainment_is_stricter_than_p90():
 
 def test_attainment_goodput_on_synthetic_records():
     def judge(criterion):
-        return lambda rate: judge_records([run_with_misses(rate)], SLO_DEFAULT, rate=rate,
-                                          criterion=criterion, attainment=0.9)
+        return lambda rate: judge_records(
+            [run_with_misses(rate)], SLO_DEFAULT, rate=rate, criterion=criterion, attainment=0.9
+        )
 
     share = find_goodput(judge("attainment"), low=0.5, high=8.0, precision=0.05, max_probes=30)
     # attainment = 1 - 2 floor(2 r) / 100 >= 0.9 iff floor(2 r) <= 5 iff r < 3
@@ -185,8 +220,9 @@ def test_attainment_goodput_on_synthetic_records():
 def test_failed_requests_count_as_infinite_ttft():
     runs = [[record(i, i * 0.5, 0.2) for i in range(85)]]
     for i in range(85, 100):  # 15% rejected
-        runs[0].append(RequestRecord(i, i * 0.5, 100, 5, finished_at=i * 0.5,
-                                     finish_reason=FinishReason.REJECTED))
+        runs[0].append(
+            RequestRecord(i, i * 0.5, 100, 5, finished_at=i * 0.5, finish_reason=FinishReason.REJECTED)
+        )
     probe = judge_records(runs, SLO_DEFAULT, rate=2.0)
     assert not probe.ok and math.isinf(probe.metrics["p90_ttft_ms"])
     assert "15 of 100 requests rejected" in probe.reason
@@ -197,11 +233,15 @@ def test_the_probe_tpot_percentile_is_the_run_summarys():
     fastpp.metrics.summarize, failures and one-token outputs left out as there."""
     from fastpp.metrics import summarize
 
-    records = run_simulation(WorkloadConfig(rate=9.0, num_requests=300, seed=1),
-                             DeploymentConfig(pp=4, policy="static:256"),
-                             record_iterations=False).result.records
-    records += [RequestRecord(900, 1.0, 100, 5, finished_at=1.0, finish_reason=FinishReason.REJECTED),
-                record(901, 2.0, 0.3)]
+    records = run_simulation(
+        WorkloadConfig(rate=9.0, num_requests=300, seed=1),
+        DeploymentConfig(pp=4, policy="static:256"),
+        record_iterations=False,
+    ).result.records
+    records += [
+        RequestRecord(900, 1.0, 100, 5, finished_at=1.0, finish_reason=FinishReason.REJECTED),
+        record(901, 2.0, 0.3),
+    ]
     probe = judge_records([records], SLO_DEFAULT, rate=9.0)
     assert probe.metrics["p90_tpot_ms"] == summarize(records)["p90_tpot_ms"]
     one_token = [[record(0, 0.0, 0.1, num_tokens=1)]]  # no TPOT at all: NaN, as summarize
@@ -240,8 +280,7 @@ def test_a_share_of_misses_near_ten_percent_is_unsettled_and_far_from_it_settled
 
     def runs(share_slow):  # each request misses the TTFT SLO with this chance, 800 requests
         rng = random.Random(1)
-        return [[record(i, i * 0.25, 3.0 if rng.random() < share_slow else 0.3)
-                 for i in range(800)]]
+        return [[record(i, i * 0.25, 3.0 if rng.random() < share_slow else 0.3) for i in range(800)]]
 
     assert is_unsettled(runs(0.1), SLO_DEFAULT)
     assert not is_unsettled(runs(0.02), SLO_DEFAULT) and not is_unsettled(runs(0.5), SLO_DEFAULT)
@@ -250,8 +289,12 @@ def test_a_share_of_misses_near_ten_percent_is_unsettled_and_far_from_it_settled
 def test_seed_rates_are_each_seeds_own_bracket():
     from fastpp.sim.goodput import ProbeResult, _seed_rates
 
-    probes = [ProbeResult(2.0, True, seed_ok=(True, True)), ProbeResult(4.0, False, seed_ok=(True, False)),
-              ProbeResult(3.0, True, seed_ok=(True, False)), ProbeResult(5.0, False, seed_ok=(False, False))]
+    probes = [
+        ProbeResult(2.0, True, seed_ok=(True, True)),
+        ProbeResult(4.0, False, seed_ok=(True, False)),
+        ProbeResult(3.0, True, seed_ok=(True, False)),
+        ProbeResult(5.0, False, seed_ok=(False, False)),
+    ]
     assert _seed_rates(probes, 2) == (4.0, 2.0)
     assert _seed_rates([ProbeResult(1.0, False, seed_ok=(False,))], 1) == (0.0,)
 
@@ -292,13 +335,19 @@ def test_a_longer_look_judges_the_first_requests_of_one_run_that_goes_on(monkeyp
     monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 240)
     workload = WorkloadConfig(name="cnn-dailymail-synthetic")
     deployment = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512")
-    result = slo_goodput(workload, deployment, seeds=(0, 1), num_requests=60, precision=2.0,
-                         low=4.0, high=8.0)
+    result = slo_goodput(
+        workload, deployment, seeds=(0, 1), num_requests=60, precision=2.0, low=4.0, high=8.0
+    )
     for probe in result.probes:
         n = int(probe.metrics["requests_per_seed"])
-        runs = [run_simulation(replace(workload, rate=probe.rate, seed=seed, num_requests=240 + 60),
-                               deployment, record_iterations=False).result.records[:n]
-                for seed in (0, 1)]
+        runs = [
+            run_simulation(
+                replace(workload, rate=probe.rate, seed=seed, num_requests=240 + 60),
+                deployment,
+                record_iterations=False,
+            ).result.records[:n]
+            for seed in (0, 1)
+        ]
         again = judge_records(runs, deployment.slo, rate=probe.rate)
         assert (again.ok, again.reason) == (probe.ok, probe.reason)
         assert again.metrics == {k: v for k, v in probe.metrics.items() if k in again.metrics}
@@ -325,8 +374,9 @@ def test_slo_misses_count_a_tpot_once_it_cannot_meet_the_slo():
     from fastpp.sim.goodput import SloMisses
 
     slow_done = record(0, 0.0, 0.5, tpot_s=0.3)  # finished at 1.7 s, TPOT 300 ms
-    decoding = RequestRecord(1, 1.0, 100, 5, num_generated=2, scheduled_at=1.0,
-                             first_token_at=1.2)  # 5 tokens asked: at most 4 x 200 ms after 1.2
+    decoding = RequestRecord(
+        1, 1.0, 100, 5, num_generated=2, scheduled_at=1.0, first_token_at=1.2
+    )  # 5 tokens asked: at most 4 x 200 ms after 1.2
     fast = RequestRecord(2, 1.0, 100, 5, num_generated=2, scheduled_at=1.0, first_token_at=1.5)
     records = [slow_done, decoding, fast]
     misses = SloMisses(SLO_DEFAULT)
@@ -345,8 +395,7 @@ def test_sure_p90_failure_needs_certain_p90_miss_ttft_misses(n):
 
     limit = 2.0 + SLO_SLACK_MS / 1e3
     for misses in (certain_p90_miss(n) - 1, certain_p90_miss(n)):
-        records = [record(i, float(i), limit * (1 + 1e-6) if i < misses else 0.1)
-                   for i in range(n)]
+        records = [record(i, float(i), limit * (1 + 1e-6) if i < misses else 0.1) for i in range(n)]
         verdict = judge_records([records], SLO_DEFAULT, rate=1.0, require_steady=False)
         assert sure_p90_failure(n)(misses, 0) == (not verdict.ok)
 
@@ -357,10 +406,21 @@ def _near(limit: float) -> st.SearchStrategy[float]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 2.0), _near(2.0 + SLO_SLACK_MS / 1e3),
-                          _near(0.2 + SLO_SLACK_MS / 1e3), st.sampled_from([1, 2, 3, 9]),
-                          st.booleans()), min_size=2, max_size=40),
-       st.lists(st.floats(0.0, 30.0), min_size=1, max_size=6), st.integers(1, 2))
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 2.0),
+            _near(2.0 + SLO_SLACK_MS / 1e3),
+            _near(0.2 + SLO_SLACK_MS / 1e3),
+            st.sampled_from([1, 2, 3, 9]),
+            st.booleans(),
+        ),
+        min_size=2,
+        max_size=40,
+    ),
+    st.lists(st.floats(0.0, 30.0), min_size=1, max_size=6),
+    st.integers(1, 2),
+)
 def test_a_sure_p90_failure_is_the_whole_looks_verdict(requests, looks, num_seeds):
     """Whenever the certain misses counted part-way through a run say the P90s fail for sure
     (``sure_p90_failure``), the finished run fails its P90s (pooled over the seeds too).
@@ -382,8 +442,10 @@ def test_a_sure_p90_failure_is_the_whole_looks_verdict(requests, looks, num_seed
             rec.num_generated = 1 if aborts else rec.output_len
 
     order = sorted(range(len(requests)), key=lambda i: arrival(i, requests[i][0]))
-    seeds = [[RequestRecord(i, arrival(i, requests[i][0]), 100, requests[i][3]) for i in order]
-             for _ in range(num_seeds)]
+    seeds = [
+        [RequestRecord(i, arrival(i, requests[i][0]), 100, requests[i][3]) for i in order]
+        for _ in range(num_seeds)
+    ]
     counters = [SloMisses(SLO_DEFAULT) for _ in seeds]
     sure = sure_p90_failure(len(requests) * num_seeds)
     said_sure = False
@@ -393,8 +455,10 @@ def test_a_sure_p90_failure_is_the_whole_looks_verdict(requests, looks, num_seed
                 _, ttft, tpot, _, aborts = requests[rec.req_id]
                 advance(rec, ttft, tpot, aborts, now)
         if now < math.inf:
-            counts = [counter.count([r for r in records if r.arrived_at <= now], now)
-                      for counter, records in zip(counters, seeds, strict=True)]
+            counts = [
+                counter.count([r for r in records if r.arrived_at <= now], now)
+                for counter, records in zip(counters, seeds, strict=True)
+            ]
             said_sure |= sure(sum(c[0] for c in counts), sum(c[1] for c in counts))
     verdict = judge_records(seeds, SLO_DEFAULT, rate=1.0, require_steady=False)
     if said_sure:
@@ -409,16 +473,22 @@ def test_a_swamped_probe_stops_early_and_fails_as_its_whole_run_would(monkeypatc
     monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 400)
     workload = WorkloadConfig(name="cnn-dailymail-synthetic")
     deployment = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512")
-    result = slo_goodput(workload, deployment, seeds=(0, 1), num_requests=200, precision=8.0,
-                         low=4.0, high=96.0)
+    result = slo_goodput(
+        workload, deployment, seeds=(0, 1), num_requests=200, precision=8.0, low=4.0, high=96.0
+    )
     (swamped,) = [p for p in result.probes if p.rate == 96.0]
     assert not swamped.ok and "probe stopped early" in swamped.reason
     assert swamped.metrics["stopped_early"] == 1.0 and swamped.seed_ok == (False, False)
     assert swamped.metrics["ttft_missed_at_least"] > 0.5
     n = int(swamped.metrics["requests_per_seed"])
-    runs = [run_simulation(replace(workload, rate=96.0, seed=seed, num_requests=400 + 400 // 4),
-                           deployment, record_iterations=False).result.records[:n]
-            for seed in (0, 1)]
+    runs = [
+        run_simulation(
+            replace(workload, rate=96.0, seed=seed, num_requests=400 + 400 // 4),
+            deployment,
+            record_iterations=False,
+        ).result.records[:n]
+        for seed in (0, 1)
+    ]
     whole = judge_records(runs, deployment.slo, rate=96.0)
     assert not whole.ok and whole.reason.startswith("P90 TTFT")
     assert whole.metrics["slo_attainment"] < 0.5
@@ -433,14 +503,15 @@ def test_a_seed_judged_alone_is_looked_at_longer_when_only_its_queue_looks_unste
     from fastpp.sim.run import open_simulation
 
     workload, deployment = WorkloadConfig(name="azure-conv"), DeploymentConfig(pp=1, tp=4)
-    result = slo_goodput(workload, deployment, seeds=(0, 1), low=2.0, high=2.5, precision=1.0,
-                         max_probes=2)
+    result = slo_goodput(workload, deployment, seeds=(0, 1), low=2.0, high=2.5, precision=1.0, max_probes=2)
     probe, answer = result.probes
     assert result.rate == 2.5 and answer.metrics["requests_per_seed"] == MAX_REQUESTS_PER_SEED
     assert probe.ok and probe.metrics["requests_per_seed"] == 300 and probe.seed_ok == (True, True)
-    seed0 = open_simulation(replace(workload, rate=2.0, seed=0, num_requests=MAX_REQUESTS_PER_SEED
-                                    + MAX_REQUESTS_PER_SEED // 4), deployment,
-                            record_iterations=False)
+    seed0 = open_simulation(
+        replace(workload, rate=2.0, seed=0, num_requests=MAX_REQUESTS_PER_SEED + MAX_REQUESTS_PER_SEED // 4),
+        deployment,
+        record_iterations=False,
+    )
     short = judge_records([seed0.run_until_ended(300)], deployment.slo, rate=2.0)
     assert short.reason.startswith("queue not stationary")
     assert judge_records([seed0.run_until_ended(600)], deployment.slo, rate=2.0).ok
@@ -454,9 +525,15 @@ def test_a_pass_that_fails_on_the_longest_look_is_withdrawn(monkeypatch):
 
     monkeypatch.setattr(goodput_module, "MAX_REQUESTS_PER_SEED", 6000)
     seen: list[ProbeResult] = []
-    result = slo_goodput(WorkloadConfig(name="cnn-reversed-synthetic"),
-                         DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4), low=8.25, high=16.0,
-                         precision=4.0, max_probes=1, progress=seen.append)
+    result = slo_goodput(
+        WorkloadConfig(name="cnn-reversed-synthetic"),
+        DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4),
+        low=8.25,
+        high=16.0,
+        precision=4.0,
+        max_probes=1,
+        progress=seen.append,
+    )
     first, confirmation = seen
     assert first.ok and first.metrics["converged"] == 1.0
     assert first.metrics["requests_per_seed"] < 6000
@@ -492,9 +569,15 @@ def test_the_longest_look_stops_at_a_sure_p90_failure_with_the_same_verdict(monk
 
     def confirmation() -> ProbeResult:
         seen: list[ProbeResult] = []
-        slo_goodput(WorkloadConfig(name="cnn-reversed-synthetic"),
-                    DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4), low=8.25, high=16.0,
-                    precision=4.0, max_probes=1, progress=seen.append)
+        slo_goodput(
+            WorkloadConfig(name="cnn-reversed-synthetic"),
+            DeploymentConfig(model="Qwen2.5-14B", pp=1, tp=4),
+            low=8.25,
+            high=16.0,
+            precision=4.0,
+            max_probes=1,
+            progress=seen.append,
+        )
         return seen[-1]
 
     early = confirmation()
@@ -537,18 +620,39 @@ def test_goodput_cli_sweep_and_library_give_one_answer(tmp_path, monkeypatch):
 
     point = ["-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-n", "60"]
     runner = CliRunner()
-    res = runner.invoke(app, ["goodput", *point, "-d", "pp2", "-p", "static:512",
-                              "--precision", "2", "--json"])
+    res = runner.invoke(
+        app, ["goodput", *point, "-d", "pp2", "-p", "static:512", "--precision", "2", "--json"]
+    )
     assert res.exit_code == 0, res.stderr
     cli = json.loads(res.stdout)[0]
-    res = runner.invoke(app, ["sweep", "--metric", "goodput", *point, "-d", "pp2",
-                              "-p", "static:512", "--precision", "2", "--executor", "serial",
-                              "-o", str(tmp_path), "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--metric",
+            "goodput",
+            *point,
+            "-d",
+            "pp2",
+            "-p",
+            "static:512",
+            "--precision",
+            "2",
+            "--executor",
+            "serial",
+            "-o",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     (row,) = json.loads(res.stdout)["rows"]
-    lib = slo_goodput(WorkloadConfig(name="cnn-dailymail-synthetic"),
-                      DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512"),
-                      num_requests=60, precision=2.0)
+    lib = slo_goodput(
+        WorkloadConfig(name="cnn-dailymail-synthetic"),
+        DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="static:512"),
+        num_requests=60,
+        precision=2.0,
+    )
     assert lib.seeds == (0, 1) and cli["seeds"] == [0, 1]
     assert cli["goodput"] == row["goodput"] == lib.rate > 0
     assert cli["margin"] == row["margin"] == lib.margin

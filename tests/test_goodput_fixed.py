@@ -33,12 +33,13 @@ def test_goodput_is_the_last_grid_rate_before_the_first_failure():
     protocol = FixedProtocol(120, (2.0, 4.0, 8.0, 16.0, 32.0, 64.0))
     res = fixed_goodput(WL, DEP, protocol, seeds=(0,))
     rates = [p.rate for p in res.probes]
-    assert rates == list(protocol.rates[:len(rates)])  # ascending, stopped at the first failure
+    assert rates == list(protocol.rates[: len(rates)])  # ascending, stopped at the first failure
     assert all(p.ok for p in res.probes[:-1]) and not res.probes[-1].ok
     assert res.rate == rates[-2] and res.margin == rates[-1] - rates[-2]
     # every probe is one fixed run of N requests judged on the P90s alone
-    run = run_simulation(WorkloadConfig(name=WL.name, rate=rates[-1], num_requests=120, seed=0),
-                         DEP, record_iterations=False)
+    run = run_simulation(
+        WorkloadConfig(name=WL.name, rate=rates[-1], num_requests=120, seed=0), DEP, record_iterations=False
+    )
     again = judge_records([run.result.records], DEP.slo, rate=rates[-1], require_steady=False)
     assert again.ok == res.probes[-1].ok
     assert again.metrics["p90_ttft_ms"] == pytest.approx(res.probes[-1].metrics["p90_ttft_ms"])
@@ -56,8 +57,25 @@ def test_precision_bisects_inside_the_grid_bracket():
 
 def test_the_cli_protocol_option():
     runner = CliRunner()
-    res = runner.invoke(app, ["goodput", "-w", WL.name, "-m", "Qwen2.5-14B", "-d", "pp2@static:512",
-                              "--protocol", "fixed", "-n", "120", "--seeds", "1", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "goodput",
+            "-w",
+            WL.name,
+            "-m",
+            "Qwen2.5-14B",
+            "-d",
+            "pp2@static:512",
+            "--protocol",
+            "fixed",
+            "-n",
+            "120",
+            "--seeds",
+            "1",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     (result,) = json.loads(res.stdout)
     assert "fixed runs of 120 requests" in result["criterion"]

@@ -25,8 +25,9 @@ ROOM_GAP, TIGHT_GAP, BAD_GAP = 0.1, 0.2, 0.3
 class FakeView:
     """The part of SchedulerView the greedy policy reads, with state a test sets directly."""
 
-    def __init__(self, num_slots=4, running=None, kv_free=0.5,
-                 candidates=tuple(range(128, 2049, 128))) -> None:
+    def __init__(
+        self, num_slots=4, running=None, kv_free=0.5, candidates=tuple(range(128, 2049, 128))
+    ) -> None:
         self.now = 100.0
         self.num_slots = num_slots
         self.slot = 0
@@ -67,11 +68,19 @@ def grown_to(steps, **config):
 
 
 # ---------------------------------------------------------------------- config
-@pytest.mark.parametrize("field, value", [
-    ("min_chunk", 0), ("max_chunk", 0), ("kv_free_watermark", 1.0),
-    ("tpot_violation_ratio", 0.0), ("ttft_low_ratio", 0.5), ("tpot_safe_ratio", 1.2),
-    ("statistic", "p50"), ("window_s", 0.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("min_chunk", 0),
+        ("max_chunk", 0),
+        ("kv_free_watermark", 1.0),
+        ("tpot_violation_ratio", 0.0),
+        ("ttft_low_ratio", 0.5),
+        ("tpot_safe_ratio", 1.2),
+        ("statistic", "p50"),
+        ("window_s", 0.0),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GreedyConfig(**{field: value})
@@ -209,8 +218,11 @@ def _view_from(seed: int) -> FakeView:
     return view
 
 
-@given(st.integers(0, 10**6), st.lists(st.tuples(st.floats(0, 5), st.floats(0, 1)), max_size=40),
-       st.sampled_from(["mean", "p90"]))
+@given(
+    st.integers(0, 10**6),
+    st.lists(st.tuples(st.floats(0, 5), st.floats(0, 1)), max_size=40),
+    st.sampled_from(["mean", "p90"]),
+)
 @settings(max_examples=60, deadline=None)
 def test_choice_is_always_a_candidate_above_the_slots_decodes(seed, samples, statistic):
     rng = random.Random(seed)
@@ -234,8 +246,14 @@ def test_real_scheduler_budgets_are_candidates_above_the_slots_decodes(seed):
     clock = FakeClock()
     policy = GreedyChunkPolicy(GreedyConfig(kv_free_watermark=0.3))
     num_slots = rng.randint(1, 4)
-    sched = make_scheduler(clock, policy, num_slots=num_slots, kv_capacity_tokens=800,
-                           slo=SLO(0.5, 0.05), chunk_candidates=tuple(range(4, 65, 4)))
+    sched = make_scheduler(
+        clock,
+        policy,
+        num_slots=num_slots,
+        kv_capacity_tokens=800,
+        slo=SLO(0.5, 0.05),
+        chunk_candidates=tuple(range(4, 65, 4)),
+    )
     in_flight, next_id = [], 0
     for _ in range(60):  # bursts build decode sets above small chunks and fill the KV pool
         for _ in range(rng.randint(0, 3)):

@@ -23,27 +23,102 @@ from fastpp.backends.torch.text import ByteTokenizer, load_text  # noqa: E402
 from fastpp.backends.torch.tokenizer import LibTokenizer  # noqa: E402
 from fastpp.backends.torch.weights_source import WeightsSource  # noqa: E402
 
-TEXTS = ["Hello world!", "The year 2026 had 365 days, didn't it?", "  spaces\tand\nnewlines  ",
-         "naïve café ☕"]
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+TEXTS = [
+    "Hello world!",
+    "The year 2026 had 365 days, didn't it?",
+    "  spaces\tand\nnewlines  ",
+    "naïve café ☕",
+]
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
 # SmolLM2's ids for these texts, as the hand-written byte-level BPE this library replaced gave them
 # (that one matched Hugging Face's SmolLM2 tokenizer.json): the library must give the same
 SMOLLM2_IDS = {
     "Hello world!": [19556, 905, 17],
-    "The year 2026 had 365 days, didn't it?": [504, 713, 216, 34, 32, 34, 38, 761, 216, 35, 38, 37, 2009, 28,
-                                               3683, 982, 357, 47],
+    "The year 2026 had 365 days, didn't it?": [
+        504,
+        713,
+        216,
+        34,
+        32,
+        34,
+        38,
+        761,
+        216,
+        35,
+        38,
+        37,
+        2009,
+        28,
+        3683,
+        982,
+        357,
+        47,
+    ],
     "  spaces\tand\nnewlines  ": [216, 5600, 197, 397, 198, 2241, 5110, 256],
     "naïve café ☕": [3546, 46494, 37366, 4636, 242, 239],
-    "<|im_start|>user\nWhat is 12+30?<|im_end|>\n": [1, 4093, 198, 1780, 314, 216, 33, 34, 27, 35, 32, 47,
-                                                    2, 198],
-    "日本語のテキスト 🤗🤗 émoji": [23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251,
-                                10391, 134, 11100, 226, 15107, 114, 241, 10813, 114, 241, 26411, 15771,
-                                10381],
+    "<|im_start|>user\nWhat is 12+30?<|im_end|>\n": [
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        216,
+        33,
+        34,
+        27,
+        35,
+        32,
+        47,
+        2,
+        198,
+    ],
+    "日本語のテキスト 🤗🤗 émoji": [
+        23274,
+        115,
+        40993,
+        179,
+        120,
+        248,
+        26453,
+        11100,
+        224,
+        10391,
+        251,
+        10391,
+        134,
+        11100,
+        226,
+        15107,
+        114,
+        241,
+        10813,
+        114,
+        241,
+        26411,
+        15771,
+        10381,
+    ],
     "a<|endoftext|>b<|im_end|>": [81, 0, 82, 2],
-    "def f(x):\n    return x**2  # ok\n\n\n": [1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907,
-                                           10907, 16506],
+    "def f(x):\n    return x**2  # ok\n\n\n": [
+        1604,
+        275,
+        24,
+        104,
+        727,
+        472,
+        1003,
+        1792,
+        828,
+        34,
+        216,
+        907,
+        10907,
+        16506,
+    ],
 }
 
 
@@ -58,15 +133,38 @@ def byte_map() -> dict[int, str]:
 def byte_vocab_json(pre_tokenizer: dict | None, **extra) -> dict:
     """A byte-level BPE tokenizer.json with the 256 byte tokens, no merges, one special token."""
     enc = byte_map()
-    return {"version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": 256, "content": "<|eot|>", "single_word": False, "lstrip": False,
-                              "rstrip": False, "normalized": False, "special": True}],
-            "normalizer": None, "pre_tokenizer": pre_tokenizer, "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                        "use_regex": True},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": {enc[b]: b for b in range(256)}, "merges": []}} | extra
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": 256,
+                "content": "<|eot|>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {enc[b]: b for b in range(256)},
+            "merges": [],
+        },
+    } | extra
 
 
 def write(tmp_path, data: dict, **configs) -> LibTokenizer:
@@ -77,9 +175,13 @@ def write(tmp_path, data: dict, **configs) -> LibTokenizer:
 
 
 def test_split_regex_pre_tokenizer_and_special_tokens(tmp_path):
-    pre = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
-        BYTE_LEVEL]}
+    pre = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+            BYTE_LEVEL,
+        ],
+    }
     tok = write(tmp_path, byte_vocab_json(pre), tokenizer_config={"eos_token": "<|eot|>"})
     assert tok.eos_token_id == 256 and tok.token_id("<|eot|>") == 256
     for text in TEXTS:
@@ -99,16 +201,38 @@ def test_qwen2_nfc_normalizer_is_applied(tmp_path):
 
 def test_llama3_sequence_post_processor_adds_its_bos(tmp_path):
     data = byte_vocab_json(BYTE_LEVEL)
-    data["added_tokens"].append({"id": 257, "content": "<|begin_of_text|>", "single_word": False,
-                                 "lstrip": False, "rstrip": False, "normalized": False, "special": True})
-    data["post_processor"] = {"type": "Sequence", "processors": [
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        {"type": "TemplateProcessing",
-         "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
-                    {"Sequence": {"id": "A", "type_id": 0}}],
-         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [257],
-                                                  "tokens": ["<|begin_of_text|>"]}}}]}
+    data["added_tokens"].append(
+        {
+            "id": 257,
+            "content": "<|begin_of_text|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    data["post_processor"] = {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {
+                "type": "TemplateProcessing",
+                "single": [
+                    {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                ],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {
+                    "<|begin_of_text|>": {
+                        "id": "<|begin_of_text|>",
+                        "ids": [257],
+                        "tokens": ["<|begin_of_text|>"],
+                    }
+                },
+            },
+        ],
+    }
     tok = write(tmp_path, data)
     assert tok.encode("hi") == [257, 104, 105]
     assert tok.decode(tok.encode("hi"), skip_special=True) == "hi"
@@ -172,14 +296,30 @@ def test_smollm2_tokenizer_json_matches_the_gguf_tokenizer(tmp_path):
     fields = GGUFReader(smollm2_gguf_path()).fields
     tokens = fields["tokenizer.ggml.tokens"].contents()
     types = fields["tokenizer.ggml.token_type"].contents()
-    data = byte_vocab_json({"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]})
+    data = byte_vocab_json(
+        {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            ],
+        }
+    )
     data["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
     data["model"]["merges"] = [m.split(" ", 1) for m in fields["tokenizer.ggml.merges"].contents()]
-    data["added_tokens"] = [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False,
-                             "rstrip": False, "normalized": False, "special": True}
-                            for i, t in enumerate(types) if t == 3]
+    data["added_tokens"] = [
+        {
+            "id": i,
+            "content": tokens[i],
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, t in enumerate(types)
+        if t == 3
+    ]
     tok = write(tmp_path, data, config={"eos_token_id": 2})
     assert tok.eos_token_id == gguf_tok.eos_token_id
     for text in [*TEXTS, *SMOLLM2_IDS]:
@@ -189,10 +329,21 @@ def test_smollm2_tokenizer_json_matches_the_gguf_tokenizer(tmp_path):
 def test_a_hugging_face_directory_is_served(tmp_path):
     st = pytest.importorskip("safetensors.torch")
     weights = random_weights("tiny", seed=4)
-    hf = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-          "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-          "max_position_embeddings": 512, "hidden_act": "silu"}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 512,
+        "hidden_act": "silu",
+    }
     (tmp_path / "config.json").write_text(json.dumps(hf))
     st.save_file(dict(weights.tensors), str(tmp_path / "model.safetensors"))
     (tmp_path / "tokenizer.json").write_text(json.dumps(byte_vocab_json(BYTE_LEVEL)))

@@ -32,8 +32,9 @@ def test_a_log_reads_back_the_records_it_was_given():
 
 
 def test_a_simulation_keeps_what_its_policies_observed_with_one_head_per_microbatch():
-    run = run_simulation(WorkloadConfig(rate=4.0, num_requests=60, seed=2),
-                         DeploymentConfig(pp=4, tp=1, policy="predictive"))
+    run = run_simulation(
+        WorkloadConfig(rate=4.0, num_requests=60, seed=2), DeploymentConfig(pp=4, tp=1, policy="predictive")
+    )
     log = run.result.iterations
     assert isinstance(log, IterationLog) and len(log) == 4 * run.result.num_microbatches
     assert [it.stage for it in log[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -61,14 +62,16 @@ def test_a_simulation_keeps_what_its_policies_observed_with_one_head_per_microba
     profile = dep.load_profile()
     sched = build_scheduler(profile, dep)
     sched.chunk_policy = Spy(sched.chunk_policy)
-    result = PipelineSimulation(profile, sched, WorkloadConfig(rate=4.0, num_requests=60, seed=2)
-                                .requests()).run()
+    result = PipelineSimulation(
+        profile, sched, WorkloadConfig(rate=4.0, num_requests=60, seed=2).requests()
+    ).run()
     assert observed and observed == list(result.iterations)
 
 
 def test_the_writers_write_the_same_files_from_a_log_and_from_its_records(tmp_path):
-    run = run_simulation(WorkloadConfig(rate=4.0, num_requests=40, seed=1),
-                         DeploymentConfig(pp=2, tp=1, policy="greedy"))
+    run = run_simulation(
+        WorkloadConfig(rate=4.0, num_requests=40, seed=1), DeploymentConfig(pp=2, tp=1, policy="greedy")
+    )
     log = run.result.iterations
     records = list(log)
     for write, name in ((write_iterations_csv, "i.csv"), (write_chrome_trace, "t.json")):

@@ -20,12 +20,34 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTER = ("sim", "backends", "cli")
 # The member sets of the two levels, pinned: changing a level is a decision, made here too.
 LEVEL_1 = {
-    "add_request", "abort", "abort_all", "schedule", "update", "observe", "observes_iterations", "stats",
-    "is_slot_free", "has_work", "num_ended", "forget", "drain_kv_frees", "config", "clock",
+    "add_request",
+    "abort",
+    "abort_all",
+    "schedule",
+    "update",
+    "observe",
+    "observes_iterations",
+    "stats",
+    "is_slot_free",
+    "has_work",
+    "num_ended",
+    "forget",
+    "drain_kv_frees",
+    "config",
+    "clock",
 }
 LEVEL_2 = {
-    "arrive", "begin_step", "launched", "stage_records", "observe", "returned", "view", "signals",
-    "records", "policies", "counters",
+    "arrive",
+    "begin_step",
+    "launched",
+    "stage_records",
+    "observe",
+    "returned",
+    "view",
+    "signals",
+    "records",
+    "policies",
+    "counters",
 }
 CONTRACT = members(PipelineScheduler)
 HOST_CONTRACT = members(EngineHost)
@@ -85,8 +107,9 @@ def test_level_2_adapters_use_only_the_host_contract_and_never_our_scheduler(pat
     outside = [(line, attr) for line, attr in _attributes(tree, HOST_NAMES) if attr not in HOST_CONTRACT]
     assert not outside, f"{path.relative_to(ROOT)} reads PolicyHost members outside its contract: {outside}"
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert not imported & {"fastpp.scheduler", "fastpp.policies.guard"}, \
+    assert not imported & {"fastpp.scheduler", "fastpp.policies.guard"}, (
         f"{path.relative_to(ROOT)} runs policies or a scheduler beside its host"
+    )
 
 
 def test_every_member_of_each_level_is_used_by_some_executor():
@@ -122,8 +145,14 @@ def test_the_core_imports_no_outer_layer(path):
     # The package facade re-exports the simulator's entry points, imported on first use only.
     nodes = _load_time_nodes(tree) if path == ROOT / "fastpp" / "__init__.py" else ast.walk(tree)
     for node in nodes:
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         for name in names:
-            assert not any(name.startswith(f"fastpp.{o}") for o in ("sim", "backends", "cli")), \
+            assert not any(name.startswith(f"fastpp.{o}") for o in ("sim", "backends", "cli")), (
                 f"{path.relative_to(ROOT)} imports {name}"
+            )

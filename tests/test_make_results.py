@@ -12,8 +12,14 @@ import pytest
 from fastpp.sim.sweep import SerialExecutor, SweepGrid, run_sweep
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_results.py"
-TINY = dict(workloads=("cnn-dailymail-synthetic",), models=("Qwen2.5-14B",), num_requests=40,
-            metric="goodput", precision=4.0, seeds=(0,))
+TINY = dict(
+    workloads=("cnn-dailymail-synthetic",),
+    models=("Qwen2.5-14B",),
+    num_requests=40,
+    metric="goodput",
+    precision=4.0,
+    seeds=(0,),
+)
 
 
 def load_script():
@@ -25,8 +31,10 @@ def load_script():
 
 def test_background_sweeps_give_each_grid_its_own_rows(tmp_path, monkeypatch):
     script = load_script()
-    grids = {"a": SweepGrid(**TINY, deployments=("pp2@static:512",)),
-             "b": SweepGrid(**TINY, deployments=("pp2@static:512", "tp2@static:2048"))}
+    grids = {
+        "a": SweepGrid(**TINY, deployments=("pp2@static:512",)),
+        "b": SweepGrid(**TINY, deployments=("pp2@static:512", "tp2@static:2048")),
+    }
     monkeypatch.setattr(script, "sweep_grids", lambda: grids)
     sweeps = script.SweepsInBackground(tmp_path / "cache", workers=1)
     sweeps.start()

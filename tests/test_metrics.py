@@ -31,9 +31,19 @@ from fastpp.run_files import (
 from fastpp.types import ITERATION_FIELDS, SLO, FinishReason, IterationRecord, RequestRecord
 
 SGLANG_KEYS = [
-    "backend", "request_rate", "duration", "completed", "total_input_tokens",
-    "total_output_tokens", "request_throughput", "input_throughput", "output_throughput",
-    "total_throughput", "concurrency", "max_output_tokens_per_s", "max_concurrent_requests",
+    "backend",
+    "request_rate",
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "concurrency",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
     "max_itl_ms",
 ] + [
     f"{s}_{m}_ms"
@@ -42,21 +52,35 @@ SGLANG_KEYS = [
 ]
 
 
-def rec(req_id, arrived, token_times, *, reason=FinishReason.LENGTH, prompt_len=10,
-        scheduled=None, finished=None) -> RequestRecord:
+def rec(
+    req_id, arrived, token_times, *, reason=FinishReason.LENGTH, prompt_len=10, scheduled=None, finished=None
+) -> RequestRecord:
     """A record that generated ``token_times`` (times in seconds) and ended with ``reason``."""
     return RequestRecord(
-        req_id=req_id, arrived_at=arrived, prompt_len=prompt_len, output_len=len(token_times),
-        num_generated=len(token_times), scheduled_at=arrived if scheduled is None else scheduled,
+        req_id=req_id,
+        arrived_at=arrived,
+        prompt_len=prompt_len,
+        output_len=len(token_times),
+        num_generated=len(token_times),
+        scheduled_at=arrived if scheduled is None else scheduled,
         first_token_at=token_times[0] if token_times else None,
         finished_at=finished if finished is not None else (token_times or [None])[-1],
-        finish_reason=reason, token_times=list(token_times),
+        finish_reason=reason,
+        token_times=list(token_times),
     )
 
 
 def rejected(req_id, arrived) -> RequestRecord:
-    return RequestRecord(req_id, arrived, 10, 4, scheduled_at=None, finished_at=arrived,
-                         finish_reason=FinishReason.REJECTED, detail="prompt too long")
+    return RequestRecord(
+        req_id,
+        arrived,
+        10,
+        4,
+        scheduled_at=None,
+        finished_at=arrived,
+        finish_reason=FinishReason.REJECTED,
+        detail="prompt too long",
+    )
 
 
 def test_percentiles_match_numpy_and_empty_is_nan():
@@ -101,8 +125,9 @@ def test_definitions_on_a_small_run():
 
 
 def test_failed_and_unfinished_requests_are_counted_not_measured():
-    unfinished = RequestRecord(3, 0.5, 10, 8, num_generated=2, scheduled_at=0.6,
-                               first_token_at=0.9, token_times=[0.9, 1.0])
+    unfinished = RequestRecord(
+        3, 0.5, 10, 8, num_generated=2, scheduled_at=0.6, first_token_at=0.9, token_times=[0.9, 1.0]
+    )
     aborted = rec(4, 0.0, [0.2, 0.6], reason=FinishReason.ABORTED)
     records = [rec(0, 0.0, [1.0, 2.0]), rejected(1, 0.1), aborted, unfinished]
     s = summarize(records)
@@ -163,15 +188,31 @@ def test_format_summary_has_the_sglang_layout():
     lines = text.splitlines()
     assert lines[0] == "{:=^50}".format(" Serving Benchmark Result ")
     assert lines[-1] == "=" * 50
-    for heading in ("End-to-End Latency", "Time to First Token",
-                    "Time per Output Token (excl. 1st token)", "Inter-Token Latency", "SLO"):
+    for heading in (
+        "End-to-End Latency",
+        "Time to First Token",
+        "Time per Output Token (excl. 1st token)",
+        "Inter-Token Latency",
+        "SLO",
+    ):
         assert f"{heading:-^50}" in lines
-    for label in ("Backend:", "Successful requests:", "Benchmark duration (s):",
-                  "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
-                  "Output token throughput (tok/s):", "Peak output token throughput (tok/s):",
-                  "Peak concurrent requests:", "Total token throughput (tok/s):", "Concurrency:",
-                  "Mean E2E Latency (ms):", "P99 TTFT (ms):", "Median TPOT (ms):",
-                  "Max ITL (ms):"):
+    for label in (
+        "Backend:",
+        "Successful requests:",
+        "Benchmark duration (s):",
+        "Total input tokens:",
+        "Total generated tokens:",
+        "Request throughput (req/s):",
+        "Output token throughput (tok/s):",
+        "Peak output token throughput (tok/s):",
+        "Peak concurrent requests:",
+        "Total token throughput (tok/s):",
+        "Concurrency:",
+        "Mean E2E Latency (ms):",
+        "P99 TTFT (ms):",
+        "Median TPOT (ms):",
+        "Max ITL (ms):",
+    ):
         assert any(line.startswith(label) for line in lines), label
     assert "{:<40} {:<10}".format("Successful requests:", 2) in lines
     assert "{:<40} {:<10.2f}".format("Mean TTFT (ms):", 750.0) in lines
@@ -199,8 +240,10 @@ def test_bubble_fraction_of_a_two_stage_schedule():
 def test_bubble_fraction_is_the_idle_share_of_the_window():
     assert bubble_fraction([3.0, 5.0, 6.0], 1.0, 6.0) == pytest.approx([0.4, 0.0, 0.0])
     assert all(math.isnan(b) for b in bubble_fraction([1.0], 2.0, 2.0))
-    assert pipeline_fields([1.0, 3.0], 0.0, 4.0) == {"bubble_fraction": [0.75, 0.25],
-                                                     "mean_bubble_fraction": 0.5}
+    assert pipeline_fields([1.0, 3.0], 0.0, 4.0) == {
+        "bubble_fraction": [0.75, 0.25],
+        "mean_bubble_fraction": 0.5,
+    }
 
 
 def test_writers_round_trip(tmp_path):
@@ -217,12 +260,21 @@ def test_writers_round_trip(tmp_path):
 def test_the_fast_writers_write_what_the_record_dicts_say(tmp_path):
     """write_records_jsonl computes all gaps in one numpy pass: its lines must be those of
     ``json.dumps(r.to_dict())``; write_iterations_csv must be csv.DictWriter's file."""
-    records = [rec(0, 0.0, [1.0, 1.5, 2.25, 2.2500001]), rejected(1, 0.2), rec(2, 0.1, [0.7]),
-               rec(3, 0.3, [1.0 / 3, 2.0 / 3, 0.9999])]
+    records = [
+        rec(0, 0.0, [1.0, 1.5, 2.25, 2.2500001]),
+        rejected(1, 0.2),
+        rec(2, 0.1, [0.7]),
+        rec(3, 0.3, [1.0 / 3, 2.0 / 3, 0.9999]),
+    ]
     lines = write_records_jsonl(records, tmp_path / "r.jsonl").read_text().splitlines()
     assert lines == [json.dumps(r.to_dict()) for r in records]
-    iters = [it(0, 0.0, 1.0 / 3), it(1, 1.0 / 3, 2.0, mb_id=1), it(0, 2.0, 2.5, mb_id=2),
-             it(1, 2.5, 3.0, mb_id=2), it(0, 3.0, 3.5, mb_id=3)]
+    iters = [
+        it(0, 0.0, 1.0 / 3),
+        it(1, 1.0 / 3, 2.0, mb_id=1),
+        it(0, 2.0, 2.5, mb_id=2),
+        it(1, 2.5, 3.0, mb_id=2),
+        it(0, 3.0, 3.5, mb_id=3),
+    ]
     iters[2].reason, iters[3].reason, iters[4].reason = "", 'shrunk, "quoted"\nline', "plain"
     with (tmp_path / "ref.csv").open("w", newline="") as f:
         ref = csv.DictWriter(f, fieldnames=list(ITERATION_FIELDS))
@@ -260,13 +312,31 @@ def test_run_folder_readers_name_the_bad_line(tmp_path):
 def test_tpot_without_token_times_comes_from_a_completed_requests_finish():
     """Records of a run that kept no per-token times (a goodput probe's) still have a TPOT:
     a completed request's last token came at its finish. Unfinished or aborted: unknown."""
-    done = RequestRecord(0, 1.0, 10, 5, num_generated=5, first_token_at=2.0, finished_at=3.0,
-                         finish_reason=FinishReason.LENGTH)
+    done = RequestRecord(
+        0, 1.0, 10, 5, num_generated=5, first_token_at=2.0, finished_at=3.0, finish_reason=FinishReason.LENGTH
+    )
     assert done.tpot_s == pytest.approx(0.25)
-    timed = RequestRecord(0, 1.0, 10, 5, num_generated=5, first_token_at=2.0, finished_at=3.0,
-                          finish_reason=FinishReason.LENGTH, token_times=[2.0, 2.1, 2.2, 2.3, 2.6])
+    timed = RequestRecord(
+        0,
+        1.0,
+        10,
+        5,
+        num_generated=5,
+        first_token_at=2.0,
+        finished_at=3.0,
+        finish_reason=FinishReason.LENGTH,
+        token_times=[2.0, 2.1, 2.2, 2.3, 2.6],
+    )
     assert timed.tpot_s == pytest.approx(0.15)  # the token times win where kept
     running = RequestRecord(1, 1.0, 10, 5, num_generated=3, first_token_at=2.0)
-    aborted = RequestRecord(2, 1.0, 10, 5, num_generated=3, first_token_at=2.0, finished_at=9.0,
-                            finish_reason=FinishReason.ABORTED)
+    aborted = RequestRecord(
+        2,
+        1.0,
+        10,
+        5,
+        num_generated=3,
+        first_token_at=2.0,
+        finished_at=9.0,
+        finish_reason=FinishReason.ABORTED,
+    )
     assert running.tpot_s is None and aborted.tpot_s is None

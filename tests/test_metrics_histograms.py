@@ -16,17 +16,27 @@ from fastpp.types import RequestRecord  # noqa: E402
 
 
 def engine_with(counters: EngineCounters) -> SimpleNamespace:
-    stats = SimpleNamespace(num_admitted=3, num_parked=1, kv_used_tokens=1, kv_capacity_tokens=4,
-                            num_retractions=2)
+    stats = SimpleNamespace(
+        num_admitted=3, num_parked=1, kv_used_tokens=1, kv_capacity_tokens=4, num_retractions=2
+    )
     snapshot = SimpleNamespace(stats=stats, counters=counters, stage_busy_s=(1.0,), stage0_free_blocks=9)
-    return SimpleNamespace(snapshot=snapshot, config=SimpleNamespace(kv_blocks=16), num_queued=5,
-                           num_received=7)
+    return SimpleNamespace(
+        snapshot=snapshot, config=SimpleNamespace(kv_blocks=16), num_queued=5, num_received=7
+    )
 
 
 def ended(arrived: float, scheduled: float, token_times: list[float]) -> RequestRecord:
-    return RequestRecord(0, arrived, 8, len(token_times), num_generated=len(token_times),
-                         scheduled_at=scheduled, first_token_at=token_times[0],
-                         finished_at=token_times[-1], token_times=token_times)
+    return RequestRecord(
+        0,
+        arrived,
+        8,
+        len(token_times),
+        num_generated=len(token_times),
+        scheduled_at=scheduled,
+        first_token_at=token_times[0],
+        finished_at=token_times[-1],
+        token_times=token_times,
+    )
 
 
 def scrape(counters: EngineCounters) -> dict:
@@ -35,8 +45,11 @@ def scrape(counters: EngineCounters) -> dict:
 
 
 def buckets(family, **labels) -> dict[str, float]:
-    return {s.labels["le"]: s.value for s in family.samples
-            if s.name.endswith("_bucket") and all(s.labels.get(k) == v for k, v in labels.items())}
+    return {
+        s.labels["le"]: s.value
+        for s in family.samples
+        if s.name.endswith("_bucket") and all(s.labels.get(k) == v for k, v in labels.items())
+    }
 
 
 def test_itl_e2e_and_queue_histograms_count_each_request():
@@ -56,9 +69,16 @@ def test_itl_e2e_and_queue_histograms_count_each_request():
     assert total == pytest.approx(0.504)
 
 
-@pytest.mark.parametrize("name", ["time_to_first_token_seconds", "inter_token_latency_seconds",
-                                  "time_per_output_token_seconds", "e2e_request_latency_seconds",
-                                  "request_queue_time_seconds"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+    ],
+)
 def test_every_latency_histogram_starts_at_one_millisecond(name):
     c = EngineCounters(1)
     c.count_end("length", ended(0.0, 0.0002, [0.0005, 0.0009]))  # all sub-millisecond
@@ -78,8 +98,14 @@ def test_vllm_names_mirror_ours_with_the_engine_label():
         mine, vllm = fam[f"fastpp_{ours}"], fam[f"vllm:{theirs}"]
         assert mine.type == vllm.type, ours
         assert all(s.labels["engine"] == "0" and s.labels["model_name"] == "m" for s in vllm.samples)
-    for name in ("num_requests_running", "num_requests_waiting", "time_to_first_token_seconds",
-                 "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+    ):
         assert f"vllm:{name}" in fam  # the names vLLM's dashboards query
     assert fam["vllm:num_requests_running"].samples[0].value == 3
     assert fam["vllm:num_requests_waiting"].samples[0].value == 5

@@ -132,8 +132,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _python(code: str, env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, cwd=cwd, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, cwd=cwd, timeout=1800
+    )
 
 
 STATUS = "import fastpp, fastpp._native as n; print(n.status())"
@@ -155,12 +156,15 @@ def _fake_build(root: Path) -> Path:
 
 def test_the_build_is_off_unless_asked_for_even_with_one_in_the_cache(tmp_path):
     _fake_build(tmp_path)
-    for env in (_env(FASTPP_NATIVE_DIR=str(tmp_path)),
-                _env(FASTPP_NATIVE_DIR=str(tmp_path), FASTPP_NATIVE="0")):
+    for env in (
+        _env(FASTPP_NATIVE_DIR=str(tmp_path)),
+        _env(FASTPP_NATIVE_DIR=str(tmp_path), FASTPP_NATIVE="0"),
+    ):
         done = _python(STATUS, env)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip().startswith("off: not requested (FASTPP_NATIVE=1 uses a build "
-                                              "made by python -m fastpp.native_build)")
+        assert done.stdout.strip().startswith(
+            "off: not requested (FASTPP_NATIVE=1 uses a build made by python -m fastpp.native_build)"
+        )
         assert done.stderr == ""
 
 
@@ -170,7 +174,8 @@ def test_asked_for_without_a_build_warns_once_and_runs_python(tmp_path):
     assert done.stdout.strip().startswith("off: no build for these sources")
     assert done.stderr.splitlines() == [
         f"fastpp: FASTPP_NATIVE=1 but no build for these sources in {tmp_path} (run python -m "
-        "fastpp.native_build); running pure Python"]
+        "fastpp.native_build); running pure Python"
+    ]
     bad = _python(STATUS, _env(FASTPP_NATIVE_DIR=str(tmp_path), FASTPP_NATIVE="yes"))
     assert bad.returncode == 0 and bad.stdout.strip() == "off: FASTPP_NATIVE='yes' is neither 0 nor 1"
     assert len(bad.stderr.splitlines()) == 1
@@ -212,8 +217,13 @@ def test_a_build_of_another_checkout_is_not_this_ones(tmp_path):
 
 
 def test_the_builder_is_part_of_the_package():
-    done = subprocess.run([sys.executable, "-m", "fastpp.native_build", "--help"], env=_env(),
-                          capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpp.native_build", "--help"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "python -m fastpp.native_build" in done.stdout and "FASTPP_NATIVE=1" in done.stdout
 
@@ -222,9 +232,14 @@ def test_the_builder_is_part_of_the_package():
 def built(tmp_path_factory) -> Path:
     """A real build in a folder of its own (mypyc: ~25 s on two idle cores, 15 min on busy ones)."""
     root = tmp_path_factory.mktemp("native")
-    done = subprocess.run([sys.executable, "-m", "fastpp.native_build"],
-                          env=_env(FASTPP_NATIVE_DIR=str(root)), cwd=REPO, capture_output=True,
-                          text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpp.native_build"],
+        env=_env(FASTPP_NATIVE_DIR=str(root)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "on:" in done.stdout
     return root
@@ -269,11 +284,20 @@ def _installed_copy(into: Path) -> Path:
 def test_an_installed_package_builds_its_own(tmp_path):
     site = _installed_copy(tmp_path / "site")
     env = _env(PYTHONPATH=str(site), FASTPP_NATIVE_DIR=str(tmp_path / "native"))
-    done = subprocess.run([sys.executable, "-m", "fastpp.native_build"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpp.native_build"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    used = _python(STATUS + "; import fastpp.scheduler as s; print(s.__file__)",
-                   {**env, "FASTPP_NATIVE": "1"}, cwd=tmp_path)
+    used = _python(
+        STATUS + "; import fastpp.scheduler as s; print(s.__file__)",
+        {**env, "FASTPP_NATIVE": "1"},
+        cwd=tmp_path,
+    )
     status, module_file = used.stdout.splitlines()
     assert status.startswith("on: ") and module_file.startswith(str(tmp_path / "native"))
     mine = _python(STATUS, _env(FASTPP_NATIVE_DIR=str(tmp_path / "native"), FASTPP_NATIVE="1"))
@@ -286,10 +310,14 @@ def test_a_truncated_compiled_module_falls_back_instead_of_crashing(built, tmp_p
     shutil.copytree(built, damaged)
     [so] = (damaged / _native.source_key() / "fastpp").glob("scheduler.*")
     so.write_bytes(so.read_bytes()[: so.stat().st_size // 3])
-    done = subprocess.run([sys.executable, "-m", "fastpp", "simulate", "-n", "5", "-d", "pp4",
-                           "-o", str(tmp_path / "run")],
-                          env=_env(FASTPP_NATIVE_DIR=str(damaged), FASTPP_NATIVE="1"), cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpp", "simulate", "-n", "5", "-d", "pp4", "-o", str(tmp_path / "run")],
+        env=_env(FASTPP_NATIVE_DIR=str(damaged), FASTPP_NATIVE="1"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]  # not SIGBUS (-7, exit 135)
     warnings = [line for line in done.stderr.splitlines() if "FASTPP_NATIVE" in line]
     assert len(warnings) == 1 and "damaged" in warnings[0], done.stderr[-2000:]

@@ -42,24 +42,54 @@ def test_shipped_profiles_resolve_by_name_outside_a_checkout(tmp_path, monkeypat
 def test_the_wheel_ships_license_types_profiles_and_lower_bounds(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ next to the sources it builds
     # not the engine venvs scripts/engines/ builds in .engines (13 GB in CI: copied every run)
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".engines", "build", "dist", "runs",
-                                                             "*.egg-info", "__pycache__", ".*_cache",
-                                                             ".hypothesis"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".engines",
+            "build",
+            "dist",
+            "runs",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+        ),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("fastpp-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = Parser().parsestr(z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert meta["License-Expression"] == "Apache-2.0"
-    assert {"fastpp/py.typed", "fastpp/profiles/cpu_smollm2-135m_pp2.json",
-            "fastpp/profiles/a100-40gb-pcie_qwen2.5-32b_pp4.json"} <= names
+    assert {
+        "fastpp/py.typed",
+        "fastpp/profiles/cpu_smollm2-135m_pp2.json",
+        "fastpp/profiles/a100-40gb-pcie_qwen2.5-32b_pp4.json",
+    } <= names
     requires = meta.get_all("Requires-Dist")
-    serve = [r for r in requires if "extra == \"serve\"" in r]
+    serve = [r for r in requires if 'extra == "serve"' in r]
     for package in ("torch>=2.4", "tokenizers>=0.21", "prometheus_client>=0.20", "gguf", "safetensors"):
         assert any(r.startswith(package) for r in serve), (package, serve)
     # no exact pins, but for the engine plugins, which target one release's internals
     pinned = [r for r in requires if "==" in r.split(";")[0]]
     assert all('extra == "sglang"' in r or 'extra == "vllm"' in r for r in pinned), pinned
-    assert any("extra == \"all\"" in r for r in requires)
+    assert any('extra == "all"' in r for r in requires)

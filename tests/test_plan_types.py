@@ -14,8 +14,16 @@ from fastpp.plan import MicroBatchPlan, PrefillChunk, RequestEnd
 from fastpp.policies.predictive import Decision
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 
-WRITTEN_OUT = (PrefillChunk, MicroBatchPlan, IterationRecord, Request, RequestRecord, RequestEnd,
-               LiveRequest, Decision)
+WRITTEN_OUT = (
+    PrefillChunk,
+    MicroBatchPlan,
+    IterationRecord,
+    Request,
+    RequestRecord,
+    RequestEnd,
+    LiveRequest,
+    Decision,
+)
 FROZEN = tuple(c for c in WRITTEN_OUT if c.__dataclass_params__.frozen)
 
 
@@ -39,8 +47,9 @@ def test_written_out_inits_set_every_field_and_frozen_ones_stay_frozen():
     assert dataclasses.astuple(chunk) == (3, 16, 8, True)
     plan = MicroBatchPlan(7, 1, 0.5, 64, (1,), (9,), (chunk,), 9, 8, 2, 128, 64, 9)
     assert (plan.reason, plan.kv_frees, plan.kv_allocs, plan.retracted_ids) == ("", (), (), ())
-    assert plan == MicroBatchPlan(**{f.name: getattr(plan, f.name)
-                                     for f in dataclasses.fields(MicroBatchPlan)})
+    assert plan == MicroBatchPlan(
+        **{f.name: getattr(plan, f.name) for f in dataclasses.fields(MicroBatchPlan)}
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.slot = 2  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -66,12 +75,19 @@ def test_written_out_inits_of_requests_set_every_field():
     rec, other = RequestRecord(1, 0.5, 10, 5), RequestRecord(2, 0.5, 10, 5)
     assert (rec.num_generated, rec.finish_reason, rec.detail, rec.token_times) == (0, None, "", [])
     assert rec.token_times is not other.token_times  # each its own list, as default_factory
-    assert rec == RequestRecord(**{f.name: getattr(rec, f.name)
-                                   for f in dataclasses.fields(RequestRecord)})
+    assert rec == RequestRecord(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(RequestRecord)})
     end = RequestEnd(1, FinishReason.LENGTH, "", rec)
     assert (end.req_id, end.reason, end.detail, end.record) == (1, FinishReason.LENGTH, "", rec)
     live = LiveRequest(rec, target_len=5, fill_len=10)
-    assert (live.req_id, live.prompt_len, live.arrived_at, live.token_times is rec.token_times,
-            live.ctx_len, live.slot, live.admit_seq, live.parked_at, live.aborted) == (
-        1, 10, 0.5, True, 0, -1, -1, None, False)
+    assert (
+        live.req_id,
+        live.prompt_len,
+        live.arrived_at,
+        live.token_times is rec.token_times,
+        live.ctx_len,
+        live.slot,
+        live.admit_seq,
+        live.parked_at,
+        live.aborted,
+    ) == (1, 10, 0.5, True, 0, -1, -1, None, False)
     assert dataclasses.astuple(Decision(64, "r")) == (64, "r", 0.0, 0.0, 0.0)

@@ -67,10 +67,15 @@ def test_the_policy_grid_and_its_narrowing():
     pipe, single = Layout(1, 1, 4), Layout(4, 1, 1)
     full = PolicyGrid().for_layout(pipe)
     assert len(full) == 12 and "predictive+ds" in full and "static:256+ds" in full
-    assert PolicyGrid().for_layout(single) == ["static:256", "static:512", "static:1024",
-                                               "static:2048", "greedy", "predictive"]
-    assert PolicyGrid.parse("static:512,predictive,no-ds").for_layout(pipe) == ["static:512",
-                                                                                "predictive"]
+    assert PolicyGrid().for_layout(single) == [
+        "static:256",
+        "static:512",
+        "static:1024",
+        "static:2048",
+        "greedy",
+        "predictive",
+    ]
+    assert PolicyGrid.parse("static:512,predictive,no-ds").for_layout(pipe) == ["static:512", "predictive"]
     assert PolicyGrid.parse("predictive,ds").for_layout(pipe) == ["predictive+ds"]
     assert PolicyGrid.parse("static").statics == (256, 512, 1024, 2048)
     assert PolicyGrid.parse("greedy+ds").for_layout(single) == []  # +ds needs pp > 1
@@ -83,28 +88,38 @@ def test_the_policy_grid_and_its_narrowing():
 def test_binding_limits_read_from_probe_reasons():
     assert binding_from_reason("P90 TTFT: 2400.00 ms > 2000 ms") == "TTFT"
     assert binding_from_reason("P90 TPOT: 250.00 ms > 200 ms") == "TPOT"
-    assert binding_from_reason("P90 TTFT/TPOT: 24 of 600 requests ... (probe stopped early)") \
-        == "TTFT and TPOT"
+    assert (
+        binding_from_reason("P90 TTFT/TPOT: 24 of 600 requests ... (probe stopped early)") == "TTFT and TPOT"
+    )
     assert binding_from_reason("queue not stationary: median TTFT ...") == "queue growth"
 
 
 # ---- the bound: no run serves more than it ----------------------------------------------------
 
-_LAYOUTS = [("Qwen2.5-14B", "A100-40GB-PCIe", 2, 1), ("Qwen2.5-14B", "A100-40GB-PCIe", 1, 2),
-            ("Qwen2.5-14B", "H100-SXM", 4, 1), ("Llama-3.1-8B", "A100-40GB-PCIe", 1, 1)]
+_LAYOUTS = [
+    ("Qwen2.5-14B", "A100-40GB-PCIe", 2, 1),
+    ("Qwen2.5-14B", "A100-40GB-PCIe", 1, 2),
+    ("Qwen2.5-14B", "H100-SXM", 4, 1),
+    ("Llama-3.1-8B", "A100-40GB-PCIe", 1, 1),
+]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layout=st.sampled_from(_LAYOUTS), prompt=st.integers(16, 1500), output=st.integers(1, 24),
-       chunk=st.sampled_from([128, 256, 512, 2048]), ds=st.booleans(),
-       rate=st.sampled_from([None, 20.0, 200.0]))
-def test_no_simulated_run_serves_more_than_the_capacity_bound(layout, prompt, output, chunk, ds,
-                                                               rate):
+@given(
+    layout=st.sampled_from(_LAYOUTS),
+    prompt=st.integers(16, 1500),
+    output=st.integers(1, 24),
+    chunk=st.sampled_from([128, 256, 512, 2048]),
+    ds=st.booleans(),
+    rate=st.sampled_from([None, 20.0, 200.0]),
+)
+def test_no_simulated_run_serves_more_than_the_capacity_bound(layout, prompt, output, chunk, ds, rate):
     model, gpu, pp, tp = layout
     workload = WorkloadConfig(name=f"random:{prompt}:{output}", rate=rate, num_requests=30)
     policy = f"static:{chunk}" + ("+ds" if ds and pp > 1 else "")
-    run = run_simulation(workload, DeploymentConfig(model=model, gpu=gpu, pp=pp, tp=tp,
-                                                    policy=policy), record_iterations=False)
+    run = run_simulation(
+        workload, DeploymentConfig(model=model, gpu=gpu, pp=pp, tp=tp, policy=policy), record_iterations=False
+    )
     records = run.result.records
     lengths = RequestLengths.of([(r.prompt_len, r.output_len) for r in records])
     bound = capacity_bound(run.profile, lengths, chunk)
@@ -123,29 +138,36 @@ def test_the_bound_scales_with_replicas_and_names_its_bottleneck():
     one, two = capacity_bound(profile, lengths, 512), capacity_bound(profile, lengths, 512, dp=2)
     assert two.rate == pytest.approx(2 * one.rate) and two.replica_rate == pytest.approx(one.rate)
     assert one.bottleneck == "stage 3"  # the last stage adds the LM head and sampling
-    assert set(one.replica_rates) == {"stage 0", "stage 1", "stage 2", "stage 3", "host loop",
-                                      "KV pool"}
+    assert set(one.replica_rates) == {"stage 0", "stage 1", "stage 2", "stage 3", "host loop", "KV pool"}
     assert capacity_bound(profile, lengths, 2048).rate > capacity_bound(profile, lengths, 256).rate
 
 
 # ---- models from config.json, GPUs from datasheets --------------------------------------------
 
 
-@pytest.mark.parametrize(("path", "known"), [
-    ("qwen2.5-14b-instruct", "Qwen2.5-14B"), ("qwen2.5-14b-instruct/config.json", "Qwen2.5-14B"),
-    ("smollm2-135m-instruct", "SmolLM2-135M"), ("smollm2-135m-instruct/config.json", "SmolLM2-135M"),
-])
+@pytest.mark.parametrize(
+    ("path", "known"),
+    [
+        ("qwen2.5-14b-instruct", "Qwen2.5-14B"),
+        ("qwen2.5-14b-instruct/config.json", "Qwen2.5-14B"),
+        ("smollm2-135m-instruct", "SmolLM2-135M"),
+        ("smollm2-135m-instruct/config.json", "SmolLM2-135M"),
+    ],
+)
 def test_a_hugging_face_config_gives_the_built_in_shape(path, known):
     shape = resolve_model(str(DATA / path))
     assert shape.name == path.split("/")[0]
     assert dataclasses.replace(shape, name=known) == get_model(known)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not one"),
-    ({"num_local_experts": 8}, "mixture-of-experts"),
-    ({"num_hidden_layers": None}, "num_hidden_layers"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not one"),
+        ({"num_local_experts": 8}, "mixture-of-experts"),
+        ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ],
+)
 def test_a_config_the_cost_model_cannot_describe_is_refused(tmp_path, change, message):
     cfg = json.loads((DATA / "qwen2.5-14b-instruct" / "config.json").read_text())
     cfg.update(change)
@@ -160,8 +182,7 @@ def test_a_gpu_by_its_datasheet_is_uncalibrated():
     assert (gpu.name, gpu.family, gpu.interconnect) == ("L40S", "A100", "pcie4")
     assert gpu.peak_bf16_flops == 362e12 and gpu.memory_bytes == 48 * 1024**3
     assert not is_calibrated(gpu) and calibration_note(gpu).startswith("uncalibrated")
-    assert is_calibrated(resolve_gpu("h100")) and calibration_note(get_gpu("H100")).startswith(
-        "calibrated")
+    assert is_calibrated(resolve_gpu("h100")) and calibration_note(get_gpu("H100")).startswith("calibrated")
     with pytest.raises(ValueError, match="missing memory_gib"):
         resolve_gpu("X:bf16_tflops=1,hbm_gbps=2")
     with pytest.raises(ValueError, match="unknown datasheet entry 'speed=3'"):
@@ -179,10 +200,11 @@ def test_goodput_under_the_steady_protocol_never_exceeds_the_bound(policy):
     from fastpp.sim.planner import sample_lengths
 
     workload = WorkloadConfig(name="azure-conv")
-    deployment = DeploymentConfig(model="Qwen2.5-14B", gpu="A100-40GB-PCIe", pp=2, tp=1,
-                                  policy=policy)
-    bound = capacity_bound(deployment.load_profile(), RequestLengths.of(sample_lengths(workload)),
-                           DeploymentCandidate(Layout(1, 1, 2), policy).max_tokens())
-    result = slo_goodput(workload, deployment, seeds=(0,), precision=0.5, low=bound.rate / 2,
-                         high=bound.rate)
+    deployment = DeploymentConfig(model="Qwen2.5-14B", gpu="A100-40GB-PCIe", pp=2, tp=1, policy=policy)
+    bound = capacity_bound(
+        deployment.load_profile(),
+        RequestLengths.of(sample_lengths(workload)),
+        DeploymentCandidate(Layout(1, 1, 2), policy).max_tokens(),
+    )
+    result = slo_goodput(workload, deployment, seeds=(0,), precision=0.5, low=bound.rate / 2, high=bound.rate)
     assert 0 < result.rate <= bound.rate

@@ -11,9 +11,25 @@ from typer.testing import CliRunner
 from fastpp.cli.app import app
 
 runner = CliRunner()
-SMALL = ["-m", "Qwen2.5-14B", "--gpus", "2", "--layouts", "pp2,tp2", "--policies",
-         "static:512,no-ds", "--seeds", "1", "-n", "200", "--no-steady", "--precision", "2",
-         "--executor", "serial"]
+SMALL = [
+    "-m",
+    "Qwen2.5-14B",
+    "--gpus",
+    "2",
+    "--layouts",
+    "pp2,tp2",
+    "--policies",
+    "static:512,no-ds",
+    "--seeds",
+    "1",
+    "-n",
+    "200",
+    "--no-steady",
+    "--precision",
+    "2",
+    "--executor",
+    "serial",
+]
 
 
 def _plan(args: list[str]) -> tuple[int, str]:
@@ -54,16 +70,19 @@ def test_the_printed_plan_has_the_table_and_the_commands(tmp_path):
     assert "pruned" in out and "random routing" in out
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["-m", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
-    (["--gpu", "B300"], "unknown GPU 'B300'"),
-    (["--gpus", "3"], "power of two"),
-    (["--layouts", "pp8"], "--layouts: pp8 is not a layout of 4 GPUs"),
-    (["--policies", "fast"], "unknown entry 'fast'"),
-    (["--host-loop", "sideways"], "--host-loop must be one of"),
-    (["--gpu", "X:bf16_tflops=1"], "missing hbm_gbps, memory_gib"),
-    (["-m", "tests/data"], "a directory without config.json"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
+        (["--gpu", "B300"], "unknown GPU 'B300'"),
+        (["--gpus", "3"], "power of two"),
+        (["--layouts", "pp8"], "--layouts: pp8 is not a layout of 4 GPUs"),
+        (["--policies", "fast"], "unknown entry 'fast'"),
+        (["--host-loop", "sideways"], "--host-loop must be one of"),
+        (["--gpu", "X:bf16_tflops=1"], "missing hbm_gbps, memory_gib"),
+        (["-m", "tests/data"], "a directory without config.json"),
+    ],
+)
 def test_bad_input_is_a_clear_error(args, message):
     code, out = _plan([*args, "-o", ""])
     assert code == 2, out
@@ -78,8 +97,7 @@ def test_a_model_that_fits_no_layout_says_why(tmp_path):
 
 
 def test_an_slo_nothing_meets_names_the_binding_limit(tmp_path):
-    code, out = _plan([*SMALL, "--layouts", "pp2", "--slo-tpot-ms", "5", "-o", str(tmp_path),
-                       "--json"])
+    code, out = _plan([*SMALL, "--layouts", "pp2", "--slo-tpot-ms", "5", "-o", str(tmp_path), "--json"])
     assert code == 1, out
     plan = json.loads(out)
     assert plan["best"] is None
@@ -97,13 +115,36 @@ def test_gpu_list_shows_calibrated_parts():
 
 
 def test_goodput_takes_a_profile_host_loop_and_chunk_candidates():
-    result = runner.invoke(app, ["goodput", "--profile", "cpu_smollm2-135m_pp2", "-w",
-                                 "sharegpt-synthetic", "-p", "predictive", "--no-steady", "-n",
-                                 "40", "--seeds", "1", "--precision", "1", "--low", "0.25",
-                                 "--high", "1", "--host-loop", "blocking-launch",
-                                 "--chunk-candidates", "64:512:64", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "goodput",
+            "--profile",
+            "cpu_smollm2-135m_pp2",
+            "-w",
+            "sharegpt-synthetic",
+            "-p",
+            "predictive",
+            "--no-steady",
+            "-n",
+            "40",
+            "--seeds",
+            "1",
+            "--precision",
+            "1",
+            "--low",
+            "0.25",
+            "--high",
+            "1",
+            "--host-loop",
+            "blocking-launch",
+            "--chunk-candidates",
+            "64:512:64",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output[result.output.index("["):])
+    rows = json.loads(result.output[result.output.index("[") :])
     assert rows[0]["deployment"] == "pp2" and rows[0]["policy"] == "predictive"
     bad = runner.invoke(app, ["goodput", "--host-loop", "sideways", "-n", "10"])
     assert bad.exit_code == 2 and "host loop must be one of" in bad.output
@@ -116,8 +157,9 @@ def test_sweep_grids_take_the_simulate_options_without_changing_default_ids():
     same = SweepGrid(metric="simulate", rates=(1.0,), host_loop="free-slots").expand()[0][0]
     other = SweepGrid(metric="simulate", rates=(1.0,), host_loop="batch-queue").expand()[0][0]
     assert plain.point_id == same.point_id != other.point_id
-    grid = grid_from_mapping({"profile": "cpu_smollm2-135m_pp2", "chunk_candidates": "64:256:64",
-                              "rate": [0.5]})
+    grid = grid_from_mapping(
+        {"profile": "cpu_smollm2-135m_pp2", "chunk_candidates": "64:256:64", "rate": [0.5]}
+    )
     point = grid.expand()[0][0]
     assert (point.pp, point.gpu, point.chunk_candidates) == (2, "CPU", (64, 128, 192, 256))
     assert point.deployment_config().profile_path == "cpu_smollm2-135m_pp2"
@@ -129,10 +171,32 @@ def test_a_config_json_model_on_a_datasheet_gpu_plans_and_says_uncalibrated(tmp_
     from pathlib import Path
 
     model = Path(__file__).parent / "data" / "qwen2.5-14b-instruct"
-    code, out = _plan(["-m", str(model), "--gpu", "L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48",
-                       "--gpus", "2", "--layouts", "pp2", "--policies", "predictive,no-ds",
-                       "--seeds", "1", "-n", "150", "--no-steady", "--precision", "2",
-                       "--executor", "serial", "-o", str(tmp_path), "--json"])
+    code, out = _plan(
+        [
+            "-m",
+            str(model),
+            "--gpu",
+            "L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48",
+            "--gpus",
+            "2",
+            "--layouts",
+            "pp2",
+            "--policies",
+            "predictive,no-ds",
+            "--seeds",
+            "1",
+            "-n",
+            "150",
+            "--no-steady",
+            "--precision",
+            "2",
+            "--executor",
+            "serial",
+            "-o",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     assert code == 0, out
     plan = json.loads(out)
     assert plan["gpu"] == "L40S" and plan["gpu_note"].startswith("uncalibrated")

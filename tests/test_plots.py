@@ -38,14 +38,23 @@ def sweep_rows() -> list[dict]:
             for rate in (1.0, 2.0, 4.0):
                 for scale in (1.0, 0.2):
                     ttft = 200.0 * rate * (s + 1) / scale
-                    rows.append({
-                        "workload": workload, "deployment": dep, "policy": pol, "rate": rate,
-                        "slo_scale": scale, "model": "Qwen2.5-14B", "gpu": "A100-40GB-PCIe",
-                        "goodput": 0.0 if (w, s) == (1, 0) or scale < 0.5 else 1.5 + s - w,
-                        "p90_ttft_ms": float("inf") if rate == 4.0 and s == 0 else ttft,
-                        "p90_tpot_ms": 40.0 * rate / scale, "slo_attainment": scale - 0.1 * s,
-                        "slo_ttft_ms": 2000 * scale, "slo_tpot_ms": 200 * scale,
-                    })
+                    rows.append(
+                        {
+                            "workload": workload,
+                            "deployment": dep,
+                            "policy": pol,
+                            "rate": rate,
+                            "slo_scale": scale,
+                            "model": "Qwen2.5-14B",
+                            "gpu": "A100-40GB-PCIe",
+                            "goodput": 0.0 if (w, s) == (1, 0) or scale < 0.5 else 1.5 + s - w,
+                            "p90_ttft_ms": float("inf") if rate == 4.0 and s == 0 else ttft,
+                            "p90_tpot_ms": 40.0 * rate / scale,
+                            "slo_attainment": scale - 0.1 * s,
+                            "slo_ttft_ms": 2000 * scale,
+                            "slo_tpot_ms": 200 * scale,
+                        }
+                    )
     return rows
 
 
@@ -53,9 +62,17 @@ def request_rows(n: int, ttft_s: float) -> list[dict]:
     rows = []
     for i in range(n):
         done = i != n - 1  # the last one never finishes
-        rows.append({"req_id": i, "arrived_at": float(i), "first_token_at": i + ttft_s * (1 + i / n),
-                     "finished_at": i + 1.0 if done else None, "num_generated": 5 if done else 1,
-                     "finish_reason": "length" if done else None, "itl_ms": [20.0 + i] * 4})
+        rows.append(
+            {
+                "req_id": i,
+                "arrived_at": float(i),
+                "first_token_at": i + ttft_s * (1 + i / n),
+                "finished_at": i + 1.0 if done else None,
+                "num_generated": 5 if done else 1,
+                "finish_reason": "length" if done else None,
+                "itl_ms": [20.0 + i] * 4,
+            }
+        )
     return rows
 
 
@@ -64,10 +81,19 @@ def iteration_rows(num_stages: int = 2, n: int = 30, chunk=lambda i: 256) -> lis
     for i in range(n):
         for k in range(num_stages):
             t0 = 0.05 * i + 0.02 * k
-            rows.append({"mb_id": i, "stage": k, "slot": i % num_stages, "started_at": t0,
-                         "finished_at": t0 + 0.03, "num_tokens": 100,
-                         "num_prefill_tokens": 90 if i % 3 == 0 else 0,
-                         "num_decode_reqs": 0 if i % 5 == 0 else 10, "chunk_budget": chunk(i)})
+            rows.append(
+                {
+                    "mb_id": i,
+                    "stage": k,
+                    "slot": i % num_stages,
+                    "started_at": t0,
+                    "finished_at": t0 + 0.03,
+                    "num_tokens": 100,
+                    "num_prefill_tokens": 90 if i % 3 == 0 else 0,
+                    "num_decode_reqs": 0 if i % 5 == 0 else 10,
+                    "chunk_budget": chunk(i),
+                }
+            )
     return rows
 
 
@@ -82,12 +108,20 @@ def test_every_figure_writes_png_and_svg(tmp_path):
     rows = sweep_rows()
     at_scale_1 = [r for r in rows if r["slo_scale"] == 1.0]
     assert_written(plots.goodput_bars(at_scale_1, tmp_path / "goodput"), "goodput")
-    assert_written(plots.latency_vs_rate(
-        [r for r in at_scale_1 if r["workload"] == "sharegpt"], tmp_path / "rate",
-        slo_ttft_ms=2000, slo_tpot_ms=200, log_ttft=True), "rate")
+    assert_written(
+        plots.latency_vs_rate(
+            [r for r in at_scale_1 if r["workload"] == "sharegpt"],
+            tmp_path / "rate",
+            slo_ttft_ms=2000,
+            slo_tpot_ms=200,
+            log_ttft=True,
+        ),
+        "rate",
+    )
     requests = {"pp4 static:512": request_rows(20, 0.3), "pp4 predictive": request_rows(20, 0.1)}
-    assert_written(plots.latency_cdf(requests, tmp_path / "cdf", metric="ttft", slo_ms=250.0,
-                                     log_x=True), "cdf")
+    assert_written(
+        plots.latency_cdf(requests, tmp_path / "cdf", metric="ttft", slo_ms=250.0, log_x=True), "cdf"
+    )
     iterations = {"static": iteration_rows(), "adaptive": iteration_rows(chunk=lambda i: 64 * (1 + i % 4))}
     assert_written(plots.chunk_over_time(iterations, tmp_path / "chunk", window=5), "chunk")
     assert_written(plots.stage_timeline(iteration_rows(4), tmp_path / "tl", num_stages=4), "tl")
@@ -127,13 +161,20 @@ def test_svg_and_png_are_byte_identical_across_runs(tmp_path):
 
 
 def test_simulate_then_plot_writes_the_run_figures(tmp_path):
-    res = invoke("simulate", "-n", "40", "-d", "pp2", "-d", "pp2@predictive", "-m", "Qwen2.5-14B",
-                 "-o", str(tmp_path))
+    res = invoke(
+        "simulate", "-n", "40", "-d", "pp2", "-d", "pp2@predictive", "-m", "Qwen2.5-14B", "-o", str(tmp_path)
+    )
     assert res.exit_code == 0, res.output
     res = invoke("plot", str(tmp_path))
     assert res.exit_code == 0, res.output
-    stems = ["cdf_ttft", "cdf_tpot", "cdf_e2e", "chunk_over_time", "timeline_pp2-static-2048",
-             "timeline_pp2-predictive"]
+    stems = [
+        "cdf_ttft",
+        "cdf_tpot",
+        "cdf_e2e",
+        "chunk_over_time",
+        "timeline_pp2-static-2048",
+        "timeline_pp2-predictive",
+    ]
     expected = [tmp_path / "plots" / f"{s}.{fmt}" for s in stems for fmt in ("png", "svg")]
     assert all(p.stat().st_size > 1000 for p in expected)
     assert flat(res.stdout).split() == [str(p) for p in expected]
@@ -150,7 +191,8 @@ def test_sweep_csv_cells_come_back_typed_as_in_jsonl(tmp_path):
     rows = sweep_rows()
     header = list(rows[0])
     (tmp_path / "results.csv").write_text(
-        ",".join(header) + "\n" + "".join(",".join(str(r[k]) for k in header) + "\n" for r in rows))
+        ",".join(header) + "\n" + "".join(",".join(str(r[k]) for k in header) + "\n" for r in rows)
+    )
     assert load_results(tmp_path) == rows
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert load_results(tmp_path / "results.jsonl") == rows
@@ -161,13 +203,17 @@ def test_plot_a_sweep_table_makes_goodput_rate_and_slo_figures(tmp_path):
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     paths = plot_results(tmp_path, tmp_path / "out", formats=("svg",))
     assert [p.name for p in paths] == [
-        "goodput_slo-scale-1.svg", "goodput_slo-scale-0.2.svg",
+        "goodput_slo-scale-1.svg",
+        "goodput_slo-scale-0.2.svg",
         "latency_vs_rate_workload-sharegpt_slo-scale-1.svg",
         "latency_vs_rate_workload-sharegpt_slo-scale-0.2.svg",
         "latency_vs_rate_workload-cnn-reversed_slo-scale-1.svg",
         "latency_vs_rate_workload-cnn-reversed_slo-scale-0.2.svg",
-        "slo_scale_rate-1.svg", "slo_scale_rate-4.svg",
-        "slo_scale_goodput_rate-1.svg", "slo_scale_goodput_rate-4.svg"]
+        "slo_scale_rate-1.svg",
+        "slo_scale_rate-4.svg",
+        "slo_scale_goodput_rate-1.svg",
+        "slo_scale_goodput_rate-4.svg",
+    ]
     assert all(p.parent == tmp_path / "out" for p in paths)
     at_1 = tmp_path / "at_1.jsonl"
     at_1.write_text("".join(json.dumps(r) + "\n" for r in rows if r["slo_scale"] == 1.0))
@@ -176,10 +222,17 @@ def test_plot_a_sweep_table_makes_goodput_rate_and_slo_figures(tmp_path):
 
 
 def test_plot_goodput_json_draws_the_probes(tmp_path):
-    result = {"deployment": "pp2", "policy": "static:2048", "goodput": 2.0, "margin": 0.1,
-              "probes": [{"rate": 4.0, "ok": False, "p90_ttft_ms": None, "p90_tpot_ms": 90.0},
-                         {"rate": 1.0, "ok": True, "p90_ttft_ms": 300.0, "p90_tpot_ms": 50.0},
-                         {"rate": 2.0, "ok": True, "p90_ttft_ms": 900.0, "p90_tpot_ms": 70.0}]}
+    result = {
+        "deployment": "pp2",
+        "policy": "static:2048",
+        "goodput": 2.0,
+        "margin": 0.1,
+        "probes": [
+            {"rate": 4.0, "ok": False, "p90_ttft_ms": None, "p90_tpot_ms": 90.0},
+            {"rate": 1.0, "ok": True, "p90_ttft_ms": 300.0, "p90_tpot_ms": 50.0},
+            {"rate": 2.0, "ok": True, "p90_ttft_ms": 900.0, "p90_tpot_ms": 70.0},
+        ],
+    }
     path = tmp_path / "gp.json"
     path.write_text(json.dumps([result]))
     assert [r["rate"] for r in probe_rows([result])] == [1.0, 2.0, 4.0]
@@ -187,7 +240,11 @@ def test_plot_goodput_json_draws_the_probes(tmp_path):
     res = invoke("plot", str(path), "--slo-ttft-ms", "2000", "--slo-tpot-ms", "200")
     assert res.exit_code == 0, res.output
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
-        "goodput_probes.png", "goodput_probes.svg", "goodput.png", "goodput.svg"}
+        "goodput_probes.png",
+        "goodput_probes.svg",
+        "goodput.png",
+        "goodput.svg",
+    }
 
 
 def test_unrecognised_input_and_wrong_kind_are_named(tmp_path):
@@ -217,8 +274,10 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_the_cli_and_the_plot_modules_do_not_import_matplotlib():
-    code = ("import sys, fastpp.cli.app, fastpp.sim.plots, fastpp.sim.plot_report; "
-            "sys.exit('matplotlib' in sys.modules)")
+    code = (
+        "import sys, fastpp.cli.app, fastpp.sim.plots, fastpp.sim.plot_report; "
+        "sys.exit('matplotlib' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -251,11 +310,15 @@ def test_timelines_of_one_run_share_one_window_and_say_whose(tmp_path):
     from fastpp.sim.plot_inputs import RunData
     from fastpp.sim.plot_report import _common_window
 
-    fast = {k: __import__("numpy").array([r[k] for r in iteration_rows(2, 60)], float)
-            for k in ("stage", "started_at", "finished_at", "num_prefill_tokens", "num_decode_reqs")}
+    fast = {
+        k: __import__("numpy").array([r[k] for r in iteration_rows(2, 60)], float)
+        for k in ("stage", "started_at", "finished_at", "num_prefill_tokens", "num_decode_reqs")
+    }
     slow = {k: v * (3.0 if k in ("started_at", "finished_at") else 1.0) for k, v in fast.items()}
-    runs = [RunData("a", {"deployment": "pp2"}, iterations=fast),
-            RunData("b", {"deployment": "tp2"}, iterations=slow)]
+    runs = [
+        RunData("a", {"deployment": "pp2"}, iterations=fast),
+        RunData("b", {"deployment": "tp2"}, iterations=slow),
+    ]
     start, end, whose = _common_window(runs)
     w_fast, w_slow = plots.timeline_window(fast), plots.timeline_window(slow)
     assert whose == "tp2" and (start, end) == w_slow and end - start > w_fast[1] - w_fast[0]
@@ -267,7 +330,7 @@ def test_rolling_median_and_columns_match_the_plain_definitions(tmp_path):
     values = np.random.default_rng(0).integers(0, 50, 301).astype(float)
     for window in (1, 4, 25, 400):
         half = max(1, window) // 2
-        plain = [np.median(values[max(0, i - half): i + half + 1]) for i in range(values.size)]
+        plain = [np.median(values[max(0, i - half) : i + half + 1]) for i in range(values.size)]
         assert plots.rolling_median(values, window).tolist() == plain
     from fastpp.sim.plot_inputs import read_columns
 
@@ -281,11 +344,18 @@ def test_rolling_median_and_columns_match_the_plain_definitions(tmp_path):
 
 def test_tick_labels_stay_short_and_legends_sit_outside_the_axes(tmp_path):
     assert [plots.compact_number(v) for v in (0.5, 20, 500, 2000, 50_000, 1.5e6)] == [
-        "0.5", "20", "500", "2k", "50k", "1.5M"]
+        "0.5",
+        "20",
+        "500",
+        "2k",
+        "50k",
+        "1.5M",
+    ]
     slow = request_rows(30, 400.0)  # TTFTs up to ~800 s: the labels would read 100000200000
     requests = {"pp4 static:512": slow, "pp4 predictive": slow}  # two identical series
-    (svg,) = plots.latency_cdf(requests, tmp_path / "cdf", metric="ttft", slo_ms=2000,
-                               log_x=True, formats=("svg",))
+    (svg,) = plots.latency_cdf(
+        requests, tmp_path / "cdf", metric="ttft", slo_ms=2000, log_x=True, formats=("svg",)
+    )
     text = svg.read_text()
     assert "same as pp4 static:512" in text and "100000" not in text
 
@@ -302,8 +372,18 @@ def test_coinciding_series_are_named_in_the_legend_or_above_the_panel(tmp_path):
 def test_a_parquet_run_plots_as_its_text_form_does(tmp_path):
     pytest.importorskip("pyarrow")
     for fmt in ("text", "parquet"):
-        res = invoke("simulate", "-n", "20", "-d", "pp2", "--table-format", fmt, "--no-timeline",
-                     "-o", str(tmp_path / fmt))
+        res = invoke(
+            "simulate",
+            "-n",
+            "20",
+            "-d",
+            "pp2",
+            "--table-format",
+            fmt,
+            "--no-timeline",
+            "-o",
+            str(tmp_path / fmt),
+        )
         assert res.exit_code == 0, res.output
     text, parquet = (load_run_dir(tmp_path / f) for f in ("text", "parquet"))
     assert text[0].requests == parquet[0].requests
@@ -315,8 +395,12 @@ def test_a_parquet_run_plots_as_its_text_form_does(tmp_path):
 
 def test_run_folders_side_by_side_get_labels_that_tell_them_apart(tmp_path):
     for model in ("Qwen2.5-14B", "Qwen2.5-32B"):
-        assert invoke("simulate", "-n", "10", "-d", "pp2", "-m", model, "--no-timeline",
-                      "-o", str(tmp_path / model)).exit_code == 0
+        assert (
+            invoke(
+                "simulate", "-n", "10", "-d", "pp2", "-m", model, "--no-timeline", "-o", str(tmp_path / model)
+            ).exit_code
+            == 0
+        )
     recorded = tmp_path / "recorded"  # bare run folders, as `fastpp serve --record-dir` leaves them
     recorded.mkdir()
     for model in ("Qwen2.5-14B", "Qwen2.5-32B"):

@@ -45,8 +45,16 @@ class Req:
 
 
 def _req(r: RequestView) -> Req:
-    return Req(r.req_id, r.arrived_at, r.prompt_len, r.num_computed, r.remaining_prefill, r.ctx_len,
-               r.num_generated, r.parked_at)
+    return Req(
+        r.req_id,
+        r.arrived_at,
+        r.prompt_len,
+        r.num_computed,
+        r.remaining_prefill,
+        r.ctx_len,
+        r.num_generated,
+        r.parked_at,
+    )
 
 
 @dataclass(slots=True)
@@ -117,15 +125,24 @@ class MinimalView:
         n = v.num_slots
         chunked = v.chunked
         return cls(
-            now=v.now, num_slots=n, slot=v.slot, slo=v.slo, chunk_candidates=v.chunk_candidates,
-            default_chunk=v.default_chunk, token_step=v.token_step, kv_total_tokens=v.kv_total_tokens,
-            kv_free_tokens=v.kv_free_tokens, waiting=[_req(r) for r in v.iter_waiting()],
+            now=v.now,
+            num_slots=n,
+            slot=v.slot,
+            slo=v.slo,
+            chunk_candidates=v.chunk_candidates,
+            default_chunk=v.default_chunk,
+            token_step=v.token_step,
+            kv_total_tokens=v.kv_total_tokens,
+            kv_free_tokens=v.kv_free_tokens,
+            waiting=[_req(r) for r in v.iter_waiting()],
             chunked=None if chunked is None else _req(chunked),
             running=[[_req(r) for r in v.iter_running(s)] for s in range(n)],
             in_flight=[v.is_in_flight(s) for s in range(n)],
             parked=[_req(r) for r in v.iter_parked()],
-            recent_ttft=deque(v.recent_ttft), recent_token_gap=deque(v.recent_token_gap),
-            recent_arrivals=deque(v.recent_arrivals), num_arrivals=v.num_arrivals,
+            recent_ttft=deque(v.recent_ttft),
+            recent_token_gap=deque(v.recent_token_gap),
+            recent_arrivals=deque(v.recent_arrivals),
+            num_arrivals=v.num_arrivals,
         )
 
 
@@ -146,8 +163,9 @@ class MirroredChunkPolicy:
     def choose(self, view: PolicyView) -> int:
         want = self.real.choose(view)
         got = self.twin.choose(MinimalView.copy_of(view))
-        assert (got, self.twin.last_reason) == (want, self.real.last_reason), \
+        assert (got, self.twin.last_reason) == (want, self.real.last_reason), (
             f"decision {self.decisions}: twin on MinimalView chose {got}, real view {want}"
+        )
         self.last_reason = self.real.last_reason
         self.decisions += 1
         return want
@@ -175,13 +193,19 @@ class MirroredBalancer:
         self.twin.observe(rec)
 
 
-def _mirrored_run(spec: str, profile: Profile, requests,
-                  **config) -> tuple[MirroredChunkPolicy, MirroredBalancer]:
-    cfg = SchedulerConfig(num_slots=profile.pp, kv_capacity_tokens=profile.kv_capacity_tokens,
-                          token_step=profile.token_step, **config)
+def _mirrored_run(
+    spec: str, profile: Profile, requests, **config
+) -> tuple[MirroredChunkPolicy, MirroredBalancer]:
+    cfg = SchedulerConfig(
+        num_slots=profile.pp,
+        kv_capacity_tokens=profile.kv_capacity_tokens,
+        token_step=profile.token_step,
+        **config,
+    )
     # real and twin each built once: a policy that is its own balancer (slack) stays one object
-    (real_chunk, real_balancer), (twin_chunk, twin_balancer) = (make_policies(spec, cfg, profile)
-                                                                for _ in range(2))
+    (real_chunk, real_balancer), (twin_chunk, twin_balancer) = (
+        make_policies(spec, cfg, profile) for _ in range(2)
+    )
     chunk = MirroredChunkPolicy(real_chunk, twin_chunk)
     balancer = MirroredBalancer(real_balancer, twin_balancer)
     sched = Scheduler(cfg, lambda: 0.0, chunk, balancer)
@@ -191,8 +215,19 @@ def _mirrored_run(spec: str, profile: Profile, requests,
 
 
 # Every chunk policy and every balancer of the registry, each with every argument it takes.
-SPECS = ["static:96", "greedy", "greedy:p90", "predictive", "predictive:tokens", "upstream:256",
-         "static:96+ds", "predictive+ds", "predictive+ds:tpot_first", "greedy+ds:e2e_first", "slack"]
+SPECS = [
+    "static:96",
+    "greedy",
+    "greedy:p90",
+    "predictive",
+    "predictive:tokens",
+    "upstream:256",
+    "static:96+ds",
+    "predictive+ds",
+    "predictive+ds:tpot_first",
+    "greedy+ds:e2e_first",
+    "slack",
+]
 
 
 def test_specs_cover_the_registry():
@@ -207,8 +242,15 @@ def test_policy_decides_the_same_on_the_minimal_view(spec):
     # long-output requests: slots outgrow the tile, so delay scheduling parks and restores
     profile = make_profile(pp=2, kv_tokens=20_000, step=16)
     requests = make_requests("random:48:96:0.5", seed=3, rate=None, num_requests=90)
-    chunk, balancer = _mirrored_run(spec, profile, requests, chunk_candidates=(32, 48, 64, 96, 128, 192),
-                                    default_chunk=96, max_context=4096, slo=SLO(0.5, 0.03))
+    chunk, balancer = _mirrored_run(
+        spec,
+        profile,
+        requests,
+        chunk_candidates=(32, 48, 64, 96, 128, 192),
+        default_chunk=96,
+        max_context=4096,
+        slo=SLO(0.5, 0.03),
+    )
     assert chunk.decisions > 100
     if "+ds" in spec or spec == "slack":
         assert balancer.parks > 0, "the run was meant to make the balancer park"

@@ -58,11 +58,14 @@ class Plans:
         return None
 
 
-@pytest.mark.parametrize("plan, message", [
-    (BalancePlan(park_ids=(9,)), "not a decode of slot 0"),
-    (BalancePlan(restore_ids=(1,)), "not parked"),
-    (BalancePlan(park_ids=(1, 1)), "repeats"),
-])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        (BalancePlan(park_ids=(9,)), "not a decode of slot 0"),
+        (BalancePlan(restore_ids=(1,)), "not parked"),
+        (BalancePlan(park_ids=(1, 1)), "repeats"),
+    ],
+)
 def test_a_plan_the_slot_state_cannot_apply_is_refused(plan, message):
     _, slots = make_host()
     with pytest.raises(ValueError, match=message):
@@ -135,11 +138,17 @@ def test_request_log_folds_in_tokens_once_with_one_first_token_sample():
     assert (rec.finish_reason, rec.finished_at, rec.detail) == (FinishReason.STOP, 2.0, "stop string")
 
 
-@pytest.mark.parametrize("name, reason", [
-    ("FINISH_LENGTH", FinishReason.LENGTH), ("FINISH_MATCHED_TOKEN", FinishReason.STOP),
-    ("FINISH_MATCHED_STR", FinishReason.STOP), ("FINISHED_MATCHED_REGEX", FinishReason.STOP),
-    ("FINISH_ABORT", FinishReason.ABORTED), ("FINISH_SOMETHING_NEW", FinishReason.ABORTED),
-])
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("FINISH_LENGTH", FinishReason.LENGTH),
+        ("FINISH_MATCHED_TOKEN", FinishReason.STOP),
+        ("FINISH_MATCHED_STR", FinishReason.STOP),
+        ("FINISHED_MATCHED_REGEX", FinishReason.STOP),
+        ("FINISH_ABORT", FinishReason.ABORTED),
+        ("FINISH_SOMETHING_NEW", FinishReason.ABORTED),
+    ],
+)
 def test_sglang_finish_reasons_map_explicitly(name, reason):
     obj = type(name, (), {"message": "client went away"})()
     got, detail = finish_reason_of(obj)
@@ -159,8 +168,9 @@ def test_static_means_the_same_chunk_in_every_executor():
     deployment = DeploymentConfig(pp=2, tp=1, policy="static")
     sim = build_scheduler(deployment.load_profile(), deployment)
     engine = PipelineEngine(WeightsSource.parse("random:tiny"), EngineConfig(policy="static"))
-    vllm = VllmSchedulerSettings().scheduler_config(num_slots=2, max_budget=8192, kv_total_tokens=1 << 16,
-                                                    page_size=16, max_context=4096)
+    vllm = VllmSchedulerSettings().scheduler_config(
+        num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16, max_context=4096
+    )
     sglang_ceiling = _default_ceiling(LaunchSpec(model="/m", pp=2, policy="static"))
     for config in (sim.config, engine.scheduler_config, vllm):
         assert config.default_chunk == DEFAULT_STATIC_CHUNK
@@ -170,5 +180,6 @@ def test_static_means_the_same_chunk_in_every_executor():
     # an engine's own limit caps it; the user's chunk wins below it
     assert static_chunk(limit=512) == 512 and static_chunk(300, limit=512) == 300
     user = VllmSchedulerSettings(default_chunk=300).scheduler_config(
-        num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16, max_context=4096)
+        num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16, max_context=4096
+    )
     assert user.default_chunk == 300

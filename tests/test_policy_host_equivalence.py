@@ -68,8 +68,14 @@ def scripted_requests(n: int = 48, seed: int = 11) -> list[Request]:
 
 def make_config() -> SchedulerConfig:
     # a tight SLO for the toy profile's millisecond microbatches: greedy and predictive move C
-    return SchedulerConfig(num_slots=PP, kv_capacity_tokens=KV_TOKENS, max_context=1 << 16,
-                           chunk_candidates=tuple(range(64, 1025, 64)), token_step=2, slo=SLO(0.02, 0.01))
+    return SchedulerConfig(
+        num_slots=PP,
+        kv_capacity_tokens=KV_TOKENS,
+        max_context=1 << 16,
+        chunk_candidates=tuple(range(64, 1025, 64)),
+        token_step=2,
+        slo=SLO(0.02, 0.01),
+    )
 
 
 # ---------------------------------------------------------------------- (a) the simulator
@@ -219,8 +225,9 @@ def replay_sglang(spec: str, trace: list) -> tuple[list[StepDecision], list]:
             for r, _, _ in chunks:
                 host.records.scheduled(records[ids[r.rid][0]], t)
             if decodes or chunks:
-                f = BatchFeatures.of([r.fill for r in decodes],
-                                     [(past, n, past + n == r.fill) for r, past, n in chunks])
+                f = BatchFeatures.of(
+                    [r.fill for r in decodes], [(past, n, past + n == r.fill) for r, past, n in chunks]
+                )
                 sched.mbs[slot] = (decodes, chunks, f.head(len(decisions), slot, d.budget, d.reason))
         else:
             slot, times = event[2], event[3]
@@ -291,8 +298,18 @@ def replay_vllm(spec: str, trace: list) -> tuple[list[StepDecision], list]:
 
 # ---------------------------------------------------------------------- the comparison
 def key(d: StepDecision, req_id) -> tuple:
-    return (d.slot, d.at, d.budget, d.reason, d.park_ids, d.restore_ids, d.num_liveness,
-            tuple(req_id(r) for r in d.decodes), d.balance, d.fallback)
+    return (
+        d.slot,
+        d.at,
+        d.budget,
+        d.reason,
+        d.park_ids,
+        d.restore_ids,
+        d.num_liveness,
+        tuple(req_id(r) for r in d.decodes),
+        d.balance,
+        d.fallback,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,11 @@ def brute_features(items, a, b):
     return spp, sps
 
 
-@given(items=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 30)), max_size=8),
-       a=st.integers(0, 200), n=st.integers(0, 120))
+@given(
+    items=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 30)), max_size=8),
+    a=st.integers(0, 200),
+    n=st.integers(0, 120),
+)
 def test_stream_features_match_token_by_token_packing(items, a, n):
     items = [(items[0][0], items[0][1])] + [(ln, 0) for ln, _ in items[1:]] if items else []
     stream = _Stream()
@@ -51,8 +54,14 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
     rng = random.Random(seed)
     clock = FakeClock()
     policy = policy_for(pp)
-    sched = make_scheduler(clock, policy, num_slots=pp, kv_capacity_tokens=6000,
-                           chunk_candidates=CANDS, slo=SLO(0.5, tpot_ms / 1e3))
+    sched = make_scheduler(
+        clock,
+        policy,
+        num_slots=pp,
+        kv_capacity_tokens=6000,
+        chunk_candidates=CANDS,
+        slo=SLO(0.5, tpot_ms / 1e3),
+    )
     in_flight = []
     for i in range(120):
         sched.add_request(Request(i, clock.t, rng.randint(1, 300), rng.randint(1, 60)))
@@ -69,15 +78,15 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
         if in_flight and rng.random() < 0.7:
             clock.t += 0.01
             sched.update(in_flight.pop(0))
-    assert set(policy.reasons) <= {"optimal", "best-effort", "infeasible", "kv-pressure", "idle",
-                                   "guard"}
+    assert set(policy.reasons) <= {"optimal", "best-effort", "infeasible", "kv-pressure", "idle", "guard"}
 
 
 def loaded_scheduler(policy, slo=None, n_waiting=40, prompt=200):
     slo = slo or SLO(2.0, 0.2)
     clock = FakeClock()
-    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=100_000,
-                           chunk_candidates=CANDS, slo=slo)
+    sched = make_scheduler(
+        clock, policy, num_slots=2, kv_capacity_tokens=100_000, chunk_candidates=CANDS, slo=slo
+    )
     for i in range(n_waiting):
         sched.add_request(Request(i, 0.0, prompt, 50))
     return sched, clock
@@ -131,6 +140,7 @@ def test_no_chunk_below_the_efficient_tile_while_the_queue_is_deep():
     assert chunk < tile and tight.last.reason == "best-effort"
     # with the A100 cost model the floor is 256 tokens for both paper models
     from fastpp.sim.run import DeploymentConfig
+
     for model in ("Qwen2.5-32B", "Qwen2.5-14B"):
         profile = DeploymentConfig(model=model).load_profile()
         real = PredictiveChunkPolicy.from_profile(profile)
@@ -166,8 +176,15 @@ def test_tpot_bound_caps_the_chunk_and_infeasible_slo_falls_back_to_the_smallest
 def test_kv_pressure_drains_with_the_smallest_chunk_above_every_slot():
     policy = policy_for()
     clock = FakeClock()
-    sched = make_scheduler(clock, None, num_slots=2, kv_capacity_tokens=1000,
-                           chunk_candidates=CANDS, new_token_ratio=0.0, default_chunk=512)
+    sched = make_scheduler(
+        clock,
+        None,
+        num_slots=2,
+        kv_capacity_tokens=1000,
+        chunk_candidates=CANDS,
+        new_token_ratio=0.0,
+        default_chunk=512,
+    )
     for i in range(20):
         sched.add_request(Request(i, 0.0, 40, 200))
     while sched.view.kv_free_tokens >= policy.config.kv_free_watermark * sched.view.kv_total_tokens:
@@ -203,8 +220,9 @@ def test_observe_learns_once_per_microbatch_from_its_slowest_stage():
 def test_runs_in_the_simulator_and_every_request_completes():
     profile = make_profile(pp=4)
     policy = PredictiveChunkPolicy.from_profile(profile, candidates=CANDS)
-    sched = make_scheduler(None, policy, num_slots=4, chunk_candidates=CANDS,
-                           kv_capacity_tokens=8192, slo=SLO(0.1, 0.02))
+    sched = make_scheduler(
+        None, policy, num_slots=4, chunk_candidates=CANDS, kv_capacity_tokens=8192, slo=SLO(0.1, 0.02)
+    )
     rng = random.Random(3)
     reqs = [Request(i, i * 0.002, rng.randint(1, 400), rng.randint(1, 40)) for i in range(400)]
     result = PipelineSimulation(profile, sched, reqs).run()
@@ -218,8 +236,9 @@ def test_inflow_counts_a_replay_that_starts_at_time_zero():
     window's prompt tokens by the time since then (0.0 is a start, not a missing one)."""
     policy = policy_for()
     clock = FakeClock()
-    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=100_000,
-                           chunk_candidates=CANDS, slo=SLO(2.0, 0.2))
+    sched = make_scheduler(
+        clock, policy, num_slots=2, kv_capacity_tokens=100_000, chunk_candidates=CANDS, slo=SLO(2.0, 0.2)
+    )
     for i in range(5):  # 100 prompt tokens every 0.5 s from t = 0
         clock.t = 0.5 * i
         sched.add_request(Request(i, clock.t, 100, 10))
@@ -257,6 +276,7 @@ def test_kv_aware_rule_switches_the_catch_up_tpot_budget():
     """A late backlog takes the largest TPOT-safe chunk; while the KV pool fills (projected
     share over kv_bound_share) the TPOT budget is kv_bound_tpot_coeff x SLO instead of
     tpot_coeff x SLO, so the catch-up chunk is smaller and the reason says kv-bound."""
+
     def late_choice(used_shares, slo):
         policy = policy_for()
         sched, clock = loaded_scheduler(policy, slo=slo)

@@ -124,8 +124,8 @@ def test_a_long_run_of_outliers_is_learned_as_a_regime_change():
 
 def test_partial_fit_of_one_sample_is_learn_one():
     a, b = ALPPredictor(TABLE), ALPPredictor(TABLE)
-    a.learn_one(300, 256 * 1024, 256 ** 2, 44_000, 0.004)
-    b.partial_fit([300, 256 * 1024, 256 ** 2, 44_000], 0.004)
+    a.learn_one(300, 256 * 1024, 256**2, 44_000, 0.004)
+    b.partial_fit([300, 256 * 1024, 256**2, 44_000], 0.004)
     np.testing.assert_array_equal(a.coef_, b.coef_)
     assert a.n_updates_ == 1
 
@@ -164,8 +164,7 @@ def test_online_updates_after_fit_do_not_undo_it():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 20_000), st.integers(0, 10 ** 9), st.integers(0, 10 ** 8),
-       st.integers(0, 10 ** 7))
+@given(st.integers(0, 20_000), st.integers(0, 10**9), st.integers(0, 10**8), st.integers(0, 10**7))
 def test_predict_one_matches_predict(num_tokens, past_x_pre, pre_sq, dec_ctx):
     for pred in (_TRAINED_ALP, _TRAINED_TOK):
         one = pred.predict_one(num_tokens, past_x_pre, pre_sq, dec_ctx)
@@ -216,8 +215,9 @@ def test_changing_feature_scales_keeps_unscaled_coefficients():
     coef = pred.coef_.copy()
     pred.set_params(feature_scales=(1e-6, 1e-6, 1e-4, 0.5))
     np.testing.assert_allclose(pred.coef_, coef, rtol=1e-12)
-    assert pred.predict_one(512, 10 ** 6, 10 ** 5, 10 ** 4) == pytest.approx(
-        TABLE.at(512) + coef @ (10 ** 6, 10 ** 5, 10 ** 4, 1), rel=1e-12)
+    assert pred.predict_one(512, 10**6, 10**5, 10**4) == pytest.approx(
+        TABLE.at(512) + coef @ (10**6, 10**5, 10**4, 1), rel=1e-12
+    )
 
 
 def test_coefficients_survive_reset():
@@ -272,10 +272,12 @@ def test_from_profile_uses_bottleneck_table_and_attention_prior():
     pred = ALPPredictor.from_profile(prof)
     stage0, last = prof.stages[0], prof.stages[-1]  # stage 0 is the bottleneck (embedding)
     assert (pred.model, pred.hardware, pred.pp, pred.tp) == ("toy", "toy", 2, 1)
-    np.testing.assert_allclose(pred.coef_, (stage0.attn_past_x_pre_s, stage0.attn_pre_sq_s,
-                                            stage0.attn_dec_ctx_s, last.lm_head.at(1)))
+    np.testing.assert_allclose(
+        pred.coef_,
+        (stage0.attn_past_x_pre_s, stage0.attn_pre_sq_s, stage0.attn_dec_ctx_s, last.lm_head.at(1)),
+    )
     assert pred.table.tokens == (1, *stage0.linear.tokens)
-    for n, a, s, d in [(1, 0, 0, 0), (17, 0, 289, 0), (200, 10 ** 5, 10 ** 4, 3000), (1000, 0, 0, 10 ** 5)]:
+    for n, a, s, d in [(1, 0, 0, 0), (17, 0, 289, 0), (200, 10**5, 10**4, 3000), (1000, 0, 0, 10**5)]:
         expected = stage0.time_s(n, 0, a, s, d) + last.lm_head.at(1)  # beat = slowest stage
         assert pred.predict_one(n, a, s, d) == pytest.approx(expected, rel=1e-12)
     tok = TokensOnlyPredictor.from_profile(prof, forgetting_factor=0.99)
@@ -356,22 +358,25 @@ def test_the_unrolled_rls_step_is_the_textbook_update(cap):
         want_theta, want_P = _textbook_step(theta, P, phi, e, pred.forgetting_factor)
         d = np.sqrt(np.minimum(1.0, cap / np.diag(want_P)))  # anti-windup: P <- D P D
         np.testing.assert_allclose(pred._theta, want_theta, rtol=1e-9, atol=1e-18)
-        np.testing.assert_allclose(pred.covariance_, want_P * np.outer(d, d), rtol=1e-9,
-                                   atol=1e-18)
+        np.testing.assert_allclose(pred.covariance_, want_P * np.outer(d, d), rtol=1e-9, atol=1e-18)
         assert pred.coef_.tolist() == [a * b for a, b in zip(pred._theta, scales, strict=True)]
 
 
 def test_the_beat_model_works_on_the_predictors_own_lists():
     X, y = synth(50, seed=6)
     pred = ALPPredictor(TABLE)
-    for change in (lambda: pred.fit(X, y), lambda: pred.reset(),
-                   lambda: pred.set_params(feature_scales=(1e-6, 1e-6, 1e-5, 1.0)),
-                   lambda: pred.partial_fit(X, y)):
+    for change in (
+        lambda: pred.fit(X, y),
+        lambda: pred.reset(),
+        lambda: pred.set_params(feature_scales=(1e-6, 1e-6, 1e-5, 1.0)),
+        lambda: pred.partial_fit(X, y),
+    ):
         change()
         assert pred._model.theta is pred._theta and pred._model.cov is pred._P
         x = X[7]
         assert pred.predict_one(int(x[0]), int(x[1]), int(x[2]), int(x[3])) == pytest.approx(
-            float(pred.predict(X[7:8])[0]), rel=1e-12)
+            float(pred.predict(X[7:8])[0]), rel=1e-12
+        )
 
 
 def test_a_pickled_predictor_learns_on_as_the_original():

@@ -41,13 +41,37 @@ def make_profile(pp: int = 3) -> Profile:
         )
         for i in range(pp)
     )
-    model = ModelShape(name="toy", num_layers=num_layers, hidden_size=64, num_heads=4,
-                       num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=100,
-                       max_context=4096, dtype_bytes=2, qkv_bias=True)
-    return Profile(name="toy", kind="analytic", provenance={"source": "test"}, gpu="A100-40GB-PCIe",
-                   interconnect="pcie4", model=model, pp=pp, tp=1, kv_capacity_tokens=1000,
-                   page_size=1, token_step=128, host_overhead_s=0.002, token_return_s=0.005,
-                   activation_bytes_per_token=256, link=LinkCost(1e-5, 2e10), stages=stages)
+    model = ModelShape(
+        name="toy",
+        num_layers=num_layers,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=100,
+        max_context=4096,
+        dtype_bytes=2,
+        qkv_bias=True,
+    )
+    return Profile(
+        name="toy",
+        kind="analytic",
+        provenance={"source": "test"},
+        gpu="A100-40GB-PCIe",
+        interconnect="pcie4",
+        model=model,
+        pp=pp,
+        tp=1,
+        kv_capacity_tokens=1000,
+        page_size=1,
+        token_step=128,
+        host_overhead_s=0.002,
+        token_return_s=0.005,
+        activation_bytes_per_token=256,
+        link=LinkCost(1e-5, 2e10),
+        stages=stages,
+    )
 
 
 def test_round_trip(tmp_path):
@@ -70,8 +94,10 @@ def _error(d: dict) -> str:
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["stages"][2]["linear"].pop("seconds"),
-         "qwen.json: stages[2].linear.seconds: missing field"),
+        (
+            lambda d: d["stages"][2]["linear"].pop("seconds"),
+            "qwen.json: stages[2].linear.seconds: missing field",
+        ),
         (lambda d: d.pop("gpu"), "qwen.json: gpu: missing field"),
         (lambda d: d["model"].update(hidden_size="64"), "qwen.json: model.hidden_size: expected"),
         (lambda d: d.update(pp=2.0), "qwen.json: pp: expected an integer"),
@@ -81,21 +107,31 @@ def _error(d: dict) -> str:
         (lambda d: d.pop("schema_version"), "qwen.json: schema_version: missing field"),
         (lambda d: d.update(pp=2), "qwen.json: stages: has 3 stages but pp is 2"),
         (lambda d: d.update(kv_capacity_tokens=0), "qwen.json: kv_capacity_tokens: must be >= 1"),
-        (lambda d: d["stages"][0]["linear"].update(tokens=[1, 129, 128, 256]),
-         "qwen.json: stages[0].linear.tokens[2]: must be strictly ascending"),
-        (lambda d: d["stages"][2]["lm_head"].update(seconds=[1.0, float("nan"), 1.0, 1.0]),
-         "qwen.json: stages[2].lm_head.seconds[1]: must be finite"),
+        (
+            lambda d: d["stages"][0]["linear"].update(tokens=[1, 129, 128, 256]),
+            "qwen.json: stages[0].linear.tokens[2]: must be strictly ascending",
+        ),
+        (
+            lambda d: d["stages"][2]["lm_head"].update(seconds=[1.0, float("nan"), 1.0, 1.0]),
+            "qwen.json: stages[2].lm_head.seconds[1]: must be finite",
+        ),
         (lambda d: d.update(kind="guess"), "qwen.json: kind: must be one of"),
         (lambda d: d.update(extra=1), "qwen.json: extra: unknown field"),
         (lambda d: d["provenance"].update(mape=0.1), "qwen.json: provenance.mape: expected a str"),
-        (lambda d: d["stages"][0].update(lm_head={"tokens": [1], "seconds": [1.0]}),
-         "qwen.json: stages[0].lm_head: only the last stage"),
+        (
+            lambda d: d["stages"][0].update(lm_head={"tokens": [1], "seconds": [1.0]}),
+            "qwen.json: stages[0].lm_head: only the last stage",
+        ),
         (lambda d: d["stages"][0].update(num_layers=5), "qwen.json: stages: stage layers sum"),
         (lambda d: d.pop("stage_turnaround_s"), "qwen.json: stage_turnaround_s: missing field"),
-        (lambda d: d.update(stage_turnaround_s=[0.0, 0.001]),
-         "qwen.json: stage_turnaround_s: has 2 values but pp is 3"),
-        (lambda d: d.update(stage_turnaround_s=[0.0, -0.001, 0.0]),
-         "qwen.json: stage_turnaround_s[1]: must be >="),
+        (
+            lambda d: d.update(stage_turnaround_s=[0.0, 0.001]),
+            "qwen.json: stage_turnaround_s: has 2 values but pp is 3",
+        ),
+        (
+            lambda d: d.update(stage_turnaround_s=[0.0, -0.001, 0.0]),
+            "qwen.json: stage_turnaround_s[1]: must be >=",
+        ),
         (lambda d: d.update(stage_turnaround_s=0.001), "qwen.json: stage_turnaround_s: expected a list"),
     ],
 )
@@ -161,7 +197,8 @@ def test_stage_time_components():
     base = first.linear.at(100) + first.fixed_s + 100 * first.embedding_s_per_token
     assert first.time_s(100, 0, 0, 0, 0) == pytest.approx(base)
     assert first.time_s(100, 5, 1000, 100, 2000) == pytest.approx(
-        base + 1e-9 * 1000 + 5e-10 * 100 + 1e-8 * 2000)
+        base + 1e-9 * 1000 + 5e-10 * 100 + 1e-8 * 2000
+    )
     # the LM head is paid only on the last stage and only for sampled tokens
     assert last.time_s(100, 5, 0, 0, 0) - last.time_s(100, 0, 0, 0, 0) == pytest.approx(2e-4)
     assert prof.link.time_s(0) == 0.0
@@ -175,21 +212,30 @@ def test_cost_fn_gives_the_very_floats_of_time_s():
 
     from fastpp.sim.analytic import analytic_profile
 
-    stages = [*make_profile().stages, *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 4, 1).stages,
-              *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 1, 4).stages]
+    stages = [
+        *make_profile().stages,
+        *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 4, 1).stages,
+        *analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", 1, 4).stages,
+    ]
     rng = random.Random(0)
     for stage in stages:
         cost = stage.cost_fn()
         for _ in range(2000):
-            args = (rng.choice([0, 1, rng.randrange(1, 9000)]), rng.randrange(0, 300),
-                    rng.randrange(0, 10**8), rng.randrange(0, 10**7), rng.randrange(0, 10**6))
+            args = (
+                rng.choice([0, 1, rng.randrange(1, 9000)]),
+                rng.randrange(0, 300),
+                rng.randrange(0, 10**8),
+                rng.randrange(0, 10**7),
+                rng.randrange(0, 10**6),
+            )
             assert cost(*args) == stage.time_s(*args), (stage.num_layers, args)
 
 
 def test_lookup_is_cheap():
     """Not a timing test: 1e5 lookups of a dense 16k-point table stay well under a second."""
-    t = LinearTable(tokens=tuple(range(128, 16385, 128)),
-                    seconds=tuple(float(i) for i in range(128, 16385, 128)))
+    t = LinearTable(
+        tokens=tuple(range(128, 16385, 128)), seconds=tuple(float(i) for i in range(128, 16385, 128))
+    )
     stage = make_profile().stages[-1]
     start = time.perf_counter()
     for n in range(100_000):

@@ -70,9 +70,11 @@ def test_public_names_keep_their_signatures_or_the_changelog_says_so():
     changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
     announced = unreleased_changelog()
     silent = [name for name in changed if f"`{name}`" not in announced]
-    assert not silent, (f"public names changed without a CHANGELOG.md 'Unreleased' entry naming them: "
-                        f"{silent}; announce each change, then refresh tests/public_api.json "
-                        "(FASTPP_UPDATE_API=1)")
+    assert not silent, (
+        f"public names changed without a CHANGELOG.md 'Unreleased' entry naming them: "
+        f"{silent}; announce each change, then refresh tests/public_api.json "
+        "(FASTPP_UPDATE_API=1)"
+    )
     assert not changed, f"refresh tests/public_api.json for {changed} (FASTPP_UPDATE_API=1)"
 
 
@@ -110,16 +112,21 @@ def test_example_custom_scheduler_runs_on_the_view_protocol_alone():
 def test_example_compare_deployments_writes_its_figure(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cdfs.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "compare_deployments.py"), str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "compare_deployments.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size > 10_000 and "predictive" in proc.stdout
 
 
 def test_api_reference_builds_without_a_warning(tmp_path):
     script = ROOT / "scripts" / "build_api_docs.py"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (tmp_path / "fastpp.html").read_text(encoding="utf-8")
     for name in ("PolicyView", "make_chunk_policy", "run_simulation", "ALPPredictor"):

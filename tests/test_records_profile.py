@@ -36,12 +36,22 @@ runner = CliRunner()
 CPU_CANDIDATES = tuple(range(32, 1025, 32))
 
 
-def simulated_run(tmp_path: Path, profile: str = "cpu_smollm2-135m_pp2", policy: str = "static:256",
-                  n: int = 40, rate: float = 0.5, workload: str = "random:256:64", noise_cv: float = 0.0):
-    run = run_simulation(WorkloadConfig(name=workload, rate=rate, num_requests=n, seed=3),
-                         DeploymentConfig(profile_path=profile, policy=policy, slo=SLO(5.0, 0.5),
-                                          chunk_candidates=CPU_CANDIDATES),
-                         noise_cv=noise_cv)
+def simulated_run(
+    tmp_path: Path,
+    profile: str = "cpu_smollm2-135m_pp2",
+    policy: str = "static:256",
+    n: int = 40,
+    rate: float = 0.5,
+    workload: str = "random:256:64",
+    noise_cv: float = 0.0,
+):
+    run = run_simulation(
+        WorkloadConfig(name=workload, rate=rate, num_requests=n, seed=3),
+        DeploymentConfig(
+            profile_path=profile, policy=policy, slo=SLO(5.0, 0.5), chunk_candidates=CPU_CANDIDATES
+        ),
+        noise_cv=noise_cv,
+    )
     paths = write_simulation(run, tmp_path)
     return run, paths["summary"].parent
 
@@ -56,8 +66,12 @@ def test_fit_recovers_the_profile_that_made_the_records(cpu_run):
     truth = run.profile
     got = profile_from_records(run_dir)
     p = got.profile
-    assert (p.pp, p.tp, p.kv_capacity_tokens, p.page_size) == (truth.pp, truth.tp, truth.kv_capacity_tokens,
-                                                               truth.page_size)
+    assert (p.pp, p.tp, p.kv_capacity_tokens, p.page_size) == (
+        truth.pp,
+        truth.tp,
+        truth.kv_capacity_tokens,
+        truth.page_size,
+    )
     assert p.model == truth.model and [s.num_layers for s in p.stages] == [15, 15]
     assert p.provenance["source"] == "records" and p.provenance["engine"] == "fastpp-sim"
     assert p.kind == "measured"
@@ -67,7 +81,8 @@ def test_fit_recovers_the_profile_that_made_the_records(cpu_run):
     assert p.stage_turnaround_s == pytest.approx(truth.stage_turnaround_s, abs=2e-6)  # zeros
     for tokens in (1, 16, 256):  # the link as the simulator uses it: activations of N tokens
         assert p.link.time_s(tokens * p.activation_bytes_per_token) == pytest.approx(
-            truth.link.time_s(tokens * truth.activation_bytes_per_token), rel=0.02)
+            truth.link.time_s(tokens * truth.activation_bytes_per_token), rel=0.02
+        )
     # stage costs: every recorded iteration predicted as the true profile costs it
     for row in iteration_errors(p, run.result.iterations):
         assert row["n"] > 100 and row["median_ape"] < 0.005 and row["p90_ape"] < 0.02, row
@@ -87,9 +102,15 @@ def test_fitted_profile_replays_the_run(cpu_run, tmp_path):
     from fastpp.profile import save_profile
 
     save_profile(fitted, tmp_path / "p.json")
-    again = run_simulation(WorkloadConfig(name="random:256:64", rate=0.5, num_requests=40, seed=3),
-                           DeploymentConfig(profile_path=str(tmp_path / "p.json"), policy="static:256",
-                                            slo=SLO(5.0, 0.5), chunk_candidates=CPU_CANDIDATES))
+    again = run_simulation(
+        WorkloadConfig(name="random:256:64", rate=0.5, num_requests=40, seed=3),
+        DeploymentConfig(
+            profile_path=str(tmp_path / "p.json"),
+            policy="static:256",
+            slo=SLO(5.0, 0.5),
+            chunk_candidates=CPU_CANDIDATES,
+        ),
+    )
     for key in ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms"):
         assert again.summary[key] == pytest.approx(run.summary[key], rel=0.05), key
 
@@ -131,8 +152,15 @@ def test_turnaround_needs_enough_back_to_back_iterations(tmp_path):
 
 def test_pp4_gpu_profile_with_noise(tmp_path):
     """Four stages of the analytic A100 profile, stage times jittered by 5%: the fit sees noise."""
-    run, run_dir = simulated_run(tmp_path, profile="a100-40gb-pcie_qwen2.5-32b_pp4", policy="static:512",
-                                 n=60, rate=2.0, workload="azure-conv", noise_cv=0.05)
+    run, run_dir = simulated_run(
+        tmp_path,
+        profile="a100-40gb-pcie_qwen2.5-32b_pp4",
+        policy="static:512",
+        n=60,
+        rate=2.0,
+        workload="azure-conv",
+        noise_cv=0.05,
+    )
     truth = run.profile
     got = profile_from_records(run_dir).profile
     assert got.pp == 4 and got.stages[-1].lm_head is not None and got.stages[0].lm_head is None
@@ -168,7 +196,8 @@ def test_stage_fit_interpolates_between_points():
     fit = fit_stage(rows, y, points, sampled)
     assert fit.table.seconds == pytest.approx(table.seconds, rel=1e-6)
     assert (fit.attn_past_x_pre_s, fit.attn_pre_sq_s, fit.attn_dec_ctx_s, fit.sampled_s) == pytest.approx(
-        (a, b, c, h), rel=1e-5)
+        (a, b, c, h), rel=1e-5
+    )
     assert fit.mape < 1e-8
     with pytest.raises(ValueError, match="within 1 .. 512"):
         fit_stage([[513, 0, 0, 0]], [1.0], points)
@@ -183,12 +212,30 @@ def test_table_points_follow_the_data():
 
 # ------------------------------------------------------------------------------ run folder format
 
+
 def test_setup_round_trip_and_errors_name_the_field():
-    config = SchedulerConfig(num_slots=2, kv_capacity_tokens=4096, page_size=16, chunk_candidates=(64, 128),
-                             default_chunk=128, token_step=1, slo=SLO(3.0, 0.3), max_running_requests=8)
+    config = SchedulerConfig(
+        num_slots=2,
+        kv_capacity_tokens=4096,
+        page_size=16,
+        chunk_candidates=(64, 128),
+        default_chunk=128,
+        token_step=1,
+        slo=SLO(3.0, 0.3),
+        max_running_requests=8,
+    )
     shape = resolve_model("SmolLM2-135M")
-    setup = RunSetup(engine="vllm 0.32.0", device="CPU", pp=2, tp=1, policy="greedy+ds", scheduler=config,
-                     model=shape, layers_per_stage=(15, 15), dtype="float32")
+    setup = RunSetup(
+        engine="vllm 0.32.0",
+        device="CPU",
+        pp=2,
+        tp=1,
+        policy="greedy+ds",
+        scheduler=config,
+        model=shape,
+        layers_per_stage=(15, 15),
+        dtype="float32",
+    )
     summary = json.loads(json.dumps({"completed": 3, "setup": setup.to_dict()}))
     assert RunSetup.from_summary(summary) == setup
     with pytest.raises(SetupError, match=r"run/summary.json: setup: missing field"):
@@ -208,16 +255,28 @@ def test_setup_round_trip_and_errors_name_the_field():
 
 
 def test_model_shape_from_a_hf_directory(tmp_path):
-    cfg = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "dtype": "float32", "head_dim": 64,
-           "hidden_size": 576, "intermediate_size": 1536, "max_position_embeddings": 8192,
-           "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
-           "tie_word_embeddings": False, "vocab_size": 49152}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "dtype": "float32",
+        "head_dim": 64,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "max_position_embeddings": 8192,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "tie_word_embeddings": False,
+        "vocab_size": 49152,
+    }
     d = tmp_path / "smollm2-135m-instruct"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
     shape = resolve_model(str(d))
-    assert shape == replace(resolve_model("SmolLM2-135M"), name="smollm2-135m-instruct", dtype_bytes=4,
-                            tie_word_embeddings=False)
+    assert shape == replace(
+        resolve_model("SmolLM2-135M"), name="smollm2-135m-instruct", dtype_bytes=4, tie_word_embeddings=False
+    )
     with pytest.raises(ValueError, match="unknown model"):
         resolve_model(str(tmp_path / "nothing-here"))
 
@@ -266,6 +325,7 @@ def test_errors_name_the_missing_file_or_field(cpu_run, tmp_path):
 
 # ------------------------------------------------------------------------------ the command
 
+
 def test_cli_writes_a_profile_the_simulator_runs(cpu_run, tmp_path):
     _, run_dir = cpu_run
     out = tmp_path / "fitted.json"
@@ -273,16 +333,20 @@ def test_cli_writes_a_profile_the_simulator_runs(cpu_run, tmp_path):
     assert res.exit_code == 0, res.output
     assert "stage 1 (15 layers)" in res.output and "host overhead" in res.output
     assert load_profile(out).provenance["source"] == "records"
-    res = runner.invoke(app, ["simulate", "--profile", str(out), "-w", "random:256:64", "-n", "10",
-                              "-r", "0.5"])
+    res = runner.invoke(
+        app, ["simulate", "--profile", str(out), "-w", "random:256:64", "-n", "10", "-r", "0.5"]
+    )
     assert res.exit_code == 0, res.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--pp", "2"], "--pp cannot be combined with --from-records"),
-    (["--backend", "torch"], "--backend cannot be combined with --from-records"),
-    (["--model", "no-such-model"], "--model: unknown model 'no-such-model'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pp", "2"], "--pp cannot be combined with --from-records"),
+        (["--backend", "torch"], "--backend cannot be combined with --from-records"),
+        (["--model", "no-such-model"], "--model: unknown model 'no-such-model'"),
+    ],
+)
 def test_cli_refuses_bad_flags(cpu_run, args, message):
     _, run_dir = cpu_run
     res = runner.invoke(app, ["profile", "--from-records", str(run_dir), *args])
@@ -309,6 +373,7 @@ def test_model_shape_round_trip():
 
 
 # ------------------------------------------------------------------------------ sim vs real script
+
 
 def test_sim_vs_real_replays_a_recorded_run(cpu_run, tmp_path):
     """benchmarks/sim_vs_real.py on a run folder the simulator wrote: fitting its records and
@@ -344,15 +409,19 @@ def test_vllm_host_side_reads_a_record_dir(tmp_path):
     (tmp_path / "decisions.jsonl").write_text(
         line(mb_id=0, slot=0, schedule_started_at=1.0000, at=1.0004, total_scheduled=4)
         + line(mb_id=1, slot=1, schedule_started_at=1.0005, at=1.0006, total_scheduled=0)
-        + line(mb_id=2, slot=0, schedule_started_at=1.1030, at=1.1033, total_scheduled=1))
+        + line(mb_id=2, slot=0, schedule_started_at=1.1030, at=1.1033, total_scheduled=1)
+    )
     (tmp_path / "returns.jsonl").write_text(
         line(mb_id=0, update_started_at=1.1010, returned_at=1.1012, done_at=1.1015)
         + line(mb_id=1, update_started_at=1.1016, returned_at=1.1016, done_at=1.1016)
-        + line(mb_id=2, update_started_at=1.2050, returned_at=1.2052, done_at=1.2055))
-    its = [IterationRecord(0, 0, 0, 1.0010, 1.0500, 4, 4, 0, 0, 16, 0, 256, "static", 1),
-           IterationRecord(0, 1, 0, 1.0500, 1.1000, 4, 4, 0, 0, 16, 0, 256, "static", 1),
-           IterationRecord(2, 0, 0, 1.1040, 1.1500, 1, 0, 1, 0, 0, 5, 256, "static", 1),
-           IterationRecord(2, 1, 0, 1.1500, 1.2000, 1, 0, 1, 0, 0, 5, 256, "static", 1)]
+        + line(mb_id=2, update_started_at=1.2050, returned_at=1.2052, done_at=1.2055)
+    )
+    its = [
+        IterationRecord(0, 0, 0, 1.0010, 1.0500, 4, 4, 0, 0, 16, 0, 256, "static", 1),
+        IterationRecord(0, 1, 0, 1.0500, 1.1000, 4, 4, 0, 0, 16, 0, 256, "static", 1),
+        IterationRecord(2, 0, 0, 1.1040, 1.1500, 1, 0, 1, 0, 0, 5, 256, "static", 1),
+        IterationRecord(2, 1, 0, 1.1500, 1.2000, 1, 0, 1, 0, 0, 5, 256, "static", 1),
+    ]
     write_run(tmp_path, [], its, {})
     script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_host_side.py"))
     got = script["host_side"](tmp_path)
@@ -360,8 +429,12 @@ def test_vllm_host_side_reads_a_record_dir(tmp_path):
     assert got["schedule_s"]["median_ms"] == pytest.approx(0.35)  # 0.4 and 0.3 ms
     assert got["launch_s"]["median_ms"] == pytest.approx(0.65)  # 0.6 and 0.7 ms
     assert got["last_stage_end_to_token_s"]["median_ms"] == pytest.approx(3.2)  # 1.2 and 5.2 ms
-    assert got["slot_cycle_gap_s"] == {"n": 1, "median_ms": pytest.approx(4.0), "p10_ms": pytest.approx(4.0),
-                                       "p90_ms": pytest.approx(4.0)}
+    assert got["slot_cycle_gap_s"] == {
+        "n": 1,
+        "median_ms": pytest.approx(4.0),
+        "p10_ms": pytest.approx(4.0),
+        "p90_ms": pytest.approx(4.0),
+    }
     assert got["scheduled_while_computing"] == 0.0
     assert got["stage0_busy_while_later_stage_busy"] == 0.0  # one microbatch in the pipe at a time
     assert script["overlap_share"]([(0.0, 2.0), (4.0, 5.0)], [(1.0, 3.0), (4.5, 6.0)]) == pytest.approx(0.5)
@@ -374,21 +447,51 @@ def test_sglang_host_side_reads_the_loop_timings(tmp_path, monkeypatch):
 
     def write(rank: int, *steps: dict) -> None:
         (tmp_path / f"host_rank{rank}.jsonl").write_text(
-            "".join(json.dumps({"rank": rank, **s}) + "\n" for s in steps))
+            "".join(json.dumps({"rank": rank, **s}) + "\n" for s in steps)
+        )
 
     ms = 1e-3
-    write(0,
-          dict(step=0, slot=0, ingest=[0, 1 * ms], schedule=[1 * ms, 3 * ms], launch=[3 * ms, 100 * ms],
-               exchange_outputs=[100 * ms, 101 * ms], send_activations=[101 * ms, 102 * ms]),
-          dict(step=1, slot=1, ingest=[102 * ms, 103 * ms], schedule=[103 * ms, 104 * ms],
-               launch=[104 * ms, 200 * ms], exchange_outputs=[200 * ms, 201 * ms],
-               process_result=[201 * ms, 203 * ms], send_activations=[203 * ms, 204 * ms]),
-          dict(step=2, slot=0, ingest=[204 * ms, 205 * ms], schedule=[205 * ms, 207 * ms],
-               launch=[207 * ms, 300 * ms]))
-    write(1,
-          dict(step=0, slot=0, ingest=[0, 100 * ms], recv_activations=[100.5 * ms, 102 * ms],
-               launch=[102 * ms, 195 * ms], exchange_outputs=[195 * ms, 196 * ms]),
-          dict(step=1, slot=1, recv_activations=[204 * ms, 205 * ms], launch=[205 * ms, 290 * ms]))
+    write(
+        0,
+        dict(
+            step=0,
+            slot=0,
+            ingest=[0, 1 * ms],
+            schedule=[1 * ms, 3 * ms],
+            launch=[3 * ms, 100 * ms],
+            exchange_outputs=[100 * ms, 101 * ms],
+            send_activations=[101 * ms, 102 * ms],
+        ),
+        dict(
+            step=1,
+            slot=1,
+            ingest=[102 * ms, 103 * ms],
+            schedule=[103 * ms, 104 * ms],
+            launch=[104 * ms, 200 * ms],
+            exchange_outputs=[200 * ms, 201 * ms],
+            process_result=[201 * ms, 203 * ms],
+            send_activations=[203 * ms, 204 * ms],
+        ),
+        dict(
+            step=2,
+            slot=0,
+            ingest=[204 * ms, 205 * ms],
+            schedule=[205 * ms, 207 * ms],
+            launch=[207 * ms, 300 * ms],
+        ),
+    )
+    write(
+        1,
+        dict(
+            step=0,
+            slot=0,
+            ingest=[0, 100 * ms],
+            recv_activations=[100.5 * ms, 102 * ms],
+            launch=[102 * ms, 195 * ms],
+            exchange_outputs=[195 * ms, 196 * ms],
+        ),
+        dict(step=1, slot=1, recv_activations=[204 * ms, 205 * ms], launch=[205 * ms, 290 * ms]),
+    )
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "sglang_host_side.py"))
     got = script["host_side"](tmp_path)

@@ -86,8 +86,9 @@ def test_a_request_that_cannot_be_sampled_fails_alone_and_the_engine_goes_on(pp)
 
 
 def test_a_stop_string_end_is_counted_and_recorded_as_stop():
-    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=4,
-                                                 record=True)).start()
+    engine = PipelineEngine(
+        SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=4, record=True)
+    ).start()
     try:
         got = Collector()
         rid = engine.submit([9] * 8, SamplingParams(max_tokens=500, ignore_eos=True), got)
@@ -106,8 +107,9 @@ def test_a_stop_string_end_is_counted_and_recorded_as_stop():
 
 
 def test_requests_failed_by_a_dead_stage_are_in_the_recording():
-    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=2, kv_blocks=64, block_size=4,
-                                                 record=True)).start()
+    engine = PipelineEngine(
+        SOURCE, EngineConfig(num_stages=2, kv_blocks=64, block_size=4, record=True)
+    ).start()
     try:
         got = Collector()
         done = engine.submit([3] * 5, SamplingParams(max_tokens=2), got)
@@ -138,8 +140,9 @@ def test_a_microbatch_a_stage_cannot_compute_fails_alone():
     # the same stage computes the next microbatch
     ok = make_meta(1, layout, [], [(0, 4)], [(0.0, 1.0, None, 0)], [])
     logits = run_or_fail(runner, ok, inputs)
-    assert "failed" not in ok and last_stage_result(ok, logits, torch.Generator())["tokens"] == \
-        reference_generate(WEIGHTS, [1, 2, 3], 1)
+    assert "failed" not in ok and last_stage_result(ok, logits, torch.Generator())[
+        "tokens"
+    ] == reference_generate(WEIGHTS, [1, 2, 3], 1)
 
 
 def test_output_room_is_what_the_context_and_the_kv_pool_leave():

@@ -22,8 +22,11 @@ from fastpp.types import ITERATION_FIELDS, FinishReason  # noqa: E402
 @pytest.fixture(scope="module")
 def run():
     # greedy on a burst: shrunk budgets, reasons, a time limit that leaves requests unfinished
-    return run_simulation(WorkloadConfig(rate=12.0, num_requests=80, seed=4),
-                          DeploymentConfig(pp=2, tp=1, policy="greedy"), max_time_s=8.0)
+    return run_simulation(
+        WorkloadConfig(rate=12.0, num_requests=80, seed=4),
+        DeploymentConfig(pp=2, tp=1, policy="greedy"),
+        max_time_s=8.0,
+    )
 
 
 def test_both_formats_read_back_the_same_run(run, tmp_path):
@@ -48,8 +51,9 @@ def test_the_columns_are_the_text_files_keys_typed(run, tmp_path):
     res = run.result
     paths = write_run(tmp_path, res.records, res.iterations, run.summary, table_format="parquet")
     requests = pq.read_table(paths["records"])
-    first_line = json.loads(next(iter(write_run(tmp_path / "t", res.records[:1], [], {})["records"]
-                                      .read_text().splitlines())))
+    first_line = json.loads(
+        next(iter(write_run(tmp_path / "t", res.records[:1], [], {})["records"].read_text().splitlines()))
+    )
     assert requests.column_names == list(first_line)
     assert requests.schema.field("itl_ms").type == pa.list_(pa.float64())
     assert requests.schema.field("first_token_at").type == pa.float64()
@@ -71,7 +75,11 @@ def test_a_bad_table_is_named(run, tmp_path):
         read_run(tmp_path)
     write_run(tmp_path, res.records[:3], [], {"again": True})  # as text: the Parquet tables go
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
-        "iterations.csv", "requests.jsonl", "summary.json", "timeline.json"]
+        "iterations.csv",
+        "requests.jsonl",
+        "summary.json",
+        "timeline.json",
+    ]
     assert len(read_run(tmp_path).records) == 3
     with pytest.raises(ValueError, match="table format must be one of text, parquet"):
         write_run(tmp_path / "x", res.records, res.iterations, {}, table_format="xml")
@@ -79,12 +87,17 @@ def test_a_bad_table_is_named(run, tmp_path):
 
 def test_simulate_writes_parquet_tables(tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["simulate", "-n", "30", "-d", "pp2", "--table-format", "parquet",
-                                      "-o", str(out)])
+    result = CliRunner().invoke(
+        app, ["simulate", "-n", "30", "-d", "pp2", "--table-format", "parquet", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     (folder,) = (p for p in out.iterdir() if p.is_dir())
     assert sorted(p.name for p in folder.iterdir()) == [
-        "iterations.parquet", "requests.parquet", "summary.json", "timeline.json"]
+        "iterations.parquet",
+        "requests.parquet",
+        "summary.json",
+        "timeline.json",
+    ]
     assert len(read_run(folder).records) == 30
     bad = CliRunner().invoke(app, ["simulate", "-n", "5", "--table-format", "xml", "-o", str(out)])
     assert bad.exit_code != 0 and "--table-format must be one of text, parquet, got 'xml'" in bad.output

@@ -28,8 +28,10 @@ from fastpp.backends.torch.sampling import (  # noqa: E402
 F32_MAX = float(torch.finfo(torch.float32).max)
 # everything SamplingParams accepts (the HTTP protocol accepts a subset: temperature <= 2,
 # seeds within int64)
-TEMPERATURES = st.one_of(st.floats(0.0, 100.0), st.sampled_from([0.0, 5e-324, 1e-320, 1e-46, 1e-38,
-                                                                 9.99e-6, GREEDY_BELOW, 1e-4, 100.0]))
+TEMPERATURES = st.one_of(
+    st.floats(0.0, 100.0),
+    st.sampled_from([0.0, 5e-324, 1e-320, 1e-46, 1e-38, 9.99e-6, GREEDY_BELOW, 1e-4, 100.0]),
+)
 TOP_PS = st.one_of(st.floats(0.0, 1.0, exclude_min=True), st.sampled_from([5e-324, 1e-46, 1e-39, 1e-8, 1.0]))
 SEEDS = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(-(10**40), 10**40))
 STEPS = st.integers(0, 100_000)
@@ -41,8 +43,10 @@ def batches(draw: st.DrawFn) -> tuple[torch.Tensor, list[tuple[float, float, int
     rows = draw(st.integers(1, 4))
     vocab = draw(st.integers(1, 40))
     values = draw(st.lists(st.lists(LOGIT, min_size=vocab, max_size=vocab), min_size=rows, max_size=rows))
-    params = [SamplingParams(max_tokens=1, temperature=draw(TEMPERATURES), top_p=draw(TOP_PS),
-                             seed=draw(SEEDS)) for _ in range(rows)]
+    params = [
+        SamplingParams(max_tokens=1, temperature=draw(TEMPERATURES), top_p=draw(TOP_PS), seed=draw(SEEDS))
+        for _ in range(rows)
+    ]
     return torch.tensor(values, dtype=torch.float32), [p.row(draw(STEPS)) for p in params]
 
 
@@ -71,8 +75,9 @@ def test_a_seeded_row_draws_the_same_token_whatever_shares_its_batch(batch, othe
     if logits.shape[1] != other_logits.shape[1]:
         other_logits = torch.zeros(len(other_rows), logits.shape[1])
     alone = sample_tokens(logits, rows, torch.Generator().manual_seed(g1))
-    mixed = sample_tokens(torch.cat([other_logits, logits]), [*other_rows, *rows],
-                          torch.Generator().manual_seed(g2))[len(other_rows):]
+    mixed = sample_tokens(
+        torch.cat([other_logits, logits]), [*other_rows, *rows], torch.Generator().manual_seed(g2)
+    )[len(other_rows) :]
     for i, (temperature, _, seed, _) in enumerate(rows):
         if seed is not None or temperature < GREEDY_BELOW:
             assert alone[i] == mixed[i]
@@ -102,9 +107,17 @@ def test_a_row_without_a_finite_logit_fails_alone():
     assert list(errors) == [1] and tokens[2] == 5
 
 
-@pytest.mark.parametrize("field, value", [("temperature", math.nan), ("temperature", -1e-300),
-                                          ("temperature", math.inf), ("top_p", 0.0), ("top_p", math.nan),
-                                          ("top_p", 1.0000001)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", math.nan),
+        ("temperature", -1e-300),
+        ("temperature", math.inf),
+        ("top_p", 0.0),
+        ("top_p", math.nan),
+        ("top_p", 1.0000001),
+    ],
+)
 def test_values_outside_the_accepted_range_never_reach_the_sampler(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

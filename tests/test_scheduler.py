@@ -95,8 +95,7 @@ def test_output_capped_at_context_finishes_with_length():
 
 def test_admission_waits_for_kv_and_keeps_fcfs_order():
     clock = FakeClock()
-    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=100, default_chunk=256,
-                           new_token_ratio=0.0)
+    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=100, default_chunk=256, new_token_ratio=0.0)
     r0 = sched.add_request(Request(0, 0.0, 80, 3))
     sched.add_request(Request(1, 0.0, 50, 3))  # does not fit beside 0
     sched.add_request(Request(2, 0.0, 5, 3))  # would fit, but must not overtake 1
@@ -111,8 +110,7 @@ def test_admission_waits_for_kv_and_keeps_fcfs_order():
 
 def test_decode_growth_retracts_newest_and_recomputes_it():
     clock = FakeClock()
-    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=64, default_chunk=256,
-                           new_token_ratio=0.0)
+    sched = make_scheduler(clock, num_slots=1, kv_capacity_tokens=64, default_chunk=256, new_token_ratio=0.0)
     r0 = sched.add_request(Request(0, 0.0, 30, 20))
     r1 = sched.add_request(Request(1, 0.0, 30, 20))
     retracted, freed = [], []
@@ -224,9 +222,16 @@ def test_bad_balancer_plan_is_contained():
     assert rec.finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.parametrize("field,value", [("num_slots", 0), ("kv_capacity_tokens", 0),
-                                         ("page_size", 0), ("new_token_ratio", 2.0),
-                                         ("chunk_candidates", (256, 128))])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_slots", 0),
+        ("kv_capacity_tokens", 0),
+        ("page_size", 0),
+        ("new_token_ratio", 2.0),
+        ("chunk_candidates", (256, 128)),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         make_scheduler(**{field: value})

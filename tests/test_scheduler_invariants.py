@@ -95,8 +95,13 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
     clock = FakeClock()
     candidates = [8, 32, 64, 128, 256]
     sched = make_scheduler(
-        clock, RandomChunks(seed, candidates), RandomBalancer(seed) if balance else None,
-        num_slots=num_slots, kv_capacity_tokens=kv, page_size=page, max_context=1024,
+        clock,
+        RandomChunks(seed, candidates),
+        RandomBalancer(seed) if balance else None,
+        num_slots=num_slots,
+        kv_capacity_tokens=kv,
+        page_size=page,
+        max_context=1024,
     )
     pending = deque(Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs))
     in_flight: deque = deque()
@@ -132,7 +137,8 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
                 if plan is not None:
                     assert plan.num_tokens <= plan.chunk_budget
                     assert plan.num_tokens == len(plan.decode_req_ids) + sum(
-                        c.num_tokens for c in plan.prefill)
+                        c.num_tokens for c in plan.prefill
+                    )
                     ids = list(plan.decode_req_ids) + [c.req_id for c in plan.prefill]
                     assert len(ids) == len(set(ids)), "a request twice in one microbatch"
                     assert set(plan.retracted_ids) <= set(plan.kv_frees)
@@ -155,8 +161,9 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
     for rec in records.values():
         assert rec.finish_reason is not None
         if rec.finish_reason is FinishReason.LENGTH:
-            assert rec.num_generated == min(rec.output_len, 1024 - rec.prompt_len,
-                                            capacity - rec.prompt_len + 1)
+            assert rec.num_generated == min(
+                rec.output_len, 1024 - rec.prompt_len, capacity - rec.prompt_len + 1
+            )
         if rec.finish_reason is FinishReason.REJECTED:
             assert rec.detail
         times = rec.token_times
@@ -168,8 +175,12 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
 def test_simulation_ends_every_request_once(reqs, pp, kv, seed):
     requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs)]
     sched = make_scheduler(
-        None, RandomChunks(seed, [16, 64, 256]), RandomBalancer(seed),
-        num_slots=pp, kv_capacity_tokens=kv, max_context=4096,
+        None,
+        RandomChunks(seed, [16, 64, 256]),
+        RandomBalancer(seed),
+        num_slots=pp,
+        kv_capacity_tokens=kv,
+        max_context=4096,
     )
     result = PipelineSimulation(make_profile(pp=pp, kv_tokens=kv), sched, requests).run()
     assert sorted(r.req_id for r in result.records) == list(range(len(requests)))

@@ -38,8 +38,22 @@ ISSUE_SEED = 4611686018427387904  # issue 14: killed stage 1 at temperature > 0
 
 @pytest.fixture(scope="module")
 def server():
-    args = ("--model", "random:tiny", "--pp", "2", "--kv-blocks", str(KV_BLOCKS), "--block-size", "4",
-            "--max-queue", str(MAX_QUEUE), "--policy", "static:64", "--log-level", "warning")
+    args = (
+        "--model",
+        "random:tiny",
+        "--pp",
+        "2",
+        "--kv-blocks",
+        str(KV_BLOCKS),
+        "--block-size",
+        "4",
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--policy",
+        "static:64",
+        "--log-level",
+        "warning",
+    )
     with ServerProcess(*args) as srv:
         yield srv
 
@@ -49,8 +63,11 @@ def wait_idle(srv: ServerProcess, timeout_s: float = 60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         m = srv.metrics()
-        if (m["fastpp_num_requests_running"] == 0 and m["fastpp_num_requests_waiting"] == 0
-                and m["fastpp_kv_blocks_free"] == KV_BLOCKS):
+        if (
+            m["fastpp_num_requests_running"] == 0
+            and m["fastpp_num_requests_waiting"] == 0
+            and m["fastpp_kv_blocks_free"] == KV_BLOCKS
+        ):
             return m
         assert time.monotonic() < deadline, f"server not idle: {m}"
         time.sleep(0.2)
@@ -67,25 +84,42 @@ def test_openai_client_completions_and_chat(server):
     assert got.usage.prompt_tokens == 11 and got.usage.completion_tokens == 9 and got.usage.total_tokens == 20
     assert got.choices[0].text == bytes(want).decode("utf-8", errors="replace")
     # streamed, with a final usage chunk: the deltas add up to the same text
-    stream = client.completions.create(model=model, prompt=prompt, max_tokens=9, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=9,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == got.choices[0].text
     assert chunks[-1].usage.completion_tokens == 9 and chunks[-2].choices[0].finish_reason == "length"
     # chat, non-streamed and streamed
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
-    chat = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 6
-    parts = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))
+    parts = list(
+        client.chat.completions.create(
+            model=model,
+            messages=msgs,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert parts[0].choices[0].delta.role == "assistant"
     streamed = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
     assert streamed == chat.choices[0].message.content
     assert parts[-1].usage.completion_tokens == 6
     # sampling with a seed is reproducible
-    a, b = (client.completions.create(model=model, prompt="abc", max_tokens=8, temperature=0.8, seed=7)
-            for _ in range(2))
+    a, b = (
+        client.completions.create(model=model, prompt="abc", max_tokens=8, temperature=0.8, seed=7)
+        for _ in range(2)
+    )
     assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 8
 
 
@@ -120,8 +154,25 @@ def test_bad_requests_get_openai_error_bodies(server):
 
 def test_fastpp_bench_drives_the_server(server, tmp_path):
     out = tmp_path / "bench.jsonl"
-    args = ["bench", "--base-url", server.url, "-w", "random:40:12", "-n", "16", "-r", "20", "--seed", "3",
-            "--max-concurrency", str(MAX_QUEUE - 1), "-o", str(out), "--output-details", "-q"]
+    args = [
+        "bench",
+        "--base-url",
+        server.url,
+        "-w",
+        "random:40:12",
+        "-n",
+        "16",
+        "-r",
+        "20",
+        "--seed",
+        "3",
+        "--max-concurrency",
+        str(MAX_QUEUE - 1),
+        "-o",
+        str(out),
+        "--output-details",
+        "-q",
+    ]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.stdout + res.stderr
     assert "Successful requests:                     16" in res.stdout
@@ -158,8 +209,12 @@ def test_queue_over_the_limit_answers_503_and_admitted_requests_finish(server):
 
 def test_a_client_that_disconnects_aborts_its_request_and_frees_its_kv(server):
     before = server.metrics().get('fastpp_request_success_total{finished_reason="aborted"}', 0)
-    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                      json={"prompt": "z" * 100, "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        timeout=60,
+        json={"prompt": "z" * 100, "max_tokens": 400, "ignore_eos": True, "stream": True},
+    ) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")  # generation is under way; now hang up
     m = wait_idle(server)
@@ -168,8 +223,11 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_kv(server):
     # a non-streamed request whose client gives up while tokens keep coming is aborted too
     # (its 400 tokens take about 0.9 s on a fast 2-core machine, so the client waits 0.3 s)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", timeout=0.3,
-                   json={"prompt": "z" * 100, "max_tokens": 400, "ignore_eos": True})
+        httpx.post(
+            server.url + "/v1/completions",
+            timeout=0.3,
+            json={"prompt": "z" * 100, "max_tokens": 400, "ignore_eos": True},
+        )
     m = wait_idle(server)
     assert m['fastpp_request_success_total{finished_reason="aborted"}'] == before + 2
     assert m['fastpp_http_responses_total{code="499"}'] >= 1
@@ -185,18 +243,24 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
         assert f"stage 1 process (pid {stage1}) exited with code -9" in srv.log()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "random:nope"], "unknown model config 'nope'"),
-    (["--model", "/no/such/dir"], "expected 'smollm2', 'random:<config>'"),
-    (["--backend", "sglang", "--model", "/no/such/dir"], "not a model directory"),
-    (["--backend", "sglang", "--kv-blocks", "8"], "--kv-blocks apply to --backend torch only"),
-    (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "predictive"], "pass --profile FILE"),
-    (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "nope"], "unknown chunk policy 'nope'"),
-    (["--bogus"], "unknown option(s) for --backend torch: --bogus"),
-    (["--model", "random:tiny", "--pp", "3"], "num_stages 3 exceeds the model's 2 layers"),
-    (["--model", "random:tiny", "--policy", "predictive"], "pass --profile FILE"),
-    (["--model", "random:tiny", "--policy", "nope"], "unknown chunk policy 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "random:nope"], "unknown model config 'nope'"),
+        (["--model", "/no/such/dir"], "expected 'smollm2', 'random:<config>'"),
+        (["--backend", "sglang", "--model", "/no/such/dir"], "not a model directory"),
+        (["--backend", "sglang", "--kv-blocks", "8"], "--kv-blocks apply to --backend torch only"),
+        (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "predictive"], "pass --profile FILE"),
+        (
+            ["--backend", "sglang", "--model", "/no/such/dir", "--policy", "nope"],
+            "unknown chunk policy 'nope'",
+        ),
+        (["--bogus"], "unknown option(s) for --backend torch: --bogus"),
+        (["--model", "random:tiny", "--pp", "3"], "num_stages 3 exceeds the model's 2 layers"),
+        (["--model", "random:tiny", "--policy", "predictive"], "pass --profile FILE"),
+        (["--model", "random:tiny", "--policy", "nope"], "unknown chunk policy 'nope'"),
+    ],
+)
 def test_serve_refuses_bad_options_before_starting(args, message):
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -248,27 +312,36 @@ def test_former_500s_are_400s_and_keep_the_connection(server):
         assert conn.sock is sock  # the same kept-alive connection answered
     conn.close()
     # streamed: refused before the stream starts, not a 200 cut short
-    r = httpx.post(server.url + "/v1/completions", timeout=60,
-                   json={"prompt": "hi", "max_tokens": 3, "top_p": 0, "stream": True})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        timeout=60,
+        json={"prompt": "hi", "max_tokens": 3, "top_p": 0, "stream": True},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
     assert http_status(server)['fastpp_http_responses_total{code="400"}'] >= before + len(cases) + 1
 
 
-@pytest.mark.parametrize("endpoint, extra, param", [
-    ("completions", {"best_of": 3}, "best_of"),
-    ("completions", {"echo": True}, "echo"),
-    ("completions", {"logprobs": 0}, "logprobs"),
-    ("completions", {"max_tokens": 600}, "max_tokens"),  # above the context of 512: refused, not capped
-    ("completions", {"frobnicate": 1}, "frobnicate"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("chat", {"top_logprobs": 2}, "top_logprobs"),
-    ("chat", {"tool_choice": "auto"}, "tool_choice"),
-    ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
-    ("chat", {"max_completion_tokens": 10_000}, "max_completion_tokens"),
-    ("chat", {"stream": True, "stream_options": {"include_obfuscation": True}},
-     "stream_options.include_obfuscation"),
-    ("chat", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
-])
+@pytest.mark.parametrize(
+    "endpoint, extra, param",
+    [
+        ("completions", {"best_of": 3}, "best_of"),
+        ("completions", {"echo": True}, "echo"),
+        ("completions", {"logprobs": 0}, "logprobs"),
+        ("completions", {"max_tokens": 600}, "max_tokens"),  # above the context of 512: refused, not capped
+        ("completions", {"frobnicate": 1}, "frobnicate"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat", {"tool_choice": "auto"}, "tool_choice"),
+        ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ("chat", {"max_completion_tokens": 10_000}, "max_completion_tokens"),
+        (
+            "chat",
+            {"stream": True, "stream_options": {"include_obfuscation": True}},
+            "stream_options.include_obfuscation",
+        ),
+        ("chat", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
+    ],
+)
 def test_parameters_that_would_be_ignored_are_refused_by_name(server, endpoint, extra, param):
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     body = {"prompt": "hi"} if endpoint == "completions" else chat
@@ -281,27 +354,45 @@ def test_parameters_that_would_be_ignored_are_refused_by_name(server, endpoint, 
 def test_values_that_change_nothing_are_accepted(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
-    got = client.chat.completions.create(model="random-tiny", messages=msgs, max_tokens=2, user="u1",
-                                         response_format={"type": "text"}, tool_choice="none", logprobs=False)
+    got = client.chat.completions.create(
+        model="random-tiny",
+        messages=msgs,
+        max_tokens=2,
+        user="u1",
+        response_format={"type": "text"},
+        tool_choice="none",
+        logprobs=False,
+    )
     assert got.usage.completion_tokens == 2
     got = client.completions.create(model="random-tiny", prompt="hi", max_tokens=2, best_of=1)
     assert got.usage.completion_tokens == 2
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
 def test_only_json_bodies_are_accepted(server, content_type):
     headers = {} if content_type is None else {"Content-Type": content_type}
-    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}',
-                   headers=headers, timeout=60)
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"prompt": "hi", "max_tokens": 2}',
+        headers=headers,
+        timeout=60,
+    )
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
-    ok = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}',
-                    headers={"Content-Type": "application/json; charset=utf-8"}, timeout=60)
+    ok = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"prompt": "hi", "max_tokens": 2}',
+        headers={"Content-Type": "application/json; charset=utf-8"},
+        timeout=60,
+    )
     assert ok.status_code == 200
 
 
 def test_a_burst_of_streams_over_the_queue_limit_gets_503s(server):
     """Each stream is admitted or refused before its response starts (it was: 200 for all)."""
+
     async def one(client: httpx.AsyncClient) -> tuple[int, list[str]]:
         body = {"prompt": "s" * 300, "max_tokens": 8, "ignore_eos": True, "temperature": 0, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -417,12 +508,15 @@ def test_smollm2_long_word_is_refused_within_a_second_and_streams_match():
         assert elapsed < 5.0 and max(health) < 5.0, (elapsed, health)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         msgs = [{"role": "user", "content": "Écris une phrase en français : « Le café à Noël »."}]
-        whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
-                                               temperature=0)
-        parts = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
-                                               temperature=0, stream=True)
+        whole = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12, temperature=0
+        )
+        parts = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12, temperature=0, stream=True
+        )
         streamed = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
         assert streamed == whole.choices[0].message.content and whole.usage.completion_tokens == 12, streamed
-        got = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
-                                        max_tokens=4, temperature=0)
+        got = client.completions.create(
+            model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
         assert "Paris" in got.choices[0].text

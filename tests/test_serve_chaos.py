@@ -58,9 +58,23 @@ def record_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(record_dir):
-    args = (*TINY, "--pp", "2", "--record-dir", str(record_dir), "--max-queue", "64",
-            "--shutdown-timeout", "3", "--read-timeout", str(READ_TIMEOUT_S),
-            "--max-connections", str(MAX_CONNECTIONS), "--max-body-bytes", str(MAX_BODY))
+    args = (
+        *TINY,
+        "--pp",
+        "2",
+        "--record-dir",
+        str(record_dir),
+        "--max-queue",
+        "64",
+        "--shutdown-timeout",
+        "3",
+        "--read-timeout",
+        str(READ_TIMEOUT_S),
+        "--max-connections",
+        str(MAX_CONNECTIONS),
+        "--max-body-bytes",
+        str(MAX_BODY),
+    )
     with ServerProcess(*args, new_session=True) as srv:
         yield srv
 
@@ -70,8 +84,12 @@ def wait_idle(srv: ServerProcess, timeout_s: float = 60.0) -> dict[str, float]:
     while True:
         m = srv.metrics()
         ended = sum(v for k, v in m.items() if k.startswith("fastpp_request_success_total"))
-        if (m["fastpp_num_requests_running"] == 0 and m["fastpp_num_requests_waiting"] == 0
-                and ended == m["fastpp_requests_received_total"] and m["fastpp_kv_blocks_free"] == KV_BLOCKS):
+        if (
+            m["fastpp_num_requests_running"] == 0
+            and m["fastpp_num_requests_waiting"] == 0
+            and ended == m["fastpp_requests_received_total"]
+            and m["fastpp_kv_blocks_free"] == KV_BLOCKS
+        ):
             return m
         assert time.monotonic() < deadline, f"server not idle: {m}"
         time.sleep(0.2)
@@ -100,8 +118,10 @@ def test_silent_and_half_sent_connections_are_closed_after_the_read_timeout(serv
     assert silent.recv(100) == b""  # closed by the server, nothing said
     assert time.monotonic() - t0 < READ_TIMEOUT_S + 3
     half = socket.create_connection(("127.0.0.1", server.port), timeout=20)
-    half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 100\r\n\r\n{\"prompt\"")
+    half.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"prompt"'
+    )
     head = half.recv(4096)
     assert head.startswith(b"HTTP/1.1 408"), head
     silent.close()
@@ -109,8 +129,9 @@ def test_silent_and_half_sent_connections_are_closed_after_the_read_timeout(serv
 
 
 def test_a_flood_of_idle_connections_cannot_starve_health(server):
-    flood = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
-             for _ in range(3 * MAX_CONNECTIONS)]
+    flood = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(3 * MAX_CONNECTIONS)
+    ]
     try:
         t0 = time.monotonic()
         r = httpx.get(server.url + "/health", timeout=10)
@@ -201,8 +222,14 @@ def fate_of_stream(events: list[str], tally: Tally) -> None:
         tally.unexpected.append(f"stream error {last}")
 
 
-async def load(url: str, seconds: float, tally: Tally, seed: int, clients: int = 6,
-               during: tuple[float, object] | None = None) -> None:
+async def load(
+    url: str,
+    seconds: float,
+    tally: Tally,
+    seed: int,
+    clients: int = 6,
+    during: tuple[float, object] | None = None,
+) -> None:
     """``clients`` loops of random requests for ``seconds``; ``during = (at_s, fn)`` calls fn (in
     a thread) that long into the load."""
     deadline = time.monotonic() + seconds
@@ -252,8 +279,9 @@ def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(serve
         time.sleep(0.15)
         tally.stop_new = True
         seen["health"] = httpx.get(server.url + "/health", timeout=10)
-        seen["new"] = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2},
-                                 timeout=10)
+        seen["new"] = httpx.post(
+            server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=10
+        )
         seen["metrics"] = server.metrics()  # nothing new is admitted: the final received count
         streaming.join()
 
@@ -280,8 +308,9 @@ def test_chaos_then_ctrl_c_to_the_process_group_accounts_for_every_request(serve
 
 
 def test_a_stopped_stage_fails_open_requests_naming_it_and_the_server_exits_1(tmp_path):
-    with ServerProcess(*TINY, "--pp", "2", "--stage-timeout", "3", "--record-dir", str(tmp_path),
-                       new_session=True) as srv:
+    with ServerProcess(
+        *TINY, "--pp", "2", "--stage-timeout", "3", "--record-dir", str(tmp_path), new_session=True
+    ) as srv:
         (stage1,) = srv.stage_pids()
         tally = Tally()
         seen: dict = {}
@@ -399,8 +428,10 @@ def test_cheap_option_checks_fail_before_loading(tmp_path):
         (["--record-dir", str(tmp_path / "run")], "holds an earlier run (summary.json); pass --overwrite"),
         (["--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
         (["--stage-timeout", "0"], "--stage-timeout must be > 0"),
-        (["--backend", "sglang", "--shutdown-timeout", "3"],
-         "--shutdown-timeout apply to --backend torch only"),
+        (
+            ["--backend", "sglang", "--shutdown-timeout", "3"],
+            "--shutdown-timeout apply to --backend torch only",
+        ),
     ]
     try:
         for args, message in cases:

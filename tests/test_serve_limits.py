@@ -38,10 +38,15 @@ def guarded(messages, headers=(), max_body=1024, read_timeout_s=5.0):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}", "more_body": False})
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
-             "headers": [(b"content-type", b"application/json"), *headers]}
-    guard = RequestGuard(app, None, lambda status: None, max_body_bytes=max_body,
-                         read_timeout_s=read_timeout_s)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"content-type", b"application/json"), *headers],
+    }
+    guard = RequestGuard(
+        app, None, lambda status: None, max_body_bytes=max_body, read_timeout_s=read_timeout_s
+    )
     asyncio.run(guard(scope, receive, send))
     return sent, seen
 
@@ -75,11 +80,17 @@ def test_a_bad_content_length_is_400():
     assert sent[0]["status"] == 400
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("port", 0, "--port must be in 1..65535"), ("port", 70000, "--port must be in 1..65535"),
-    ("shutdown_timeout_s", 0.0, "--shutdown-timeout must be > 0"), ("max_body_bytes", 10, "--max-body-bytes"),
-    ("max_connections", 0, "--max-connections"), ("api_key", " ", "--api-key must not be empty"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("port", 0, "--port must be in 1..65535"),
+        ("port", 70000, "--port must be in 1..65535"),
+        ("shutdown_timeout_s", 0.0, "--shutdown-timeout must be > 0"),
+        ("max_body_bytes", 10, "--max-body-bytes"),
+        ("max_connections", 0, "--max-connections"),
+        ("api_key", " ", "--api-key must not be empty"),
+    ],
+)
 def test_serve_config_names_the_option(field, value, message):
     with pytest.raises(ValueError, match=message):
         ServeConfig(**{field: value})

@@ -46,8 +46,13 @@ def seed(rng: random.Random) -> int | None:
 async def valid(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -> None:
     n = rng.randrange(1, 30)
     if rng.random() < 0.5:
-        body = {"prompt": prompt(rng), "max_tokens": n, "ignore_eos": True,
-                "temperature": rng.choice([0, 0.7]), "seed": seed(rng)}
+        body = {
+            "prompt": prompt(rng),
+            "max_tokens": n,
+            "ignore_eos": True,
+            "temperature": rng.choice([0, 0.7]),
+            "seed": seed(rng),
+        }
         r = await client.post("/v1/completions", json=body)
         if r.status_code == 503:
             assert r.json()["error"]["code"] == "queue_full"
@@ -57,8 +62,15 @@ async def valid(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -
         assert r.json()["usage"]["completion_tokens"] == n
         tally["completed"] += 1
         return
-    body = {"messages": [{"role": "user", "content": prompt(rng)}], "max_tokens": n, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.9, "seed": seed(rng)}
+    body = {
+        "messages": [{"role": "user", "content": prompt(rng)}],
+        "max_tokens": n,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.9,
+        "seed": seed(rng),
+    }
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code == 503:
             tally["503"] += 1
@@ -72,19 +84,33 @@ async def valid(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -
 
 
 JSON = {"Content-Type": "application/json"}
-BAD = [{"prompt": 5}, {"prompt": "a", "max_tokens": -1}, {"prompt": "a" * 700}, {"prompt": "a", "top_p": "x"},
-       [1, 2], {"prompt": "a", "top_p": 0}, {"prompt": "a", "top_p": 0, "stream": True},
-       {"prompt": "x" * 200_000}, {"prompt": "a", "max_tokens": 600}, {"prompt": "a", "best_of": 2},
-       {"prompt": "a", "response_format": {"type": "json_object"}}, {"prompt": "a", "tool_choice": "auto"},
-       {"prompt": "a", "max_tokens": 400}, {"prompt": "a", "temperature": 1e-38, "max_tokens": 0},
-       {"prompt": "a", "stop_token_ids": list(range(2000))}]
+BAD = [
+    {"prompt": 5},
+    {"prompt": "a", "max_tokens": -1},
+    {"prompt": "a" * 700},
+    {"prompt": "a", "top_p": "x"},
+    [1, 2],
+    {"prompt": "a", "top_p": 0},
+    {"prompt": "a", "top_p": 0, "stream": True},
+    {"prompt": "x" * 200_000},
+    {"prompt": "a", "max_tokens": 600},
+    {"prompt": "a", "best_of": 2},
+    {"prompt": "a", "response_format": {"type": "json_object"}},
+    {"prompt": "a", "tool_choice": "auto"},
+    {"prompt": "a", "max_tokens": 400},
+    {"prompt": "a", "temperature": 1e-38, "max_tokens": 0},
+    {"prompt": "a", "stop_token_ids": list(range(2000))},
+]
 RAW_BAD = [b"{oops", b'{"prompt": "\\ud800"}', b'{"prompt": "a", "x": ' + b"[" * 3000 + b"]" * 3000 + b"}"]
 
 
 async def malformed(client: httpx.AsyncClient, rng: random.Random, tally: Counter) -> None:
     if rng.random() < 0.15:  # not JSON: what a cross-site form post sends
-        r = await client.post("/v1/completions", content=b"prompt=hi",
-                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = await client.post(
+            "/v1/completions",
+            content=b"prompt=hi",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
         assert r.status_code == 415, r.text
         tally["415"] += 1
         return
@@ -97,6 +123,7 @@ async def malformed(client: httpx.AsyncClient, rng: random.Random, tally: Counte
 async def stream_burst(url: str, rng: random.Random, tally: Counter) -> None:
     """More simultaneous streams than --max-queue, each on a new connection: each is admitted
     (and finishes) or gets 503."""
+
     async def one(client: httpx.AsyncClient) -> int:
         body = {"prompt": prompt(rng), "max_tokens": 4, "ignore_eos": True, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -125,8 +152,11 @@ async def disconnecting(client: httpx.AsyncClient, rng: random.Random, tally: Co
     text, n = long_output(rng)
     if rng.random() < 0.3:  # non-streamed: give up waiting
         try:
-            r = await client.post("/v1/completions", timeout=rng.uniform(0.05, 0.5),
-                                  json={"prompt": text, "max_tokens": n, "ignore_eos": True})
+            r = await client.post(
+                "/v1/completions",
+                timeout=rng.uniform(0.05, 0.5),
+                json={"prompt": text, "max_tokens": n, "ignore_eos": True},
+            )
         except httpx.TimeoutException:
             tally["disconnected"] += 1
             return
@@ -169,9 +199,24 @@ async def soak(url: str, seed: int) -> Counter:
 
 @pytest.mark.slow
 def test_soak_mixed_clients_lose_nothing_and_leak_no_kv(tmp_path):
-    args = ("--model", "random:tiny", "--pp", "2", "--kv-blocks", str(KV_BLOCKS), "--block-size", "4",
-            "--max-queue", str(MAX_QUEUE), "--policy", "greedy+ds", "--log-level", "info",
-            "--record-dir", str(tmp_path))
+    args = (
+        "--model",
+        "random:tiny",
+        "--pp",
+        "2",
+        "--kv-blocks",
+        str(KV_BLOCKS),
+        "--block-size",
+        "4",
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--policy",
+        "greedy+ds",
+        "--log-level",
+        "info",
+        "--record-dir",
+        str(tmp_path),
+    )
     with ServerProcess(*args, new_session=True) as srv:
         tally = asyncio.run(soak(srv.url, seed=1))
         assert tally["completed"] > 20 and tally["400"] > 0 and tally["disconnected"] > 0, tally
@@ -191,8 +236,11 @@ def test_soak_mixed_clients_lose_nothing_and_leak_no_kv(tmp_path):
         assert set(codes) <= allowed, codes  # no 500, ever
         assert m['fastpp_request_success_total{finished_reason="length"}'] >= tally["completed"]
         # still serving, and still right
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 6,
-                                                          "temperature": 0}, timeout=60)
+        r = httpx.post(
+            srv.url + "/v1/completions",
+            json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 6, "temperature": 0},
+            timeout=60,
+        )
         want = reference_generate(random_weights("tiny"), [3, 1, 4, 1, 5], 6)
         assert r.json()["choices"][0]["text"] == bytes(want).decode("utf-8", errors="replace")
         srv.signal_group(signal.SIGTERM)  # as systemd stops a service: every process of the group
@@ -212,5 +260,7 @@ def test_soak_mixed_clients_lose_nothing_and_leak_no_kv(tmp_path):
     assert {e.get("tid") for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
     rows = (tmp_path / "iterations.csv").read_text().splitlines()
     assert rows[0].startswith("mb_id,stage,slot") and len(rows) > 100
-    print(f"soak {SOAK_S:.0f} s: {dict(tally)}; received {m['fastpp_requests_received_total']:.0f}, "
-          f"retractions {m['fastpp_num_retractions_total']:.0f}")
+    print(
+        f"soak {SOAK_S:.0f} s: {dict(tally)}; received {m['fastpp_requests_received_total']:.0f}, "
+        f"retractions {m['fastpp_num_retractions_total']:.0f}"
+    )

@@ -29,8 +29,12 @@ def run_guard(app, path="/v1/completions", headers=(), api_key=None):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": path,
-             "headers": [(b"content-type", b"application/json"), *headers]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-type", b"application/json"), *headers],
+    }
     guard = RequestGuard(app, api_key, lambda s: counts.__setitem__(s, counts.get(s, 0) + 1))
     asyncio.run(guard(scope, receive, send))  # never raises: the connection stays usable
     return sent, counts
@@ -67,12 +71,15 @@ def test_the_guard_checks_the_key_only_on_v1():
 
 def fake_engine(counters: EngineCounters):
     """What read_engine reads: the engine's published snapshot and its thread-safe counts."""
-    sched = SimpleNamespace(num_admitted=2, num_parked=0, kv_used_tokens=1, kv_capacity_tokens=3,
-                            num_retractions=2)
-    snapshot = SimpleNamespace(stats=sched, counters=counters, stage_busy_s=(1.5, 2.0),
-                               stage0_free_blocks=1000)
-    return SimpleNamespace(snapshot=snapshot, config=SimpleNamespace(kv_blocks=1024), num_queued=1,
-                           num_received=12345679)
+    sched = SimpleNamespace(
+        num_admitted=2, num_parked=0, kv_used_tokens=1, kv_capacity_tokens=3, num_retractions=2
+    )
+    snapshot = SimpleNamespace(
+        stats=sched, counters=counters, stage_busy_s=(1.5, 2.0), stage0_free_blocks=1000
+    )
+    return SimpleNamespace(
+        snapshot=snapshot, config=SimpleNamespace(kv_blocks=1024), num_queued=1, num_received=12345679
+    )
 
 
 def test_metrics_keep_every_digit_escape_labels_and_name_no_gauge_total():
@@ -90,8 +97,11 @@ def test_metrics_keep_every_digit_escape_labels_and_name_no_gauge_total():
     codes = {s.labels["code"]: s.value for s in families["fastpp_http_responses"].samples}
     assert codes == {"200": 5, "500": 1}
     assert not [n for n, f in families.items() if f.type == "gauge" and n.endswith("_total")]
-    ttft = {s.labels.get("le"): s.value for s in families["fastpp_time_to_first_token_seconds"].samples
-            if s.name.endswith("_bucket")}
+    ttft = {
+        s.labels.get("le"): s.value
+        for s in families["fastpp_time_to_first_token_seconds"].samples
+        if s.name.endswith("_bucket")
+    }
     assert ttft["0.25"] == 0 and ttft["0.5"] == 1 and ttft["+Inf"] == 1
     # OpenMetrics when the scraper asks for it
     page, content_type = render(make_registry(fake_engine(c), "m", {}), "application/openmetrics-text")
@@ -105,14 +115,17 @@ def test_registries_are_per_app():
     assert b'model_name="b"' in render(b)[0] and b'model_name="a"' not in render(b)[0]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({"prompt": "x", "best_of": 2}, "best_of"),
-    ({"prompt": "x", "logprobs": 0}, "logprobs"),
-    ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": "x", "mystery": 1}, "mystery"),
-    ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),  # a chat field, unknown to completions
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "x", "logprobs": 0}, "logprobs"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "mystery": 1}, "mystery"),
+        ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),  # a chat field, unknown to completions
+    ],
+)
 def test_completion_fields_that_would_be_ignored_are_refused(body, param):
     with pytest.raises(APIError) as info:
         parse_completion(body)
@@ -120,11 +133,28 @@ def test_completion_fields_that_would_be_ignored_are_refused(body, param):
 
 
 def test_null_means_not_sent_and_no_op_values_pass():
-    req = parse_completion({"prompt": "x", "best_of": 1, "echo": False, "suffix": None, "logit_bias": {},
-                            "user": "u", "frobnicate": None})
+    req = parse_completion(
+        {
+            "prompt": "x",
+            "best_of": 1,
+            "echo": False,
+            "suffix": None,
+            "logit_bias": {},
+            "user": "u",
+            "frobnicate": None,
+        }
+    )
     assert req.max_tokens is None and req.max_tokens_param == "max_tokens"
-    req, msgs = parse_chat({"messages": [{"role": "user", "content": "hi", "name": None}], "tools": [],
-                            "tool_choice": "none", "response_format": {"type": "text"},
-                            "modalities": ["text"], "parallel_tool_calls": True, "max_completion_tokens": 5})
+    req, msgs = parse_chat(
+        {
+            "messages": [{"role": "user", "content": "hi", "name": None}],
+            "tools": [],
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "modalities": ["text"],
+            "parallel_tool_calls": True,
+            "max_completion_tokens": 5,
+        }
+    )
     assert req.max_tokens == 5 and req.max_tokens_param == "max_completion_tokens"
     assert msgs == [("user", "hi")]

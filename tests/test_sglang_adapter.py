@@ -28,18 +28,29 @@ PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "cpu_smollm2-135m_p
 
 # ---------------------------------------------------------------------- settings
 def test_settings_round_trip_through_the_environment():
-    s = PluginSettings(policy="predictive+ds", profile="p.json", record_dir="/r", slo=SLO(1.5, 0.1),
-                       chunk_candidates=(16, 32), token_step=4, epoch=12.5, inject_fault=("chunk",),
-                       fault_every=3)
+    s = PluginSettings(
+        policy="predictive+ds",
+        profile="p.json",
+        record_dir="/r",
+        slo=SLO(1.5, 0.1),
+        chunk_candidates=(16, 32),
+        token_step=4,
+        epoch=12.5,
+        inject_fault=("chunk",),
+        fault_every=3,
+    )
     assert PluginSettings.from_env(s.to_env()) == s
     assert PluginSettings.from_env({}) is None  # no policy: the plugin stays inert
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_SLO_MS": "1000"}, "TTFT_MS,TPOT_MS"),
-    ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_TOKEN_STEP": "x"}, "FASTPP_SGLANG_TOKEN_STEP"),
-    ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_INJECT_FAULT": "oops"}, "unknown target"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_SLO_MS": "1000"}, "TTFT_MS,TPOT_MS"),
+        ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_TOKEN_STEP": "x"}, "FASTPP_SGLANG_TOKEN_STEP"),
+        ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_INJECT_FAULT": "oops"}, "unknown target"),
+    ],
+)
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
         PluginSettings.from_env(env)
@@ -64,8 +75,14 @@ def model_dir(tmp_path):
 def test_cpu_launch_applies_the_cpu_workarounds_and_the_plugin(model_dir, monkeypatch):
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    spec = launcher.LaunchSpec(model=str(model_dir), pp=2, policy="greedy+ds", chunk_candidates=(64, 128),
-                               port=31000, sglang_args=("--device", "cpu", "--max-total-tokens", "4096"))
+    spec = launcher.LaunchSpec(
+        model=str(model_dir),
+        pp=2,
+        policy="greedy+ds",
+        chunk_candidates=(64, 128),
+        port=31000,
+        sglang_args=("--device", "cpu", "--max-total-tokens", "4096"),
+    )
     argv, env = launcher.build_command(spec, python="/x/python")
     assert argv[:3] == ["/x/python", "-m", "sglang.launch_server"]
     assert argv[argv.index("--pp-size") + 1] == "2"
@@ -128,15 +145,25 @@ class FakeReq:
 def fake_scheduler(running, waiting=(), chunked=None, in_flight=(1,)):
     batches = [SimpleNamespace(reqs=list(r)) for r in running]
     return SimpleNamespace(
-        waiting_queue=list(waiting), chunked_req=chunked, running_mbs=batches,
+        waiting_queue=list(waiting),
+        chunked_req=chunked,
+        running_mbs=batches,
         mbs=[object() if k in in_flight else None for k in range(len(running))],
-        max_total_num_tokens=10_000, token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 9000),
-        tree_cache=SimpleNamespace(evictable_size=lambda: 100), running_batch=batches[0])
+        max_total_num_tokens=10_000,
+        token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 9000),
+        tree_cache=SimpleNamespace(evictable_size=lambda: 100),
+        running_batch=batches[0],
+    )
 
 
 def make_view(sched, parked=None, slots=2, token_step=1):
-    config = SchedulerConfig(num_slots=slots, kv_capacity_tokens=10_000, chunk_candidates=(16, 32, 64),
-                             default_chunk=64, token_step=token_step)
+    config = SchedulerConfig(
+        num_slots=slots,
+        kv_capacity_tokens=10_000,
+        chunk_candidates=(16, 32, 64),
+        default_chunk=64,
+        token_step=token_step,
+    )
     ids: dict = {}
     rid_of: dict = {}
 
@@ -177,8 +204,9 @@ def test_view_presents_sglang_state_under_the_policy_view_members():
 def test_policies_run_on_the_sglang_view(spec):
     from fastpp.profile import load_profile
 
-    sched = fake_scheduler([[FakeReq(f"d{i}", 10, generated=3) for i in range(6)], []],
-                           waiting=[FakeReq("w", 40)], in_flight=())
+    sched = fake_scheduler(
+        [[FakeReq(f"d{i}", 10, generated=3) for i in range(6)], []], waiting=[FakeReq("w", 40)], in_flight=()
+    )
     view = make_view(sched)
     profile = load_profile(PROFILE) if spec.startswith("predictive") else None
     chunk_policy, balancer = make_policies(spec, view._config, profile)
@@ -283,9 +311,20 @@ def test_decision_and_record_encodings_round_trip(tmp_path):
 # ---------------------------------------------------------------------- checks
 def _batch(mb, slot, decision, mode="decode", chunks=(), decodes=(), chunk=64, budget=None, parked=()):
     n_pre = sum(c[2] for c in chunks)
-    return {"rank": 0, "mb": mb, "slot": slot, "decision": decision, "mode": mode, "chunks": list(chunks),
-            "decodes": list(decodes), "chunk": chunk, "adder_chunk_budget": budget, "parked": list(parked),
-            "num_tokens": n_pre + len(decodes), "num_prefill_tokens": n_pre}
+    return {
+        "rank": 0,
+        "mb": mb,
+        "slot": slot,
+        "decision": decision,
+        "mode": mode,
+        "chunks": list(chunks),
+        "decodes": list(decodes),
+        "chunk": chunk,
+        "adder_chunk_budget": budget,
+        "parked": list(parked),
+        "num_tokens": n_pre + len(decodes),
+        "num_prefill_tokens": n_pre,
+    }
 
 
 def _write_run(root, batches_by_rank, decisions):
@@ -296,14 +335,23 @@ def _write_run(root, batches_by_rank, decisions):
 
 
 def _decision(seq, slot, chunk=64, park=(), restore=()):
-    return {"seq": seq, "slot": slot, "chunk": chunk, "reason": "", "park": list(park),
-            "restore": list(restore), "fallback": ""}
+    return {
+        "seq": seq,
+        "slot": slot,
+        "chunk": chunk,
+        "reason": "",
+        "park": list(park),
+        "restore": list(restore),
+        "fallback": "",
+    }
 
 
 def test_checks_pass_a_consistent_run_and_catch_divergent_ranks(tmp_path):
-    batches = [_batch(0, 0, 1, "extend", chunks=[["a", 0, 64]], budget=64),
-               _batch(1, 1, 2, "extend", chunks=[["a", 64, 10], ["b", 0, 20]], budget=64),
-               _batch(2, 0, 3, decodes=["c"], parked=["d"])]
+    batches = [
+        _batch(0, 0, 1, "extend", chunks=[["a", 0, 64]], budget=64),
+        _batch(1, 1, 2, "extend", chunks=[["a", 64, 10], ["b", 0, 20]], budget=64),
+        _batch(2, 0, 3, decodes=["c"], parked=["d"]),
+    ]
     decisions = [_decision(1, 0), _decision(2, 1), _decision(3, 0, park=["d"])]
     _write_run(tmp_path / "ok", {0: batches, 1: batches}, decisions)
     assert checks.rank_disagreements(tmp_path / "ok", 2) == []
@@ -311,13 +359,16 @@ def test_checks_pass_a_consistent_run_and_catch_divergent_ranks(tmp_path):
     diverged = [dict(b) for b in batches]
     diverged[1]["chunks"] = [["a", 64, 10]]  # rank 1 formed a different microbatch
     _write_run(tmp_path / "bad", {0: batches, 1: diverged}, decisions)
-    assert checks.rank_disagreements(tmp_path / "bad", 2) == \
-        ["microbatch 1: rank 1 differs from rank 0 in ['chunks']"]
+    assert checks.rank_disagreements(tmp_path / "bad", 2) == [
+        "microbatch 1: rank 1 differs from rank 0 in ['chunks']"
+    ]
 
 
 def test_checks_catch_a_budget_sglang_did_not_apply_and_a_parked_request_that_ran(tmp_path):
-    batches = [_batch(0, 0, 1, "extend", chunks=[["a", 0, 64]], budget=128),
-               _batch(1, 1, 2, decodes=["d", "e"])]
+    batches = [
+        _batch(0, 0, 1, "extend", chunks=[["a", 0, 64]], budget=128),
+        _batch(1, 1, 2, decodes=["d", "e"]),
+    ]
     decisions = [_decision(1, 0, chunk=64, park=["d"]), _decision(2, 1)]
     _write_run(tmp_path, {0: batches}, decisions)
     problems = checks.applied_vs_decided(tmp_path)
@@ -341,13 +392,44 @@ def test_serve_sglang_stops_sglang_on_sigterm_and_finishes_the_record_dir(tmp_pa
     fake.chmod(0o755)
     records = tmp_path / "rec"
     records.mkdir()
-    (records / "requests.jsonl").write_text(json.dumps({
-        "req_id": 0, "arrived_at": 1.0, "prompt_len": 4, "output_len": 2, "num_generated": 2,
-        "scheduled_at": 1.1, "first_token_at": 1.5, "finished_at": 2.0, "finish_reason": "length",
-        "detail": "", "num_retractions": 0, "num_parked": 0, "itl_ms": [500.0]}) + "\n")
-    cmd = [sys.executable, "-c", "from fastpp.cli.app import main; main()", "serve", "--backend", "sglang",
-           "--engine-python", str(fake), "--model", str(model_dir), "--policy", "static:64",
-           "--record-dir", str(records), "--device", "cpu"]
+    (records / "requests.jsonl").write_text(
+        json.dumps(
+            {
+                "req_id": 0,
+                "arrived_at": 1.0,
+                "prompt_len": 4,
+                "output_len": 2,
+                "num_generated": 2,
+                "scheduled_at": 1.1,
+                "first_token_at": 1.5,
+                "finished_at": 2.0,
+                "finish_reason": "length",
+                "detail": "",
+                "num_retractions": 0,
+                "num_parked": 0,
+                "itl_ms": [500.0],
+            }
+        )
+        + "\n"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        "from fastpp.cli.app import main; main()",
+        "serve",
+        "--backend",
+        "sglang",
+        "--engine-python",
+        str(fake),
+        "--model",
+        str(model_dir),
+        "--policy",
+        "static:64",
+        "--record-dir",
+        str(records),
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while not pidfile.exists() and time.monotonic() < deadline:

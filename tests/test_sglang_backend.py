@@ -68,10 +68,14 @@ def _engine_ready() -> None:
 
 
 def _generate(url: str, prompt: str) -> tuple[list[int], str]:
-    body = {"text": prompt, "return_logprob": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS, "ignore_eos": True}}
-    req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    body = {
+        "text": prompt,
+        "return_logprob": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS, "ignore_eos": True},
+    }
+    req = urllib.request.Request(
+        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.loads(r.read())
     tokens = [int(t[1]) for t in out["meta_info"]["output_token_logprobs"]]
@@ -84,8 +88,14 @@ def _serve(tmp_path_factory, name: str, **spec_kw) -> Run:
     extra = spec_kw.pop("sglang_args", ())
     for attempt in range(3):  # a free port can be taken before SGLang binds it (seen in CI)
         records, log = root / f"records-{attempt}", root / f"sglang-{attempt}.log"
-        spec = LaunchSpec(model="smollm2", pp=2, port=free_port(), record_dir=str(records),
-                          sglang_args=SGLANG_ARGS + tuple(extra), **spec_kw)
+        spec = LaunchSpec(
+            model="smollm2",
+            pp=2,
+            port=free_port(),
+            record_dir=str(records),
+            sglang_args=SGLANG_ARGS + tuple(extra),
+            **spec_kw,
+        )
         try:
             server = SGLangServer(spec, log).start(timeout_s=900)
             break
@@ -111,15 +121,23 @@ def static(tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def greedy_ds(tmp_path_factory) -> Run:
     # token_step 1: a tile of one request, so delay scheduling balances even these few decodes
-    return _serve(tmp_path_factory, "greedy_ds", policy="greedy+ds", token_step=1,
-                  chunk_candidates=(64, 128, 192, 256))
+    return _serve(
+        tmp_path_factory, "greedy_ds", policy="greedy+ds", token_step=1, chunk_candidates=(64, 128, 192, 256)
+    )
 
 
 @pytest.fixture(scope="module")
 def predictive_faulty(tmp_path_factory) -> Run:
-    return _serve(tmp_path_factory, "predictive_ds", policy="predictive+ds", profile=str(PROFILE),
-                  token_step=1, chunk_candidates=(16, 32, 48, 64), inject_fault=("chunk", "balancer"),
-                  fault_every=3)
+    return _serve(
+        tmp_path_factory,
+        "predictive_ds",
+        policy="predictive+ds",
+        profile=str(PROFILE),
+        token_step=1,
+        chunk_candidates=(16, 32, 48, 64),
+        inject_fault=("chunk", "balancer"),
+        fault_every=3,
+    )
 
 
 def _decisions(run: Run) -> list[dict]:
@@ -175,8 +193,10 @@ def test_record_dir_times_every_phase_of_the_pp_loop(greedy_ds):
         stage = [it for it in iterations if it.stage == rank]
         # every recorded stage iteration is one timed launch, inside the interval recorded for it
         assert len(launched) == len(stage) > 0
-        assert all(it.started_at <= s["launch"][0] and s["launch"][1] <= it.finished_at
-                   for s, it in zip(launched, stage, strict=True))
+        assert all(
+            it.started_at <= s["launch"][0] and s["launch"][1] <= it.finished_at
+            for s, it in zip(launched, stage, strict=True)
+        )
         if rank == 1:
             assert all("recv_activations" in s for s in launched)
 
@@ -185,7 +205,7 @@ def test_record_dir_is_fastpp_run_format(greedy_ds):
     requests = read_jsonl(greedy_ds.record_dir / "requests.jsonl")
     # ours, after SGLang's own warm-up request at start-up
     assert len(requests) - len(PROMPTS) in (0, 1)
-    ours = sorted(requests, key=lambda r: r["arrived_at"])[-len(PROMPTS):]
+    ours = sorted(requests, key=lambda r: r["arrived_at"])[-len(PROMPTS) :]
     assert all(r["num_generated"] == MAX_TOKENS and r["finish_reason"] == "length" for r in ours)
     assert all(r["first_token_at"] <= r["finished_at"] for r in requests)
     assert any(r["num_parked"] > 0 for r in requests)
@@ -210,8 +230,10 @@ def test_a_port_taken_before_sglang_binds_it_fails_at_once(monkeypatch, tmp_path
 
     import fastpp.backends.sglang.launcher as launcher
 
-    script = ("import time; print('[x] ERROR:    [Errno 98] error while attempting to bind on "
-              "address (\\'127.0.0.1\\', 1): address already in use', flush=True); time.sleep(60)")
+    script = (
+        "import time; print('[x] ERROR:    [Errno 98] error while attempting to bind on "
+        "address (\\'127.0.0.1\\', 1): address already in use', flush=True); time.sleep(60)"
+    )
     monkeypatch.setattr(launcher, "build_command", lambda spec: ([sys.executable, "-c", script], None))
     server = SGLangServer(LaunchSpec(model="smollm2", pp=2, port=free_port()), tmp_path / "log")
     t0 = time.monotonic()

@@ -25,8 +25,16 @@ DEFAULT_SLO = SLO(2.0, 0.2)
 
 def queued(policy, arrivals, prompt=200, slo=DEFAULT_SLO, kv=100_000, **cfg):
     clock = FakeClock()
-    sched = make_scheduler(clock, policy, num_slots=2, kv_capacity_tokens=kv,
-                           chunk_candidates=CANDS, slo=slo, token_step=16, **cfg)
+    sched = make_scheduler(
+        clock,
+        policy,
+        num_slots=2,
+        kv_capacity_tokens=kv,
+        chunk_candidates=CANDS,
+        slo=slo,
+        token_step=16,
+        **cfg,
+    )
     for i, t in enumerate(arrivals):
         sched.add_request(Request(i, t, prompt, 50))
     return sched, clock
@@ -69,9 +77,17 @@ def test_deadlines_are_cumulative_fcfs_prompt_tokens_and_slack():
 def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_restores_them():
     policy = slack_for()
     clock = FakeClock()
-    sched = make_scheduler(clock, policy, policy, num_slots=2, kv_capacity_tokens=100_000,
-                           chunk_candidates=CANDS, token_step=16, default_chunk=512,
-                           max_context=4096)
+    sched = make_scheduler(
+        clock,
+        policy,
+        policy,
+        num_slots=2,
+        kv_capacity_tokens=100_000,
+        chunk_candidates=CANDS,
+        token_step=16,
+        default_chunk=512,
+        max_context=4096,
+    )
     for i in range(36):  # 8-token prompts, 16 per 128-token microbatch: slots of 20 and 16
         sched.add_request(Request(i, 0.0, 8, 400))
     sizes = []
@@ -94,6 +110,7 @@ def test_catch_up_spends_banked_slack_only_while_the_kv_pool_has_room():
     """A backlog that no TPOT-safe chunk clears in time, with every running request far ahead
     of its pace: catch-up may stretch the round (a larger chunk than the TPOT-safe one); once
     the pool is filling, it may not."""
+
     def late_backlog(filling):
         policy = slack_for(catchup_tpot_ratio=3.0, bank_quantile=0.0)
         sched, clock = queued(policy, [0.0] * 40, prompt=2000, slo=SLO(2.0, 0.012))

@@ -33,10 +33,18 @@ from fastpp.sim.sweep_grid import grid_from_mapping
 from fastpp.sim.sweep_table import RESULTS_CSV, RESULTS_JSONL
 
 TINY = dict(workloads=("cnn-dailymail-synthetic",), models=("Qwen2.5-14B",), num_requests=40)
-SIM_GRID = SweepGrid(**TINY, deployments=("pp2", "tp2"), chunks=(512, 2048), rates=(1.0, 4.0),
-                     seeds=(0, 1))  # 16 simulate points
-BEST_GRID = SweepGrid(**TINY, deployments=("pp2",), metric="best-static", chunks=(128, 512, 2048),
-                      slo_scales=(0.2,), seeds=(0,), precision=1.0)  # tight SLO: small chunks win
+SIM_GRID = SweepGrid(
+    **TINY, deployments=("pp2", "tp2"), chunks=(512, 2048), rates=(1.0, 4.0), seeds=(0, 1)
+)  # 16 simulate points
+BEST_GRID = SweepGrid(
+    **TINY,
+    deployments=("pp2",),
+    metric="best-static",
+    chunks=(128, 512, 2048),
+    slo_scales=(0.2,),
+    seeds=(0,),
+    precision=1.0,
+)  # tight SLO: small chunks win
 
 
 class CountingExecutor:
@@ -74,14 +82,20 @@ def test_expansion_order_defaults_and_stable_unique_ids():
     points, targets = SIM_GRID.expand()
     assert len(points) == 16 and not targets
     assert [(p.deploy, p.policy, p.rate, p.seeds) for p in points[:5]] == [
-        ("pp2", "static:512", 1.0, (0,)), ("pp2", "static:512", 1.0, (1,)),
-        ("pp2", "static:512", 4.0, (0,)), ("pp2", "static:512", 4.0, (1,)),
+        ("pp2", "static:512", 1.0, (0,)),
+        ("pp2", "static:512", 1.0, (1,)),
+        ("pp2", "static:512", 4.0, (0,)),
+        ("pp2", "static:512", 4.0, (1,)),
         ("pp2", "static:2048", 1.0, (0,)),
     ]
     ids = [p.point_id for p in points]
     assert len(set(ids)) == 16 and all(len(i) == 16 for i in ids)
-    assert ids == [p.point_id for p in SweepGrid(**TINY, deployments=("pp2", "tp2"), chunks=(512, 2048),
-                                                 rates=(1, 4), seeds=(0, 1)).expand()[0]]  # 1 == 1.0
+    assert ids == [
+        p.point_id
+        for p in SweepGrid(
+            **TINY, deployments=("pp2", "tp2"), chunks=(512, 2048), rates=(1, 4), seeds=(0, 1)
+        ).expand()[0]
+    ]  # 1 == 1.0
     assert ids[0] == "420f21b72f7a4c5c"  # golden: a changed hash would orphan every saved table
     row = points[0].axes()
     assert row["chunk"] == 512 and row["slo_ttft_ms"] == 2000.0 and row["seeds"] == "0"
@@ -93,7 +107,13 @@ def test_expansion_order_defaults_and_stable_unique_ids():
 def test_defaults_pinned_deployment_policy_and_goodput_points():
     (point,), _ = SweepGrid().expand()  # every axis from the library defaults
     assert (point.workload, point.model, point.deploy, point.policy, point.rate, point.seeds) == (
-        "azure-conv", "Qwen2.5-32B", "pp4", "static:2048", 4.0, (0,))
+        "azure-conv",
+        "Qwen2.5-32B",
+        "pp4",
+        "static:2048",
+        4.0,
+        (0,),
+    )
     points, _ = SweepGrid(deployments=("pp4@predictive", "tp4"), policies=("static:256",)).expand()
     assert [(p.deploy, p.policy) for p in points] == [("pp4", "predictive"), ("tp4", "static:256")]
     points, _ = SweepGrid(metric="goodput", deployments=("pp4",), chunks=(512,)).expand()
@@ -111,38 +131,48 @@ def test_defaults_pinned_deployment_policy_and_goodput_points():
 # validation: named, and before any work
 
 
-@pytest.mark.parametrize(("kwargs", "named"), [
-    ({"workloads": ("nope-conv",)}, "'nope-conv'"),
-    ({"models": ("GPT-5",)}, "'GPT-5'"),
-    ({"gpus": ("B200",)}, "'B200'"),
-    ({"policies": ("fastest:1",)}, "'fastest'"),
-    ({"policies": ("static:512+magic",)}, "'magic'"),
-    ({"deployments": ("pq4",)}, "'pq4'"),
-    ({"rates": ()}, "'rates'"),
-    ({"chunks": (512, 512)}, "512"),
-    ({"metric": "latency"}, "'latency'"),
-    ({"metric": "goodput", "rates": (1.0,)}, "rates"),
-    ({"metric": "best-static", "policies": ("static:512",)}, "policies"),
-    ({"steady": False}, "steady applies to metrics 'goodput' and 'best-static' only"),
-    ({"metric": "goodput", "steady": "no"}, "steady must be true or false, got 'no'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"workloads": ("nope-conv",)}, "'nope-conv'"),
+        ({"models": ("GPT-5",)}, "'GPT-5'"),
+        ({"gpus": ("B200",)}, "'B200'"),
+        ({"policies": ("fastest:1",)}, "'fastest'"),
+        ({"policies": ("static:512+magic",)}, "'magic'"),
+        ({"deployments": ("pq4",)}, "'pq4'"),
+        ({"rates": ()}, "'rates'"),
+        ({"chunks": (512, 512)}, "512"),
+        ({"metric": "latency"}, "'latency'"),
+        ({"metric": "goodput", "rates": (1.0,)}, "rates"),
+        ({"metric": "best-static", "policies": ("static:512",)}, "policies"),
+        ({"steady": False}, "steady applies to metrics 'goodput' and 'best-static' only"),
+        ({"metric": "goodput", "steady": "no"}, "steady must be true or false, got 'no'"),
+    ],
+)
 def test_grid_rejects_bad_values_naming_them(kwargs, named):
     with pytest.raises(ValueError, match=named.replace("+", r"\+")):
         SweepGrid(**kwargs)
 
 
-@pytest.mark.parametrize(("policy", "deploy", "model", "named"), [
-    ("static:abc", "pp2", "Qwen2.5-14B", "'abc'"),  # bad argument: needs the policy built
-    ("static:512", "tp3", "Qwen2.5-14B", "tp must divide"),  # impossible split
-    ("static:512", "pp1", "Qwen2.5-72B", "does not fit"),  # no room for the KV cache
-])
+@pytest.mark.parametrize(
+    ("policy", "deploy", "model", "named"),
+    [
+        ("static:abc", "pp2", "Qwen2.5-14B", "'abc'"),  # bad argument: needs the policy built
+        ("static:512", "tp3", "Qwen2.5-14B", "tp must divide"),  # impossible split
+        ("static:512", "pp1", "Qwen2.5-72B", "does not fit"),  # no room for the KV cache
+    ],
+)
 def test_plan_validates_every_point_before_running_any(tmp_path, policy, deploy, model, named):
     def axis(*values: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys(values))  # the good value first, then the bad one
 
-    grid = SweepGrid(workloads=("cnn-dailymail-synthetic",), models=axis("Qwen2.5-14B", model),
-                     deployments=axis("pp2", deploy), policies=axis("static:512", policy),
-                     rates=(1.0,))
+    grid = SweepGrid(
+        workloads=("cnn-dailymail-synthetic",),
+        models=axis("Qwen2.5-14B", model),
+        deployments=axis("pp2", deploy),
+        policies=axis("static:512", policy),
+        rates=(1.0,),
+    )
     spy = CountingExecutor()
     with pytest.raises(ValueError, match=named):
         run_sweep(grid, tmp_path / "out", spy)
@@ -227,8 +257,15 @@ def test_best_static_names_the_highest_goodput_chunk(tmp_path):
     header = (tmp_path / RESULTS_CSV).read_text().splitlines()[0].split(",")
     assert header[:3] == ["point_id", "metric", "workload"] and "goodput" in header
     # the candidates are plain goodput points: a goodput sweep of the same chunks reuses them
-    goodput = SweepGrid(**{**TINY}, deployments=("pp2",), metric="goodput", chunks=(128, 512, 2048),
-                        slo_scales=(0.2,), seeds=(0,), precision=1.0)
+    goodput = SweepGrid(
+        **{**TINY},
+        deployments=("pp2",),
+        metric="goodput",
+        chunks=(128, 512, 2048),
+        slo_scales=(0.2,),
+        seeds=(0,),
+        precision=1.0,
+    )
     assert plan_sweep(goodput, tmp_path).todo == []
 
 
@@ -236,8 +273,9 @@ def test_best_static_names_the_highest_goodput_chunk(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                    reason="ray is not installed (pip install 'fastpp[ray]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'fastpp[ray]')"
+)
 def test_ray_executor_gives_identical_files(reference, tmp_path):
     import ray
 
@@ -258,14 +296,31 @@ CLI_TINY = ["-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-n", "40", "-
 
 
 def test_cli_sweep_json_and_resume(tmp_path):
-    args = ["sweep", *CLI_TINY, "-d", "pp2", "-r", "1,2", "--chunk", "512", "-p", "static:2048",
-            "-o", str(tmp_path), "--json"]
+    args = [
+        "sweep",
+        *CLI_TINY,
+        "-d",
+        "pp2",
+        "-r",
+        "1,2",
+        "--chunk",
+        "512",
+        "-p",
+        "static:2048",
+        "-o",
+        str(tmp_path),
+        "--json",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert (out["num_points"], out["num_run"], out["num_skipped"]) == (4, 4, 0)
     assert [(r["policy"], r["rate"]) for r in out["rows"]] == [
-        ("static:2048", 1.0), ("static:2048", 2.0), ("static:512", 1.0), ("static:512", 2.0)]
+        ("static:2048", 1.0),
+        ("static:2048", 2.0),
+        ("static:512", 1.0),
+        ("static:512", 2.0),
+    ]
     assert len((tmp_path / RESULTS_CSV).read_text().splitlines()) == 5
     res = runner.invoke(app, args)
     again = json.loads(res.stdout)
@@ -275,11 +330,25 @@ def test_cli_sweep_json_and_resume(tmp_path):
 
 def test_cli_grid_file_best_static_table(tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text('workload = "cnn-dailymail-synthetic"\nmodel = ["Qwen2.5-14B"]\n'
-                    'deploy = ["pp2"]\nchunk = [128, 2048]\nslo-scale = 0.2\nseeds = 1\n'
-                    'num_requests = 40\nprecision = 1.0\nbest_static = true\n')
-    res = runner.invoke(app, ["sweep", "--grid", str(grid), "--chunk", "128,512,2048",
-                              "--executor", "serial", "-o", str(tmp_path / "out")])
+    grid.write_text(
+        'workload = "cnn-dailymail-synthetic"\nmodel = ["Qwen2.5-14B"]\n'
+        'deploy = ["pp2"]\nchunk = [128, 2048]\nslo-scale = 0.2\nseeds = 1\n'
+        "num_requests = 40\nprecision = 1.0\nbest_static = true\n"
+    )
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--grid",
+            str(grid),
+            "--chunk",
+            "128,512,2048",
+            "--executor",
+            "serial",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     assert "best static chunk for cnn-dailymail-synthetic Qwen2.5-14B" in res.stdout
     rows = [json.loads(line) for line in (tmp_path / "out" / RESULTS_JSONL).read_text().splitlines()]
@@ -288,15 +357,18 @@ def test_cli_grid_file_best_static_table(tmp_path):
     assert grid_from_mapping({"best_static": True, "chunk": 256}).chunks == (256,)
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--gpu", "B200"], "'B200'"),
-    (["--rate", ""], "'rates' is empty"),
-    (["--rate", "fast"], "'fast'"),
-    (["-w", "azure-conv,nope"], "'nope'"),
-    (["--metric", "goodput", "-r", "2"], "rates"),
-    (["--best-static", "--metric", "simulate"], "best_static"),
-    (["--no-steady"], "steady applies"),
-])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--gpu", "B200"], "'B200'"),
+        (["--rate", ""], "'rates' is empty"),
+        (["--rate", "fast"], "'fast'"),
+        (["-w", "azure-conv,nope"], "'nope'"),
+        (["--metric", "goodput", "-r", "2"], "rates"),
+        (["--best-static", "--metric", "simulate"], "best_static"),
+        (["--no-steady"], "steady applies"),
+    ],
+)
 def test_cli_errors_name_the_bad_value_and_run_nothing(tmp_path, args, named):
     res = runner.invoke(app, ["sweep", *args, "-o", str(tmp_path / "out")])
     assert res.exit_code == 2 and named in res.stderr, res.stderr
@@ -305,7 +377,7 @@ def test_cli_errors_name_the_bad_value_and_run_nothing(tmp_path, args, named):
 
 def test_cli_unknown_grid_key(tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text('rates = [1, 2]\n')
+    grid.write_text("rates = [1, 2]\n")
     res = runner.invoke(app, ["sweep", "--grid", str(grid), "-o", str(tmp_path / "out")])
     assert res.exit_code == 2 and "unknown grid key(s) rates" in res.stderr
 

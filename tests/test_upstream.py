@@ -126,8 +126,9 @@ def test_caps_at_max_prefill_tokens_and_context():
 def test_choose_is_static_without_a_chunked_request_then_shrinks():
     clock = FakeClock()
     p = policy(max_context=32768)
-    sched = make_scheduler(clock, chunk_policy=p, num_slots=4, kv_capacity_tokens=65536,
-                           max_context=32768, default_chunk=2048)
+    sched = make_scheduler(
+        clock, chunk_policy=p, num_slots=4, kv_capacity_tokens=65536, max_context=32768, default_chunk=2048
+    )
     sched.add_request(Request(0, 0.0, 20000, 2))
     plans = [sched.schedule(slot) for slot in range(4)]
     assert plans[0].chunk_budget == 2048 and plans[0].reason == "static"
@@ -164,17 +165,24 @@ def test_prefill_latency_is_the_bottleneck_stage():
     assert prefill_latency_s(profile, n) == max(times) == times[0]
 
 
-@pytest.mark.parametrize("kw", [dict(chunk=0), dict(page_size=0), dict(max_prefill_tokens=0),
-                                dict(max_context=1), dict(smooth_factor=-0.1),
-                                dict(smooth_factor=math.nan)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(chunk=0),
+        dict(page_size=0),
+        dict(max_prefill_tokens=0),
+        dict(max_context=1),
+        dict(smooth_factor=-0.1),
+        dict(smooth_factor=math.nan),
+    ],
+)
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         UpstreamChunkConfig(**kw)
 
 
 def test_simulation_completes_and_shrinks_later_chunks():
-    run = run_simulation(WorkloadConfig(num_requests=150, rate=2),
-                         DeploymentConfig(policy="upstream"))
+    run = run_simulation(WorkloadConfig(num_requests=150, rate=2), DeploymentConfig(policy="upstream"))
     s = run.summary
     assert s["num_unfinished"] == s["num_rejected"] == s["num_aborted"] == 0
     assert all(r.finish_reason is not None for r in run.result.records)

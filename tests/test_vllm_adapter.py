@@ -42,17 +42,30 @@ class Recorded:
         self.ends.append(rec)
 
 
-def make_adapter(policy: str = "static", pp: int = 2, token_step: int = 1, max_budget: int = 256,
-                 kv_blocks: int = 64, stage_times=None, profile=None):
+def make_adapter(
+    policy: str = "static",
+    pp: int = 2,
+    token_step: int = 1,
+    max_budget: int = 256,
+    kv_blocks: int = 64,
+    stage_times=None,
+    profile=None,
+):
     engine = FakeVllm(kv_blocks=kv_blocks)
     settings = VllmSchedulerSettings(policy=policy, token_step=token_step)
-    config = settings.scheduler_config(num_slots=pp, max_budget=max_budget, page_size=16, max_context=2048,
-                                       kv_total_tokens=engine.kv_total_tokens())
+    config = settings.scheduler_config(
+        num_slots=pp,
+        max_budget=max_budget,
+        page_size=16,
+        max_context=2048,
+        kv_total_tokens=engine.kv_total_tokens(),
+    )
     chunk, balancer = make_policies(policy, config, profile)
     clock = FakeClock()
     rec = Recorded()
-    adapter = Adapter(config, chunk, balancer, engine, clock, max_budget=max_budget, recorder=rec,
-                      stage_times=stage_times)
+    adapter = Adapter(
+        config, chunk, balancer, engine, clock, max_budget=max_budget, recorder=rec, stage_times=stage_times
+    )
     return adapter, engine, clock, rec
 
 
@@ -210,8 +223,11 @@ def test_preemption_leaves_the_slot_and_the_request_rejoins_after_recompute():
     burst(loop, 2, out=8)
     for _ in range(6):
         loop.step()
-    victim = next(t for t in adapter.tracked.values() if t.slot >= 0 and t.engine.num_computed_tokens
-                  < t.engine.num_tokens)  # decoding, not in flight
+    victim = next(
+        t
+        for t in adapter.tracked.values()
+        if t.slot >= 0 and t.engine.num_computed_tokens < t.engine.num_tokens
+    )  # decoding, not in flight
     engine.preempt(victim.engine)
     adapter.preempted(victim.engine_id)
     assert victim.slot == -1 and victim.rec.num_retractions == 1
@@ -272,28 +288,37 @@ def test_stage_times_reader_waits_for_every_stage_and_whole_lines(tmp_path):
 
 # ---------------------------------------------------------------------------------- settings
 def test_settings_round_trip_through_the_environment():
-    s = VllmSchedulerSettings(policy="greedy+ds", slo_tpot_s=0.1, chunk_candidates="64:512:64", token_step=1,
-                              record_dir="/tmp/x")
+    s = VllmSchedulerSettings(
+        policy="greedy+ds", slo_tpot_s=0.1, chunk_candidates="64:512:64", token_step=1, record_dir="/tmp/x"
+    )
     assert VllmSchedulerSettings.from_env(s.to_env()) == s
     assert VllmSchedulerSettings.from_env({}) == VllmSchedulerSettings()
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("[1]", "JSON object"), ("{", "not JSON"), ('{"polcy": "static"}', "unknown field"),
-    ('{"chunk_candidates": "9:1:1"}', "ascending"), ('{"slo_tpot_s": 0}', "tpot_s"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[1]", "JSON object"),
+        ("{", "not JSON"),
+        ('{"polcy": "static"}', "unknown field"),
+        ('{"chunk_candidates": "9:1:1"}', "ascending"),
+        ('{"slo_tpot_s": 0}', "tpot_s"),
+    ],
+)
 def test_bad_settings_are_named(text, match):
     with pytest.raises(ValueError, match=match):
         VllmSchedulerSettings.from_env({ENV_VAR: text})
 
 
 def test_scheduler_config_never_exceeds_vllms_budget():
-    cfg = VllmSchedulerSettings().scheduler_config(num_slots=2, max_budget=512, kv_total_tokens=4096,
-                                                   page_size=16, max_context=2048)
+    cfg = VllmSchedulerSettings().scheduler_config(
+        num_slots=2, max_budget=512, kv_total_tokens=4096, page_size=16, max_context=2048
+    )
     assert max(cfg.chunk_candidates) == 512 and cfg.default_chunk == 512
     with pytest.raises(ValueError, match="none is <="):
         VllmSchedulerSettings(chunk_candidates="1024,2048").scheduler_config(
-            num_slots=2, max_budget=512, kv_total_tokens=4096, page_size=16, max_context=2048)
+            num_slots=2, max_budget=512, kv_total_tokens=4096, page_size=16, max_context=2048
+        )
 
 
 # ---------------------------------------------------------------------------------- launcher
@@ -307,20 +332,38 @@ def test_cpu_bind_splits_the_cores_per_stage():
 
 def test_launch_command_and_environment(tmp_path):
     settings = VllmSchedulerSettings(policy="greedy", record_dir=str(tmp_path))
-    launch = VllmLaunch("/m", pp=2, port=9000, settings=settings, engine_python="/py", cpu=True,
-                        vllm_args=["--max-model-len", "2048"])
+    launch = VllmLaunch(
+        "/m",
+        pp=2,
+        port=9000,
+        settings=settings,
+        engine_python="/py",
+        cpu=True,
+        vllm_args=["--max-model-len", "2048"],
+    )
     cmd = launch.command()
     assert cmd[:5] == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
-    for part in (["--scheduler-cls", SCHEDULER_CLS], ["--distributed-executor-backend", "mp"],
-                 ["--shutdown-timeout", "30"], ["--enforce-eager"], ["--max-model-len", "2048"]):
-        assert any(cmd[i:i + len(part)] == part for i in range(len(cmd))), part
+    for part in (
+        ["--scheduler-cls", SCHEDULER_CLS],
+        ["--distributed-executor-backend", "mp"],
+        ["--shutdown-timeout", "30"],
+        ["--enforce-eager"],
+        ["--max-model-len", "2048"],
+    ):
+        assert any(cmd[i : i + len(part)] == part for i in range(len(cmd))), part
     env = launch.environment("/stages", base={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     assert json.loads(env[ENV_VAR])["policy"] == "greedy"
     assert env[STAGE_TIMES_ENV_VAR] == "/stages" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"  # the user's binding is kept
 
-    stock = VllmLaunch("/m", pp=2, stock=True, engine_python="/py", cpu=False,
-                       vllm_args=["--distributed-executor-backend", "ray"])
+    stock = VllmLaunch(
+        "/m",
+        pp=2,
+        stock=True,
+        engine_python="/py",
+        cpu=False,
+        vllm_args=["--distributed-executor-backend", "ray"],
+    )
     cmd = stock.command()
     assert "--scheduler-cls" not in cmd and "--enforce-eager" not in cmd
     assert cmd.count("--distributed-executor-backend") == 1
@@ -330,8 +373,19 @@ def test_launch_command_and_environment(tmp_path):
 
 def test_launch_options_are_checked_before_vllm_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTPP_ENGINES_DIR", str(tmp_path))
-    common = dict(pp=2, host="127.0.0.1", port=8000, profile=None, slo_ttft_ms=None, slo_tpot_ms=None,
-                  chunk_candidates=None, token_step=None, record_dir=None, engine_python=None, vllm_args=[])
+    common = dict(
+        pp=2,
+        host="127.0.0.1",
+        port=8000,
+        profile=None,
+        slo_ttft_ms=None,
+        slo_tpot_ms=None,
+        chunk_candidates=None,
+        token_step=None,
+        record_dir=None,
+        engine_python=None,
+        vllm_args=[],
+    )
     with pytest.raises(ValueError, match="unknown chunk policy"):
         launch_from_options(model="/m", policy="nope", **common)
     with pytest.raises(FileNotFoundError, match="is not prepared"):

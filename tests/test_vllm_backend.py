@@ -26,9 +26,16 @@ httpx = pytest.importorskip("httpx")
 
 TESTS = Path(__file__).resolve().parent
 START_TIMEOUT_S = 600.0  # a loaded 2-core machine; ready in 60-150 s when it is quiet
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
-           "List three colors:", "The quick brown fox", "In 1492, Columbus sailed",
-           "Water boils at", "My favourite food is"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "List three colors:",
+    "The quick brown fox",
+    "In 1492, Columbus sailed",
+    "Water boils at",
+    "My favourite food is",
+]
 MAX_TOKENS = 24
 LONG_PROMPTS = [" ".join([p] * 5) for p in PROMPTS]  # 30-60 tokens each: a budget of 48 binds
 BALANCE_SENDS = 3  # test_budget_and_decode_placement_...: sends of LONG_PROMPTS, at most
@@ -72,9 +79,16 @@ class Server:
 
     def complete(self, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
         """Greedy completions of all prompts sent at once; the token ids of each."""
+
         def one(prompt: str) -> list[int]:
-            body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True, "return_token_ids": True}
+            body = {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
             r = httpx.post(self.url + "/v1/completions", json=body, timeout=300)
             r.raise_for_status()
             choice = r.json()["choices"][0]
@@ -98,8 +112,18 @@ def _serve(tmp_path_factory, name: str, *args: str):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
         started = time.monotonic()
-        proc = ServerProcess("--backend", "vllm", "--model", "smollm2", "--pp", "2", *args,
-                             "--max-model-len", "1024", start_timeout_s=START_TIMEOUT_S)
+        proc = ServerProcess(
+            "--backend",
+            "vllm",
+            "--model",
+            "smollm2",
+            "--pp",
+            "2",
+            *args,
+            "--max-model-len",
+            "1024",
+            start_timeout_s=START_TIMEOUT_S,
+        )
         proc.__enter__()
     print(f"\n{name}: vLLM ready in {time.monotonic() - started:.0f} s")
     return proc, record_dir
@@ -125,8 +149,9 @@ def static(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def flaky(tmp_path_factory):
-    proc, record_dir = _serve(tmp_path_factory, "flaky", "--policy", "py:vllm_test_policies:flaky",
-                              "--token-step", "1")
+    proc, record_dir = _serve(
+        tmp_path_factory, "flaky", "--policy", "py:vllm_test_policies:flaky", "--token-step", "1"
+    )
     try:
         yield Server(proc, record_dir)
     finally:

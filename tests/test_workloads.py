@@ -140,8 +140,12 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
 
 
 def test_zero_outputs_are_clamped(tmp_path: Path) -> None:
-    rows = [AZURE_HEADER, "2023-11-16 18:00:00.0,10,0", "2023-11-16 18:00:01.0,20,3",
-            "2023-11-16 18:00:02.0,30,0"]
+    rows = [
+        AZURE_HEADER,
+        "2023-11-16 18:00:00.0,10,0",
+        "2023-11-16 18:00:01.0,20,3",
+        "2023-11-16 18:00:02.0,30,0",
+    ]
     trace = read_azure_trace(write_csv(tmp_path, rows))
     assert trace.output_lens.tolist() == [1, 3, 1]
     assert trace.num_clamped_outputs == 2
@@ -154,8 +158,13 @@ def test_zero_outputs_are_clamped(tmp_path: Path) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**6), st.integers(0, 10**4)),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10**9), st.integers(1, 10**6), st.integers(0, 10**4)),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_reader_round_trip(rows: list[tuple[int, int, int]]) -> None:
     import tempfile
 
@@ -165,8 +174,10 @@ def test_reader_round_trip(rows: list[tuple[int, int, int]]) -> None:
     for t_us, (_, p, o) in zip(times_us, rows, strict=True):
         day, rest = divmod(int(t_us), 86_400 * 10**6)
         secs, micros = divmod(rest, 10**6)
-        lines.append(f"2023-11-{16 + day:02d} {secs // 3600:02d}:{secs // 60 % 60:02d}:"
-                     f"{secs % 60:02d}.{micros:06d}0,{p},{o}")
+        lines.append(
+            f"2023-11-{16 + day:02d} {secs // 3600:02d}:{secs // 60 % 60:02d}:"
+            f"{secs % 60:02d}.{micros:06d}0,{p},{o}"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         trace = read_azure_trace(write_csv(Path(tmp), lines))
     np.testing.assert_allclose(trace.arrival_s, (times_us - times_us[0]) / 1e6, rtol=0, atol=1e-6)
@@ -196,13 +207,20 @@ def test_gamma_rate_and_cv(cv: float) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(rate=st.floats(0.01, 1000), cv=st.floats(0.1, 10), n=st.integers(1, 500),
-       duration=st.floats(0.1, 100), seed=st.integers(0, 2**32))
+@given(
+    rate=st.floats(0.01, 1000),
+    cv=st.floats(0.1, 10),
+    n=st.integers(1, 500),
+    duration=st.floats(0.1, 100),
+    seed=st.integers(0, 2**32),
+)
 def test_arrivals_are_sorted_nonnegative_and_seeded(
     rate: float, cv: float, n: int, duration: float, seed: int
 ) -> None:
-    for make in (lambda rng, **kw: poisson_arrivals(rate, rng, **kw),
-                 lambda rng, **kw: gamma_arrivals(rate, cv, rng, **kw)):
+    for make in (
+        lambda rng, **kw: poisson_arrivals(rate, rng, **kw),
+        lambda rng, **kw: gamma_arrivals(rate, cv, rng, **kw),
+    ):
         counted = make(np.random.default_rng(seed), num_requests=n)
         assert counted.size == n and np.all(np.diff(counted) >= 0) and counted[0] >= 0
         timed = make(np.random.default_rng(seed), duration_s=duration)
@@ -254,8 +272,7 @@ def test_replay_window_and_speed() -> None:
 @needs_data
 def test_replay_first_15_minutes_at_0_9x(conv_trace: Trace) -> None:
     trace = conv_trace
-    requests = replay_requests("azure-conv", start_s=0.0, window_s=900.0, speed=0.9,
-                               data_dir=DATA_DIR)
+    requests = replay_requests("azure-conv", start_s=0.0, window_s=900.0, speed=0.9, data_dir=DATA_DIR)
     assert len(requests) == int(np.count_nonzero(trace.arrival_s < 900.0))
     assert [r.req_id for r in requests] == list(range(len(requests)))
     assert requests[0].arrived_at == 0.0
@@ -384,8 +401,9 @@ def test_make_requests_is_seeded_and_ordered() -> None:
     assert [r.req_id for r in first] == list(range(300))
     assert all(a.arrived_at <= b.arrived_at for a, b in zip(first, first[1:], strict=False))
     # Lengths come from their own stream: a new rate or arrival process keeps them.
-    bursty = make_requests("cnn-reversed-synthetic", seed=5, rate=9.0, num_requests=300,
-                           arrival="gamma", cv=4.0)
+    bursty = make_requests(
+        "cnn-reversed-synthetic", seed=5, rate=9.0, num_requests=300, arrival="gamma", cv=4.0
+    )
     assert [r.output_len for r in bursty] == [r.output_len for r in first]
     timed = make_requests("azure-code", seed=1, rate=4.0, duration_s=60.0)
     assert timed and timed[-1].arrived_at < 60.0
@@ -424,7 +442,6 @@ def test_cnn_reversed_output_spread_matches_the_article_histogram() -> None:
     (_, mean_low, cv_low), (_, mean_high, cv_high) = spread.cv_bounds()
     for mean in (mean_low, mean_high):
         assert abs(mean / spread.PRINTED_MEAN_CHARS - 1) < 0.015
-    _, out = WORKLOADS["cnn-reversed-synthetic"].make_sampler().sample(
-        np.random.default_rng(0), 100_000)
+    _, out = WORKLOADS["cnn-reversed-synthetic"].make_sampler().sample(np.random.default_rng(0), 100_000)
     cv = out.std() / out.mean()
     assert cv_low - 0.01 <= cv <= cv_high + 0.01, (cv_low, cv, cv_high)

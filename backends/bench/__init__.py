@@ -10,6 +10,15 @@ from fastpp.backends.bench.report import append_jsonl, format_result, jsonl_reco
 from fastpp.backends.bench.runner import BenchError, BenchResult, run_bench, run_bench_async
 
 __all__ = [
-    "Backend", "BenchConfig", "BenchError", "BenchResult", "append_jsonl", "format_result",
-    "jsonl_record", "parse_goodput", "run_bench", "run_bench_async", "slo_from_goodput",
+    "Backend",
+    "BenchConfig",
+    "BenchError",
+    "BenchResult",
+    "append_jsonl",
+    "format_result",
+    "jsonl_record",
+    "parse_goodput",
+    "run_bench",
+    "run_bench_async",
+    "slo_from_goodput",
 ]

@@ -106,12 +106,15 @@ class BenchConfig:
         self._check_slos()
         if self.extra_request_body is not None:
             if not isinstance(self.extra_request_body, Mapping):
-                raise ValueError("extra_request_body must be a JSON object, got "
-                                 f"{type(self.extra_request_body).__name__}")
+                raise ValueError(
+                    f"extra_request_body must be a JSON object, got {type(self.extra_request_body).__name__}"
+                )
             reserved = [k for k in _RESERVED_BODY_KEYS if k in self.extra_request_body]
             if reserved:
-                raise ValueError(f"extra_request_body cannot set {', '.join(reserved)}: the bench "
-                                 "sends the workload's text and reads a stream")
+                raise ValueError(
+                    f"extra_request_body cannot set {', '.join(reserved)}: the bench "
+                    "sends the workload's text and reads a stream"
+                )
             object.__setattr__(self, "extra_request_body", dict(self.extra_request_body))
         if self.replay is not None:
             # a trace brings its own arrival times: a rate or arrival process would be ignored
@@ -165,15 +168,21 @@ class BenchConfig:
         """The run's requests in arrival order (seconds from the bench start), deterministic."""
         if self.replay is not None:
             reqs = replay_requests(
-                self.replay, start_s=self.replay_start_s, window_s=self.replay_window_s,
-                speed=self.replay_speed, data_dir=self.data_dir,
+                self.replay,
+                start_s=self.replay_start_s,
+                window_s=self.replay_window_s,
+                speed=self.replay_speed,
+                data_dir=self.data_dir,
             )
             return reqs if self.num_prompts is None else reqs[: self.num_prompts]
         return make_requests(
-            self.workload, seed=self.seed,
+            self.workload,
+            seed=self.seed,
             rate=None if math.isinf(self.request_rate) else self.request_rate,
             num_requests=self.num_prompts or DEFAULT_NUM_PROMPTS,
-            arrival=self.arrival, cv=self.cv, data_dir=self.data_dir,
+            arrival=self.arrival,
+            cv=self.cv,
+            data_dir=self.data_dir,
         )
 
 

@@ -31,8 +31,9 @@ def observed_ms(record: RequestRecord) -> dict[str, float]:
     return {"ttft": ttft * 1e3, "tpot": tpot * 1e3, "e2el": e2e * 1e3}
 
 
-def sglang_goodput(records: Sequence[RequestRecord], slos_ms: Mapping[str, float],
-                   duration_s: float) -> dict[str, Any]:
+def sglang_goodput(
+    records: Sequence[RequestRecord], slos_ms: Mapping[str, float], duration_s: float
+) -> dict[str, Any]:
     """sglang's goodput keys for the sent ``records`` (NaN where nothing was sent or the run took
     no time)."""
     num_good = 0

@@ -62,13 +62,26 @@ _SECTIONS = (  # heading, key stem, console name
     ("Inter-Token Latency", "itl", "ITL"),
 )
 _STATS = ("Mean", "Median", "P90", "P95", "P99")
-_LATENCY_KEYS = tuple(f"{s}_{stem}_ms" for _, stem, _ in _SECTIONS
-                      for s in ("mean", "median", "std", "p90", "p95", "p99"))
+_LATENCY_KEYS = tuple(
+    f"{s}_{stem}_ms" for _, stem, _ in _SECTIONS for s in ("mean", "median", "std", "p90", "p95", "p99")
+)
 _RESULT_KEYS = (  # sglang's result keys after server_info, in its order
-    "duration", "completed", "total_input_tokens", "total_input_text_tokens",
-    "total_input_vision_tokens", "total_output_tokens", "total_output_tokens_retokenized",
-    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
-    *_LATENCY_KEYS, "concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_input_text_tokens",
+    "total_input_vision_tokens",
+    "total_output_tokens",
+    "total_output_tokens_retokenized",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    *_LATENCY_KEYS,
+    "concurrency",
+    "accept_length",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
 )
 
 
@@ -87,10 +100,12 @@ def format_result(result: BenchResult) -> str:
     """sglang's console block for the run, then FastPP's failure and SLO lines."""
     s, cfg = result.summary, result.config
     limit = cfg.max_concurrency
-    lines = [f"{' Serving Benchmark Result ':=^50}",
-             _line("Backend:", s["backend"], True),
-             _line("Traffic request rate:", traffic_rate(result), True),
-             _line("Max request concurrency:", "not set" if limit is None else limit, True)]
+    lines = [
+        f"{' Serving Benchmark Result ':=^50}",
+        _line("Backend:", s["backend"], True),
+        _line("Traffic request rate:", traffic_rate(result), True),
+        _line("Max request concurrency:", "not set" if limit is None else limit, True),
+    ]
     lines += [_line(label, s.get(key), is_int) for label, key, is_int in _HEAD]
     if result.goodput is not None:
         lines += _goodput_lines(result.goodput)
@@ -101,9 +116,12 @@ def format_result(result: BenchResult) -> str:
             lines.append(_line("Max ITL (ms):", s["max_itl_ms"], False))
     lines += [f"{'Failures':-^50}", _line("Aborted requests:", s.get("num_aborted", 0), True)]
     if "slo_met" in s:
-        lines += [f"{'SLO (P90)':-^50}", _line("SLO TTFT (ms):", s["slo_ttft_ms"], False),
-                  _line("SLO TPOT (ms):", s["slo_tpot_ms"], False),
-                  _line("SLO met (P90 TTFT and P90 TPOT):", s["slo_met"], True)]
+        lines += [
+            f"{'SLO (P90)':-^50}",
+            _line("SLO TTFT (ms):", s["slo_ttft_ms"], False),
+            _line("SLO TPOT (ms):", s["slo_tpot_ms"], False),
+            _line("SLO met (P90 TTFT and P90 TPOT):", s["slo_met"], True),
+        ]
     lines.append("=" * 50)
     return "\n".join(lines)
 
@@ -111,11 +129,16 @@ def format_result(result: BenchResult) -> str:
 def _goodput_lines(goodput: dict[str, Any]) -> list[str]:
     """sglang's Goodput section."""
     slos = " ".join(f"{key}:{ms:g}" for key, ms in goodput["goodput_slos_ms"].items())
-    lines = [f"{'Goodput':-^50}", _line("SLOs (ms):", slos, True),
-             _line("Request goodput (req/s):", goodput["request_goodput"], False),
-             _line("SLO attainment (%):", goodput["slo_attainment"] * 100, False)]
-    lines += [_line(f"{key.upper()} SLO attainment (%):", value * 100, False)
-              for key, value in goodput["slo_attainment_by_metric"].items()]
+    lines = [
+        f"{'Goodput':-^50}",
+        _line("SLOs (ms):", slos, True),
+        _line("Request goodput (req/s):", goodput["request_goodput"], False),
+        _line("SLO attainment (%):", goodput["slo_attainment"] * 100, False),
+    ]
+    lines += [
+        _line(f"{key.upper()} SLO attainment (%):", value * 100, False)
+        for key, value in goodput["slo_attainment_by_metric"].items()
+    ]
     return lines
 
 
@@ -172,8 +195,10 @@ def jsonl_record(result: BenchResult, *, details: bool = False) -> dict[str, Any
             input_lens=[r.prompt_len for r in recs],
             output_lens=[r.num_generated if is_ok else 0 for r, is_ok in zip(recs, ok, strict=True)],
             ttfts=[r.ttft_s if is_ok else None for r, is_ok in zip(recs, ok, strict=True)],
-            itls=[[b - a for a, b in zip(r.token_times, r.token_times[1:], strict=False)] if is_ok else []
-                  for r, is_ok in zip(recs, ok, strict=True)],
+            itls=[
+                [b - a for a, b in zip(r.token_times, r.token_times[1:], strict=False)] if is_ok else []
+                for r, is_ok in zip(recs, ok, strict=True)
+            ],
             generated_texts=list(result.generated_texts),
             errors=[r.detail for r in recs],
         )

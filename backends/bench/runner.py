@@ -40,7 +40,10 @@ ProgressFn = Callable[[int, int], None]  # (requests ended, requests planned)
 
 # summarize() keys a client cannot observe (scheduler internals); dropped rather than shown as 0
 _SERVER_ONLY_KEYS = (
-    "num_retractions", "num_parked", "mean_queueing_delay_ms", "p99_queueing_delay_ms",
+    "num_retractions",
+    "num_parked",
+    "mean_queueing_delay_ms",
+    "p99_queueing_delay_ms",
     "max_queueing_delay_ms",
 )
 _CONNECT_TIMEOUT_S = 10.0  # cap on one TCP connect, within the request's own timeout_s
@@ -151,8 +154,9 @@ async def run_bench_async(
     )
     async with httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth_headers()) as http:
         model, server_info = await _unless_stopped(_ask_server(http, config), stop)
-        client = OpenAIClient(http, config.base_url, config.backend, model, config.timeout_s, clock,
-                              config.extra_request_body)
+        client = OpenAIClient(
+            http, config.base_url, config.backend, model, config.timeout_s, clock, config.extra_request_body
+        )
         bodies = [client.payload(p, r.output_len) for p, r in zip(prompts, reqs, strict=True)]
         if config.warmup_requests and reqs:
             warm = client.payload(prompts[0], min(reqs[0].output_len, WARMUP_MAX_TOKENS))
@@ -167,8 +171,9 @@ async def run_bench_async(
     return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set(), goodput, texts)
 
 
-def _prompts(reqs: list[Request], seed: int,
-             tokenizer: BenchTokenizer | None) -> tuple[list[Request], list[str]]:
+def _prompts(
+    reqs: list[Request], seed: int, tokenizer: BenchTokenizer | None
+) -> tuple[list[Request], list[str]]:
     """The prompt texts; with a tokenizer exact-length ones, and each request's ``prompt_len``
     then the text's own token count (sglang's input count)."""
     if tokenizer is None:
@@ -178,8 +183,9 @@ def _prompts(reqs: list[Request], seed: int,
     return [dataclasses.replace(r, prompt_len=n) for r, n in zip(reqs, counts, strict=True)], prompts
 
 
-def _retokenized(records: list[RequestRecord], texts: list[str],
-                 tokenizer: BenchTokenizer | None) -> int | None:
+def _retokenized(
+    records: list[RequestRecord], texts: list[str], tokenizer: BenchTokenizer | None
+) -> int | None:
     """The completed requests' output text counted again by the tokenizer (None without one)."""
     if tokenizer is None:
         return None
@@ -191,8 +197,9 @@ async def _warm_up(client: OpenAIClient, body: dict[str, Any], config: BenchConf
     """sglang's warm-up: ``config.warmup_requests`` copies of ``body`` at the run's concurrency
     limit, then a pause; BenchError when none succeeds."""
     sem = asyncio.Semaphore(config.max_concurrency or config.warmup_requests)
-    records = [RequestRecord(-1 - i, 0.0, 0, int(body.get("max_tokens") or 1))
-               for i in range(config.warmup_requests)]
+    records = [
+        RequestRecord(-1 - i, 0.0, 0, int(body.get("max_tokens") or 1)) for i in range(config.warmup_requests)
+    ]
 
     async def one(record: RequestRecord) -> None:
         async with sem:
@@ -200,8 +207,10 @@ async def _warm_up(client: OpenAIClient, body: dict[str, Any], config: BenchConf
 
     await asyncio.gather(*(one(r) for r in records))
     if not any(r.finish_reason in _COMPLETED for r in records):
-        raise BenchError(f"the warm-up request failed ({records[0].detail}); check --model, --backend, "
-                         f"--extra-request-body and the server (or skip it: --warmup-requests 0)")
+        raise BenchError(
+            f"the warm-up request failed ({records[0].detail}); check --model, --backend, "
+            f"--extra-request-body and the server (or skip it: --warmup-requests 0)"
+        )
     await asyncio.sleep(WARMUP_PAUSE_S)
 
 
@@ -238,8 +247,10 @@ async def _first_model(http: httpx.AsyncClient, base_url: str) -> str:
     try:
         models = await list_models(http, base_url, timeout_s=_SIDE_TIMEOUT_S)
     except httpx.TransportError as exc:
-        raise BenchError(f"no server answers at {base_url} ({exc}); start one (fastpp serve) or "
-                         f"point --host/--port or --base-url at it") from exc
+        raise BenchError(
+            f"no server answers at {base_url} ({exc}); start one (fastpp serve) or "
+            f"point --host/--port or --base-url at it"
+        ) from exc
     except (httpx.HTTPError, ValueError) as exc:
         raise BenchError(f"could not list models at {base_url}/v1/models ({exc}); pass --model") from exc
     if not models:
@@ -320,7 +331,10 @@ def _summary(
     duration_s: float,
 ) -> dict[str, Any]:
     summary = summarize(
-        records, duration_s=duration_s, slo=config.slo, backend=str(config.backend),
+        records,
+        duration_s=duration_s,
+        slo=config.slo,
+        backend=str(config.backend),
         request_rate=config.traffic_rate,
     )
     for key in _SERVER_ONLY_KEYS:

@@ -78,6 +78,7 @@ def load_tokenizer(path: str | Path) -> BenchTokenizer:
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises plain Exception with its parser's message
-        raise ValueError(f"--tokenizer {path}: {file} is not a tokenizer the tokenizers library reads "
-                         f"({exc})") from None
+        raise ValueError(
+            f"--tokenizer {path}: {file} is not a tokenizer the tokenizers library reads ({exc})"
+        ) from None
     return BenchTokenizer(tok, file)

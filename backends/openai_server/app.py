@@ -61,7 +61,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     http_counts: dict[int, int] = field(default_factory=dict)
     tokenizer_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="fastpp-tokenize"))
+        default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="fastpp-tokenize")
+    )
     max_body_bytes: int = 4 * 1024 * 1024  # a larger body gets 413 (guard.py)
     read_timeout_s: float = 30.0  # a body not in this long after its headers gets 408
     draining: bool = False  # stopping: admit nothing new, /health says so
@@ -74,8 +75,13 @@ class ServerState:
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="fastpp", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.fastpp = state
-    app.add_middleware(RequestGuard, api_key=state.api_key, count=state.count,
-                       max_body_bytes=state.max_body_bytes, read_timeout_s=state.read_timeout_s)
+    app.add_middleware(
+        RequestGuard,
+        api_key=state.api_key,
+        count=state.count,
+        max_body_bytes=state.max_body_bytes,
+        read_timeout_s=state.read_timeout_s,
+    )
     registry = make_registry(state.engine, state.model_name, state.http_counts)
 
     @app.exception_handler(APIError)
@@ -85,8 +91,9 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), type_=kind).body(),
-                            status_code=exc.status_code)
+        return JSONResponse(
+            APIError(exc.status_code, str(exc.detail), type_=kind).body(), status_code=exc.status_code
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -99,9 +106,18 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "fastpp",
-            "max_model_len": state.engine.model_config.max_context}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "fastpp",
+                    "max_model_len": state.engine.model_config.max_context,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -127,8 +143,13 @@ def create_app(state: ServerState) -> FastAPI:
         except ValueError as exc:  # the model's chat template refused the conversation
             raise APIError(400, str(exc), param="messages") from None
         add = state.template.add_special_tokens
-        ids = await _tokenize(state, req, "".join(text for text, _ in pieces), "messages",
-                              lambda: state.tokenizer.encode_chat(pieces, add))
+        ids = await _tokenize(
+            state,
+            req,
+            "".join(text for text, _ in pieces),
+            "messages",
+            lambda: state.tokenizer.encode_chat(pieces, add),
+        )
         return await _respond(state, request, req, ids, chat=True)
 
     return app
@@ -150,15 +171,23 @@ def _json(raw: bytes) -> Any:
         raise APIError(400, f"request body is not valid JSON: {exc}") from None
     where = first_invalid_text(body)
     if where is not None:
-        raise APIError(400, f"'{where}': contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not "
-                       "valid Unicode text", param=where)
+        raise APIError(
+            400,
+            f"'{where}': contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text",
+            param=where,
+        )
     return body
 
 
 def _check_model(state: ServerState, req: GenerationRequest) -> None:
     if req.model is not None and req.model != state.model_name:
-        raise APIError(404, f"model {req.model!r} does not exist; this server serves {state.model_name!r}",
-                       param="model", type_="not_found_error", code="model_not_found")
+        raise APIError(
+            404,
+            f"model {req.model!r} does not exist; this server serves {state.model_name!r}",
+            param="model",
+            type_="not_found_error",
+            code="model_not_found",
+        )
 
 
 def _check_queue(state: ServerState) -> None:
@@ -166,24 +195,41 @@ def _check_queue(state: ServerState) -> None:
     if not eng.is_alive:
         raise APIError(503, f"engine stopped: {eng.error or 'shutting down'}", type_="server_error")
     if state.draining:
-        raise APIError(503, "the server is shutting down; retry on another replica or later",
-                       type_="server_error", code="shutting_down")
+        raise APIError(
+            503,
+            "the server is shutting down; retry on another replica or later",
+            type_="server_error",
+            code="shutting_down",
+        )
     if eng.num_queued >= state.max_queue:
-        raise APIError(503, f"server overloaded: {eng.num_queued} requests waiting "
-                       f"(limit {state.max_queue}); retry later", type_="server_overloaded",
-                       code="queue_full")
+        raise APIError(
+            503,
+            f"server overloaded: {eng.num_queued} requests waiting (limit {state.max_queue}); retry later",
+            type_="server_overloaded",
+            code="queue_full",
+        )
 
 
-async def _tokenize(state: ServerState, req: GenerationRequest, text: str, param: str,
-                    encode: Callable[[], list[int]] | None = None) -> list[int]:
+async def _tokenize(
+    state: ServerState,
+    req: GenerationRequest,
+    text: str,
+    param: str,
+    encode: Callable[[], list[int]] | None = None,
+) -> list[int]:
     """The text's token ids (``encode()`` when given), encoded in a worker thread; a text (or a
     max_tokens) that cannot fit the context by its length alone is refused first, without
     encoding it."""
     limit = state.engine.model_config.max_context
     at_least = state.tokenizer.min_tokens(text)
     if at_least >= limit:
-        raise APIError(400, f"prompt of at least {at_least} tokens ({len(text)} characters) does not fit "
-                       f"the context of {limit} tokens", param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"prompt of at least {at_least} tokens ({len(text)} characters) does not fit "
+            f"the context of {limit} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
     _max_tokens(state, req, max(at_least, 1))  # 400 now if even the shortest prompt leaves no room
     _check_queue(state)  # refuse early, before spending a worker on it
     loop = asyncio.get_running_loop()
@@ -201,24 +247,31 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_len: int) -> 
     if req.max_tokens is None:
         return fit_output_budget(state.engine, req, prompt_len, max(1, min(DEFAULT_MAX_TOKENS, room)))
     if req.max_tokens > room:
-        raise APIError(400, f"'{req.max_tokens_param}': {req.max_tokens} output tokens after a prompt of "
-                       f"{prompt_len} tokens exceed the context of {limit} tokens (at most {room})",
-                       param=req.max_tokens_param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"'{req.max_tokens_param}': {req.max_tokens} output tokens after a prompt of "
+            f"{prompt_len} tokens exceed the context of {limit} tokens (at most {room})",
+            param=req.max_tokens_param,
+            code="context_length_exceeded",
+        )
     return fit_output_budget(state.engine, req, prompt_len, req.max_tokens)
 
 
-async def _respond(state: ServerState, request: Request, req: GenerationRequest, ids: list[int],
-                   chat: bool) -> Response:
+async def _respond(
+    state: ServerState, request: Request, req: GenerationRequest, ids: list[int], chat: bool
+) -> Response:
     eng = state.engine
     param = "messages" if chat else "prompt"
     try:
         eng.check_prompt(ids)
     except ValueError as exc:
-        raise APIError(400, str(exc), param=param,
-                       code="context_length_exceeded" if "fit" in str(exc) else None) from None
+        raise APIError(
+            400, str(exc), param=param, code="context_length_exceeded" if "fit" in str(exc) else None
+        ) from None
     try:
-        gen = Generation(eng, state.tokenizer, req, ids, _max_tokens(state, req, len(ids)),
-                         request.is_disconnected)
+        gen = Generation(
+            eng, state.tokenizer, req, ids, _max_tokens(state, req, len(ids)), request.is_disconnected
+        )
     except ValueError as exc:  # the sampler's own checks, should the protocol's ever differ
         raise APIError(400, str(exc)) from None
     # the queue check and the submission with no await between: a burst cannot overshoot the limit
@@ -233,8 +286,9 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     if req.stream:
-        return _GenerationStream(state, gen, _sse(state, gen, rid, created, chat),
-                                 media_type="text/event-stream")
+        return _GenerationStream(
+            state, gen, _sse(state, gen, rid, created, chat), media_type="text/event-stream"
+        )
     try:
         text, finish = [], None
         async for d in gen.stream():
@@ -252,17 +306,25 @@ async def _respond(state: ServerState, request: Request, req: GenerationRequest,
         choice["message"] = {"role": "assistant", "content": "".join(text)}
     else:
         choice["text"] = "".join(text)
-    return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": created, "model": state.model_name, "choices": [choice],
-                         "usage": _usage(len(ids), gen.completion_tokens)})
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": state.model_name,
+            "choices": [choice],
+            "usage": _usage(len(ids), gen.completion_tokens),
+        }
+    )
 
 
 class _GenerationStream(StreamingResponse):
     """An SSE response that aborts its generation however the response ends, even if the body
     iterator never started (a client gone before the first byte)."""
 
-    def __init__(self, state: ServerState, gen: Generation, content: AsyncIterator[str],
-                 media_type: str) -> None:
+    def __init__(
+        self, state: ServerState, gen: Generation, content: AsyncIterator[str], media_type: str
+    ) -> None:
         super().__init__(content, media_type=media_type)
         self.state = state
         self.gen = gen
@@ -276,16 +338,24 @@ class _GenerationStream(StreamingResponse):
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 async def _sse(state: ServerState, gen: Generation, rid: str, created: int, chat: bool) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choices: list[dict], usage: dict | None = None) -> str:
-        body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": state.model_name,
-                                "choices": choices}
+        body: dict[str, Any] = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": state.model_name,
+            "choices": choices,
+        }
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -293,8 +363,9 @@ async def _sse(state: ServerState, gen: Generation, rid: str, created: int, chat
     def choice(d: Delta, first: bool) -> dict[str, Any]:
         c: dict[str, Any] = {"index": 0, "finish_reason": d.finish_reason, "logprobs": None}
         if chat:
-            c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": d.text} if d.text or first
-                                                                     else {})
+            c["delta"] = ({"role": "assistant"} if first else {}) | (
+                {"content": d.text} if d.text or first else {}
+            )
         else:
             c["text"] = d.text
         return c

@@ -69,18 +69,29 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
     def _shed_one(self) -> None:
-        idle = [c for c in self.connections
-                if c is not self and isinstance(c, GuardedH11Protocol) and c.waiting_for_request
-                and not c.transport.is_closing()]
+        idle = [
+            c
+            for c in self.connections
+            if c is not self
+            and isinstance(c, GuardedH11Protocol)
+            and c.waiting_for_request
+            and not c.transport.is_closing()
+        ]
         if idle:
             min(idle, key=lambda c: c._waiting_since).transport.close()
         else:
-            log.warning("%d connections open, all busy (--max-connections %d): refusing a new one",
-                        len(self.connections) - 1, self.max_connections)
+            log.warning(
+                "%d connections open, all busy (--max-connections %d): refusing a new one",
+                len(self.connections) - 1,
+                self.max_connections,
+            )
             self.transport.close()
 
 
 def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
     """The protocol class to give ``uvicorn.Config(http=...)``, with these limits."""
-    return type("ServerH11Protocol", (GuardedH11Protocol,),
-                {"read_timeout_s": read_timeout_s, "max_connections": max_connections})
+    return type(
+        "ServerH11Protocol",
+        (GuardedH11Protocol,),
+        {"read_timeout_s": read_timeout_s, "max_connections": max_connections},
+    )

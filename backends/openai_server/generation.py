@@ -42,8 +42,15 @@ class Generation:
     otherwise cap silently. A ``max_tokens`` the client did not send is fitted to the pool.
     """
 
-    def __init__(self, engine, tokenizer: Tokenizer, req: GenerationRequest, prompt_ids: list[int],
-                 max_tokens: int, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
+    def __init__(
+        self,
+        engine,
+        tokenizer: Tokenizer,
+        req: GenerationRequest,
+        prompt_ids: list[int],
+        max_tokens: int,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.engine = engine
         self.req = req
         self.prompt_ids = prompt_ids
@@ -51,11 +58,19 @@ class Generation:
         vocab = engine.model_config.vocab_size
         outside = next((t for t in req.stop_token_ids if not 0 <= t < vocab), None)
         if outside is not None:
-            raise APIError(400, f"'stop_token_ids': token id {outside} is outside the vocabulary "
-                           f"0..{vocab - 1}", param="stop_token_ids")
-        self.params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                     seed=req.seed, stop_token_ids=req.stop_token_ids,
-                                     ignore_eos=req.ignore_eos)
+            raise APIError(
+                400,
+                f"'stop_token_ids': token id {outside} is outside the vocabulary 0..{vocab - 1}",
+                param="stop_token_ids",
+            )
+        self.params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+        )
         self.detok = tokenizer.stream_decoder()
         self.is_disconnected = is_disconnected
         self.completion_tokens = 0
@@ -69,8 +84,9 @@ class Generation:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self._events = events
-        self.req_id = self.engine.submit(self.prompt_ids, self.params,
-                                         lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        self.req_id = self.engine.submit(
+            self.prompt_ids, self.params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+        )
 
     def _stop(self) -> None:
         """End the request in the engine as stopped by a stop string (unless it already ended)."""
@@ -137,8 +153,11 @@ class Generation:
             raise APIError(500, f"request failed: {ev.detail}", type_="server_error")
         if ev.finish_reason == "error":
             raise APIError(503, f"engine failed: {ev.detail}", type_="server_error")
-        raise APIError(503, f"request {ev.finish_reason}: {ev.detail or 'the server is shutting down'}",
-                       type_="server_error")
+        raise APIError(
+            503,
+            f"request {ev.finish_reason}: {ev.detail or 'the server is shutting down'}",
+            type_="server_error",
+        )
 
 
 def fit_output_budget(engine, req: GenerationRequest, prompt_len: int, max_tokens: int) -> int:
@@ -150,6 +169,11 @@ def fit_output_budget(engine, req: GenerationRequest, prompt_len: int, max_token
     if req.max_tokens is None:
         return max(1, room)
     param = req.max_tokens_param
-    raise APIError(400, f"'{param}': {max_tokens} output tokens after a prompt of {prompt_len} tokens do not "
-                   f"fit this server's KV cache of {engine.scheduler_config.kv_capacity_tokens} tokens "
-                   f"(at most {room})", param=param, code="context_length_exceeded")
+    raise APIError(
+        400,
+        f"'{param}': {max_tokens} output tokens after a prompt of {prompt_len} tokens do not "
+        f"fit this server's KV cache of {engine.scheduler_config.kv_capacity_tokens} tokens "
+        f"(at most {room})",
+        param=param,
+        code="context_length_exceeded",
+    )

@@ -41,8 +41,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
-async def send_error(send: Callable, error: APIError,
-                     headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+async def send_error(send: Callable, error: APIError, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = json.dumps(error.body(), separators=(",", ":")).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": error.status, "headers": head})
@@ -52,8 +51,14 @@ async def send_error(send: Callable, error: APIError,
 class RequestGuard:
     """Pure ASGI middleware (inside Starlette's error middleware, outside the route handlers)."""
 
-    def __init__(self, app: Any, api_key: str | None, count: Callable[[int], None],
-                 max_body_bytes: int = 4 * 1024 * 1024, read_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None,
+        count: Callable[[int], None],
+        max_body_bytes: int = 4 * 1024 * 1024,
+        read_timeout_s: float = 30.0,
+    ) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.count = count
@@ -65,15 +70,28 @@ class RequestGuard:
             auth = _header(scope, b"authorization") or ""
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key):
-                return (APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' "
-                                      "(the openai client sends OPENAI_API_KEY)",
-                                 type_="invalid_request_error", code="invalid_api_key"),
-                        ((b"www-authenticate", b"Bearer"),))
+                return (
+                    APIError(
+                        401,
+                        "missing or wrong API key: send 'Authorization: Bearer <key>' "
+                        "(the openai client sends OPENAI_API_KEY)",
+                        type_="invalid_request_error",
+                        code="invalid_api_key",
+                    ),
+                    ((b"www-authenticate", b"Bearer"),),
+                )
         if scope.get("method") == "POST":
             ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
             if ctype not in _JSON_TYPES:
-                return (APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}",
-                                 type_="invalid_request_error", code="unsupported_media_type"), ())
+                return (
+                    APIError(
+                        415,
+                        f"Content-Type must be application/json, got {ctype or 'none'!r}",
+                        type_="invalid_request_error",
+                        code="unsupported_media_type",
+                    ),
+                    (),
+                )
         return None
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -136,8 +154,9 @@ class RequestGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                error = APIError(408, f"request body not received within {self.read_timeout_s:g} s",
-                                 code="request_timeout")
+                error = APIError(
+                    408, f"request body not received within {self.read_timeout_s:g} s", code="request_timeout"
+                )
                 await send_error(send, error, _CLOSE)
                 return None
             if message["type"] == "http.disconnect":
@@ -153,8 +172,11 @@ class RequestGuard:
 
 
 def _too_large(limit: int, what: str) -> APIError:
-    return APIError(413, f"request body too large: {what} exceeds the limit of {limit} bytes "
-                    "(the server's --max-body-bytes)", code="request_too_large")
+    return APIError(
+        413,
+        f"request body too large: {what} exceeds the limit of {limit} bytes (the server's --max-body-bytes)",
+        code="request_too_large",
+    )
 
 
 def _replay(body: bytes, receive: Callable) -> Callable:

@@ -16,8 +16,11 @@ from fastpp.backends.ports import free_port
 
 # `fastpp` in this interpreter. Not `-m fastpp.cli.app`: as __main__ the app module would be a
 # second copy, without the subcommands that register themselves on fastpp.cli.app.
-FASTPP_COMMAND = (sys.executable, "-c",
-                  "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()")
+FASTPP_COMMAND = (
+    sys.executable,
+    "-c",
+    "import sys; from fastpp.cli.app import main; sys.argv[0] = 'fastpp'; main()",
+)
 
 
 class ServerProcess:
@@ -36,8 +39,9 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=self.new_session)
+        self.proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -68,8 +68,9 @@ class StopSignals:
     def _handle(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.received is not None or self.stopping:
-            log.warning("%s again: exiting now, without finishing open requests or writing the record dir",
-                        name)
+            log.warning(
+                "%s again: exiting now, without finishing open requests or writing the record dir", name
+            )
             try:
                 self.on_exit_now()
             finally:
@@ -87,8 +88,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server with our signal handling: ``drain()`` runs inside the server's main loop
     (the socket still open, answering 503) once a signal has arrived, before uvicorn's shutdown."""
 
-    def __init__(self, config: uvicorn.Config, signals: StopSignals,
-                 drain: Callable[[], Any]) -> None:
+    def __init__(self, config: uvicorn.Config, signals: StopSignals, drain: Callable[[], Any]) -> None:
         super().__init__(config)
         self.signals = signals
         self.drain = drain
@@ -124,8 +124,12 @@ async def drain(state: Any, engine: Any, timeout_s: float, signal_name: str) -> 
     state.draining = True
     open_now = engine.num_unfinished
     if open_now:  # idle, the runner's stop line says it all
-        log.info("%s: stopping; %d open request(s) get up to %g s to finish (--shutdown-timeout)",
-                 signal_name, open_now, timeout_s)
+        log.info(
+            "%s: stopping; %d open request(s) get up to %g s to finish (--shutdown-timeout)",
+            signal_name,
+            open_now,
+            timeout_s,
+        )
 
     def settled() -> bool:
         return engine.num_unfinished == 0 or not engine.is_alive
@@ -133,12 +137,16 @@ async def drain(state: Any, engine: Any, timeout_s: float, signal_name: str) -> 
     killed = False
     if not await wait_until(settled, timeout_s):
         log.info("ending %d request(s) still open after %g s", engine.num_unfinished, timeout_s)
-        engine.abort_all(f"the server is shutting down ({signal_name}); the request did not finish within "
-                         f"the {timeout_s:g} s shutdown timeout")
+        engine.abort_all(
+            f"the server is shutting down ({signal_name}); the request did not finish within "
+            f"the {timeout_s:g} s shutdown timeout"
+        )
         if not await wait_until(settled, ABORT_WAIT_S):
             killed = True
-            engine.stall(f"the server is shutting down ({signal_name}) and the pipeline did not return its "
-                         f"microbatches within {ABORT_WAIT_S:g} s")
+            engine.stall(
+                f"the server is shutting down ({signal_name}) and the pipeline did not return its "
+                f"microbatches within {ABORT_WAIT_S:g} s"
+            )
             await wait_until(lambda: not engine.is_alive and engine.num_unfinished == 0, ABORT_WAIT_S)
     await wait_until(lambda: state.open_responses <= 0, FLUSH_WAIT_S)
     return killed

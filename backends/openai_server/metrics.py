@@ -133,8 +133,9 @@ class ServerCollector(Collector):
                 g.add_metric(values, value)
                 yield g
 
-        def counter(name: str, doc: str, samples: list[tuple[list[str], float]],
-                    extra: tuple[str, ...] = ()) -> Iterator[CounterMetricFamily]:
+        def counter(
+            name: str, doc: str, samples: list[tuple[list[str], float]], extra: tuple[str, ...] = ()
+        ) -> Iterator[CounterMetricFamily]:
             for full, labels, values in _names(name, model):
                 m = CounterMetricFamily(full, doc, labels=[*labels, *extra])
                 for more, v in samples:
@@ -153,8 +154,9 @@ class ServerCollector(Collector):
                 m.add_metric(values, cumulative, h.total)
                 yield m
 
-        yield from gauge("num_requests_running", "Requests admitted (holding KV), parked included.",
-                         s.running)
+        yield from gauge(
+            "num_requests_running", "Requests admitted (holding KV), parked included.", s.running
+        )
         yield from gauge("num_requests_waiting", "Requests queued and not admitted yet.", s.waiting)
         yield from gauge("num_requests_parked", "Decode requests the balancer holds back.", s.parked)
         yield from gauge("kv_cache_usage_ratio", "Share of KV reserved.", s.kv_usage_ratio)
@@ -165,15 +167,31 @@ class ServerCollector(Collector):
         yield from counter("generation_tokens", "Output tokens generated.", [([], s.generation_tokens)])
         yield from counter("microbatches", "Microbatches completed.", [([], s.microbatches)])
         yield from counter("num_retractions", "KV freed and recomputed.", [([], s.retractions)])
-        yield from counter("request_success", "Requests ended, by finish reason.",
-                           [([k], v) for k, v in sorted(s.ended.items())], ("finished_reason",))
-        yield from counter("chunk_budget_microbatches", "Microbatches by the chunk budget C chosen.",
-                           [([str(k)], v) for k, v in sorted(s.chunk_budgets.items())], ("chunk_budget",))
-        yield from counter("stage_busy_seconds", "Compute time per pipeline stage.",
-                           [([str(i)], v) for i, v in enumerate(s.stage_busy_s)], ("stage",))
+        yield from counter(
+            "request_success",
+            "Requests ended, by finish reason.",
+            [([k], v) for k, v in sorted(s.ended.items())],
+            ("finished_reason",),
+        )
+        yield from counter(
+            "chunk_budget_microbatches",
+            "Microbatches by the chunk budget C chosen.",
+            [([str(k)], v) for k, v in sorted(s.chunk_budgets.items())],
+            ("chunk_budget",),
+        )
+        yield from counter(
+            "stage_busy_seconds",
+            "Compute time per pipeline stage.",
+            [([str(i)], v) for i, v in enumerate(s.stage_busy_s)],
+            ("stage",),
+        )
         http_doc = "HTTP responses of the /v1 endpoints, by status (errors included)."
-        yield from counter("http_responses", http_doc,
-                           [([str(k)], v) for k, v in sorted(self.http_counts.items())], ("code",))
+        yield from counter(
+            "http_responses",
+            http_doc,
+            [([str(k)], v) for k, v in sorted(self.http_counts.items())],
+            ("code",),
+        )
         yield from histogram("time_to_first_token_seconds", "TTFT of completed requests.", s.ttft)
         yield from histogram("time_per_output_token_seconds", "TPOT of completed requests.", s.tpot)
         yield from histogram("inter_token_latency_seconds", "Gaps between consecutive output tokens.", s.itl)

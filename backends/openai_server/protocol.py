@@ -19,8 +19,14 @@ from typing import Any
 class APIError(Exception):
     """An error answer: HTTP ``status`` and an OpenAI-style error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -64,12 +70,39 @@ MAX_TOKEN_ID = 2**31 - 1
 
 # fields both endpoints implement, and the ones that change nothing here (``user``: an end-user id
 # for the provider's abuse monitoring; ``parallel_tool_calls``: moot, tools are refused)
-_COMMON = frozenset({
-    "model", "max_tokens", "n", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "stop",
-    "stop_token_ids", "stream", "stream_options", "seed", "temperature", "top_p", "ignore_eos", "user"})
+_COMMON = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "logit_bias",
+        "stop",
+        "stop_token_ids",
+        "stream",
+        "stream_options",
+        "seed",
+        "temperature",
+        "top_p",
+        "ignore_eos",
+        "user",
+    }
+)
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call",
-                   "parallel_tool_calls", "response_format", "top_logprobs", "modalities"}
+_CHAT = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "top_logprobs",
+    "modalities",
+}
 # implemented only at the value that changes nothing: field -> (is that value?, why else refused)
 _NOOP_ONLY: dict[str, tuple[Any, str]] = {
     "best_of": (lambda v: v == 1 and _is_int(v), "only best_of = 1 is supported (one sample per request)"),
@@ -78,8 +111,10 @@ _NOOP_ONLY: dict[str, tuple[Any, str]] = {
     "logprobs": (lambda v: v is False, "log probabilities are not supported"),
     "top_logprobs": (lambda v: False, "needs logprobs, and log probabilities are not supported"),
     "logit_bias": (lambda v: v == {}, "logit bias is not supported"),
-    "response_format": (lambda v: v == {"type": "text"}, "only {'type': 'text'} is supported "
-                        "(no JSON mode or structured output)"),
+    "response_format": (
+        lambda v: v == {"type": "text"},
+        "only {'type': 'text'} is supported (no JSON mode or structured output)",
+    ),
     "tools": (lambda v: v == [], "tool calling is not supported"),
     "tool_choice": (lambda v: v == "none", "tool calling is not supported; only 'none' is accepted"),
     "functions": (lambda v: v == [], "function calling is not supported"),
@@ -226,9 +261,16 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
     if top_p == 0.0:  # the sampler's range is (0, 1]: no token would be left to sample
         raise _bad("top_p", "must be in (0, 1], got 0")
     return dict(
-        model=model, max_tokens=max_tokens, max_tokens_param=max_tokens_param,
-        temperature=_float(body, "temperature", 1.0, 0.0, 2.0), top_p=top_p, seed=seed, stop=stops,
-        stop_token_ids=tuple(stop_ids), ignore_eos=_bool(body, "ignore_eos", False), stream=stream,
+        model=model,
+        max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
+        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=top_p,
+        seed=seed,
+        stop=stops,
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        stream=stream,
         include_usage=include_usage,
     )
 
@@ -287,8 +329,9 @@ def _content(content: Any, where: str) -> str:
             raise _bad(where, f"at most {MAX_CONTENT_PARTS} content parts, got {len(content)}")
         texts = []
         for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
                 raise _bad(f"{where}[{j}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
             texts.append(part["text"])
         return "".join(texts)

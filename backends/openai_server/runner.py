@@ -47,8 +47,13 @@ def run_server(source: WeightsSource, config: EngineConfig, serve: ServeConfig |
         signals.restore()
 
 
-def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeConfig, max_connections: int,
-                    signals: StopSignals) -> int:
+def _load_and_serve(
+    source: WeightsSource,
+    config: EngineConfig,
+    serve: ServeConfig,
+    max_connections: int,
+    signals: StopSignals,
+) -> int:
     engine: PipelineEngine | None = None
     try:
         log.info("loading %s: tokenizer", source.served_name)
@@ -62,19 +67,32 @@ def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeCon
             engine.shutdown(timeout_s=1.0)
         log.info("stopped before serving (%s)", signals.name)
         return 0
-    state = ServerState(engine, tokenizer, template, source.served_name, serve.max_queue,
-                        api_key=serve.api_key, max_body_bytes=serve.max_body_bytes,
-                        read_timeout_s=serve.read_timeout_s)
+    state = ServerState(
+        engine,
+        tokenizer,
+        template,
+        source.served_name,
+        serve.max_queue,
+        api_key=serve.api_key,
+        max_body_bytes=serve.max_body_bytes,
+        read_timeout_s=serve.read_timeout_s,
+    )
     forced = False
 
     async def drain_on_signal() -> None:
         nonlocal forced
         forced = await drain(state, engine, serve.shutdown_timeout_s, signals.name)
 
-    uv_config = uvicorn.Config(create_app(state), host=serve.host, port=serve.port, log_level=serve.log_level,
-                               http=guarded_protocol(serve.read_timeout_s, max_connections),
-                               timeout_keep_alive=serve.keep_alive_s,  # type: ignore[arg-type]
-                               timeout_graceful_shutdown=CLOSE_WAIT_S, lifespan="off")
+    uv_config = uvicorn.Config(
+        create_app(state),
+        host=serve.host,
+        port=serve.port,
+        log_level=serve.log_level,
+        http=guarded_protocol(serve.read_timeout_s, max_connections),
+        timeout_keep_alive=serve.keep_alive_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=CLOSE_WAIT_S,
+        lifespan="off",
+    )
     if serve.log_level == "info":  # uvicorn's start and stop lines: ours say it
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     server = DrainingServer(uv_config, signals, drain_on_signal)
@@ -85,9 +103,15 @@ def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeCon
         server.should_exit = True
 
     engine.on_failure(on_failure)
-    log.info("serving %s on http://%s:%d (%d stage(s), policy %s%s); Ctrl-C stops it", source.served_name,
-             serve.host, serve.port, config.num_stages, config.policy,
-             ", API key required on /v1" if serve.api_key else "")
+    log.info(
+        "serving %s on http://%s:%d (%d stage(s), policy %s%s); Ctrl-C stops it",
+        source.served_name,
+        serve.host,
+        serve.port,
+        config.num_stages,
+        config.policy,
+        ", API key required on /v1" if serve.api_key else "",
+    )
     try:
         server.run()
     finally:
@@ -108,8 +132,11 @@ def _load_and_serve(source: WeightsSource, config: EngineConfig, serve: ServeCon
 
 
 def _log_stopped(engine: PipelineEngine, config: EngineConfig, signals: StopSignals, forced: bool) -> None:
-    kv = (f"free KV blocks per stage at shutdown: {engine.final_free_blocks} of {config.kv_blocks}"
-          if engine.final_free_blocks is not None else "stage KV not reported (the pipeline failed)")
+    kv = (
+        f"free KV blocks per stage at shutdown: {engine.final_free_blocks} of {config.kv_blocks}"
+        if engine.final_free_blocks is not None
+        else "stage KV not reported (the pipeline failed)"
+    )
     how = f"on {signals.name}" if signals.name else "after an engine failure"
     extra = "; the stage processes were killed (they did not hand back their work)" if forced else ""
     log.info("stopped %s: %s%s", how, kv, extra)
@@ -124,12 +151,16 @@ def write_recorded_run(engine: PipelineEngine, out: Path) -> None:
     if records:
         start = min(r.arrived_at for r in records)
         end = max(r.finished_at for r in records if r.finished_at is not None)
-        summary.update(pp=engine.config.num_stages, policy=engine.config.policy,
-                       num_microbatches=len({it.mb_id for it in iterations}),
-                       **pipeline_fields(engine.stage_busy_s, start, end))
+        summary.update(
+            pp=engine.config.num_stages,
+            policy=engine.config.policy,
+            num_microbatches=len({it.mb_id for it in iterations}),
+            **pipeline_fields(engine.stage_busy_s, start, end),
+        )
     summary[SETUP_KEY] = engine_setup(engine).to_dict()
-    write_run(out, records, iterations, summary,
-              stage_names=[f"stage {i}" for i in range(engine.config.num_stages)])
+    write_run(
+        out, records, iterations, summary, stage_names=[f"stage {i}" for i in range(engine.config.num_stages)]
+    )
     log.info("wrote %d requests and %d stage iterations to %s", len(records), len(iterations), out)
 
 
@@ -138,7 +169,14 @@ def engine_setup(engine: PipelineEngine) -> RunSetup:
     cfg = engine.config
     model = engine.model_config
     layers = split_layers(model.num_layers, cfg.num_stages)
-    return RunSetup(engine="fastpp-torch", device="CPU", pp=cfg.num_stages, tp=1, policy=cfg.policy,
-                    scheduler=engine.scheduler_config,
-                    model=model.to_model_shape(DTYPE_BYTES[cfg.dtype]),
-                    layers_per_stage=tuple(len(r) for r in layers), dtype=cfg.dtype)
+    return RunSetup(
+        engine="fastpp-torch",
+        device="CPU",
+        pp=cfg.num_stages,
+        tp=1,
+        policy=cfg.policy,
+        scheduler=engine.scheduler_config,
+        model=model.to_model_shape(DTYPE_BYTES[cfg.dtype]),
+        layers_per_stage=tuple(len(r) for r in layers),
+        dtype=cfg.dtype,
+    )

@@ -47,8 +47,11 @@ class ServeConfig:
             raise ValueError(f"--max-queue must be >= 1, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty (unset FASTPP_API_KEY or give a key)")
-        for option, value in (("--shutdown-timeout", self.shutdown_timeout_s),
-                              ("--read-timeout", self.read_timeout_s), ("--keep-alive", self.keep_alive_s)):
+        for option, value in (
+            ("--shutdown-timeout", self.shutdown_timeout_s),
+            ("--read-timeout", self.read_timeout_s),
+            ("--keep-alive", self.keep_alive_s),
+        ):
             if not value > 0:
                 raise ValueError(f"{option} must be > 0 seconds, got {value:g}")
         if self.max_body_bytes < 1024:
@@ -80,8 +83,9 @@ def check_port(host: str, port: int) -> None:
             sock.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise ValueError(f"--port {port}: already in use on {host} (another server? pick another "
-                                 "port)") from None
+                raise ValueError(
+                    f"--port {port}: already in use on {host} (another server? pick another port)"
+                ) from None
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
@@ -98,8 +102,10 @@ def check_record_dir(path: Path, overwrite: bool) -> None:
         raise ValueError(f"--record-dir {path}: not a writable folder ({exc.strerror or exc})") from None
     held = [name for name in (SUMMARY, REQUESTS) if (path / name).exists()]
     if held and not overwrite:
-        raise ValueError(f"--record-dir {path}: holds an earlier run ({', '.join(held)}); pass --overwrite "
-                         "to replace it, or choose another folder")
+        raise ValueError(
+            f"--record-dir {path}: holds an earlier run ({', '.join(held)}); pass --overwrite "
+            "to replace it, or choose another folder"
+        )
 
 
 def fit_connections(wanted: int) -> int:

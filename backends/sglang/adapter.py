@@ -96,8 +96,10 @@ class SGLangAdapter:
             problems.append(f"tp_size={par.tp_size} (decisions are carried between PP ranks of TP size 1)")
         if not sched.spec_algorithm.is_none():
             problems.append("speculative decoding")
-        if getattr(sched, "disaggregation_mode", None) is not None and str(sched.disaggregation_mode) \
-                not in ("DisaggregationMode.NULL", "null"):
+        if getattr(sched, "disaggregation_mode", None) is not None and str(sched.disaggregation_mode) not in (
+            "DisaggregationMode.NULL",
+            "null",
+        ):
             problems.append(f"disaggregation mode {sched.disaggregation_mode}")
         if getattr(sched, "enable_hisparse", False):
             problems.append("hisparse")
@@ -112,15 +114,24 @@ class SGLangAdapter:
 
             profile = load_profile(self.settings.profile)
         top = self.ceiling or int(sched.max_prefill_tokens)
-        candidates = self.settings.chunk_candidates or tuple(c for c in DEFAULT_CANDIDATES if c <= top) \
-            or (top,)
-        token_step = self.settings.token_step if self.settings.token_step is not None \
+        candidates = (
+            self.settings.chunk_candidates or tuple(c for c in DEFAULT_CANDIDATES if c <= top) or (top,)
+        )
+        token_step = (
+            self.settings.token_step
+            if self.settings.token_step is not None
             else (profile.token_step if profile is not None else 0)
+        )
         self.config = SchedulerConfig(
-            num_slots=sched.pp_loop_size, kv_capacity_tokens=int(sched.max_total_num_tokens),
-            page_size=self.page_size, max_context=int(sched.model_config.context_len),
-            chunk_candidates=tuple(candidates), default_chunk=static_chunk(limit=top), token_step=token_step,
-            slo=self.settings.slo)
+            num_slots=sched.pp_loop_size,
+            kv_capacity_tokens=int(sched.max_total_num_tokens),
+            page_size=self.page_size,
+            max_context=int(sched.model_config.context_len),
+            chunk_candidates=tuple(candidates),
+            default_chunk=static_chunk(limit=top),
+            token_step=token_step,
+            slo=self.settings.slo,
+        )
         from fastpp.policies import make_policies
 
         chunk_policy, balancer = make_policies(self.settings.policy, self.config, profile)
@@ -131,13 +142,15 @@ class SGLangAdapter:
         self.host = PolicyHost(self.config, chunk_policy, balancer, self.slots, fit_budget=self._fit)
         self.policies = self.host.policies
         self.signals = self.host.signals
-        self.view = self.host.view = SGLangView(sched, self.config, self.signals, self.clock, self._identity,
-                                                self.slots)
+        self.view = self.host.view = SGLangView(
+            sched, self.config, self.signals, self.clock, self._identity, self.slots
+        )
         self.is_leader = self.pp_rank == 0
         world = par.pp_rank * par.tp_size + par.tp_rank
         peers = [r * par.tp_size + par.tp_rank for r in range(par.pp_size) if r != par.pp_rank]
-        self.channel = DecisionChannel(sched.world_group.cpu_group, world, par.tp_rank,
-                                       peers if self.is_leader else [])
+        self.channel = DecisionChannel(
+            sched.world_group.cpu_group, world, par.tp_rank, peers if self.is_leader else []
+        )
         record_dir = self.settings.record_dir
         self.records = RecordWriter(record_dir, self.pp_rank) if record_dir else None
         if self.records is not None:
@@ -147,9 +160,15 @@ class SGLangAdapter:
             if setup is not None:
                 self.records.setup(setup.to_dict())
         self.ready = True
-        log.info("fastpp policy %r active on PP rank %d/%d: %d microbatch slots, chunk ceiling %s, "
-                 "candidates %s", self.settings.policy, self.pp_rank, self.pp_size, self.config.num_slots,
-                 self.ceiling, candidates)
+        log.info(
+            "fastpp policy %r active on PP rank %d/%d: %d microbatch slots, chunk ceiling %s, candidates %s",
+            self.settings.policy,
+            self.pp_rank,
+            self.pp_size,
+            self.config.num_slots,
+            self.ceiling,
+            candidates,
+        )
 
     def _ensure_ready(self, sched: Any) -> bool:
         if self.ready:
@@ -223,18 +242,31 @@ class SGLangAdapter:
             sched.chunked_prefill_size = configured
         self._slot_budget[slot] = (decision.chunk, decision.reason, self._adder_budget)
         if self.records is not None and self.is_leader:
-            self.records.decision({
-                "seq": decision.seq, "slot": slot, "at": self.view.now, "chunk": decision.chunk,
-                "reason": decision.reason, "park": list(decision.park), "restore": list(decision.restore),
-                "fallback": decision.fallback, "adder_chunk_budget": self._adder_budget,
-                "num_parked": len(self.parked)})
+            self.records.decision(
+                {
+                    "seq": decision.seq,
+                    "slot": slot,
+                    "at": self.view.now,
+                    "chunk": decision.chunk,
+                    "reason": decision.reason,
+                    "park": list(decision.park),
+                    "restore": list(decision.restore),
+                    "fallback": decision.fallback,
+                    "adder_chunk_budget": self._adder_budget,
+                    "num_parked": len(self.parked),
+                }
+            )
         return plan
 
     def _nothing_to_decide(self, sched: Any, running_batch: Any) -> bool:
         """Nothing waits, is chunked, parked or decoding here: SGLang's loop is idle (it spins
         through this step without a decision on every rank alike)."""
-        return not (sched.waiting_queue or sched.chunked_req is not None or self.parked
-                    or live_reqs(sched, running_batch))
+        return not (
+            sched.waiting_queue
+            or sched.chunked_req is not None
+            or self.parked
+            or live_reqs(sched, running_batch)
+        )
 
     def adder_created(self, rem_chunk_tokens: int | None) -> None:
         self._adder_budget = rem_chunk_tokens
@@ -250,9 +282,16 @@ class SGLangAdapter:
         chunk, reason = d.budget, d.reason
         if self.ceiling is None:
             chunk, reason = None, "sglang: chunking disabled"
-        decision = Decision(seq=self.num_decisions, slot=slot, chunk=chunk, reason=reason,
-                            park=self.slots.rids(d.park_ids), restore=self.slots.rids(d.restore_ids),
-                            digest=digest, fallback=d.fallback)
+        decision = Decision(
+            seq=self.num_decisions,
+            slot=slot,
+            chunk=chunk,
+            reason=reason,
+            park=self.slots.rids(d.park_ids),
+            restore=self.slots.rids(d.restore_ids),
+            digest=digest,
+            fallback=d.fallback,
+        )
         return self.slots.live_batch, decision
 
     def _fit(self, chunk: int, reason: str) -> tuple[int, str]:
@@ -269,8 +308,9 @@ class SGLangAdapter:
         """A follower's check that rank 0 decided for the same step on the same state."""
         problems = []
         if decision.seq != self.num_decisions or decision.slot != slot:
-            problems.append(f"step {self.num_decisions} slot {slot} got rank 0's step {decision.seq} "
-                            f"slot {decision.slot}")
+            problems.append(
+                f"step {self.num_decisions} slot {slot} got rank 0's step {decision.seq} slot {decision.slot}"
+            )
         mine = state_digest(sched, slot, running_batch, self.parked)
         if mine != decision.digest:
             problems.append(f"state digest {mine} != rank 0's {decision.digest}")
@@ -298,9 +338,16 @@ class SGLangAdapter:
         chunk, reason, adder_budget = self._slot_budget.get(mb_id, (None, "", None))
         head = self.host.launched(seq, mb_id, features, chunk or 0, reason)
         if self.records is not None:
-            entry = {"rank": self.pp_rank, "mb": seq, "slot": mb_id, "decision": self.num_decisions,
-                     "chunk": chunk, "adder_chunk_budget": adder_budget,
-                     "parked": sorted(self.parked), **contents}
+            entry = {
+                "rank": self.pp_rank,
+                "mb": seq,
+                "slot": mb_id,
+                "decision": self.num_decisions,
+                "chunk": chunk,
+                "adder_chunk_budget": adder_budget,
+                "parked": sorted(self.parked),
+                **contents,
+            }
             self.records.batch(entry)
         if self.is_leader:
             for rid, _, _ in contents["chunks"]:
@@ -399,7 +446,11 @@ def state_digest(sched: Any, slot: int, running_batch: Any, parked: dict) -> str
     """A checksum of the replicated state a decision depends on: the queue, the chunked
     request's progress, the slot's decodes and the parked set, by request id."""
     chunked = sched.chunked_req
-    parts = [str(slot), ",".join(r.rid for r in sched.waiting_queue),
-             "" if chunked is None else f"{chunked.rid}:{chunked.prefix_len}",
-             ",".join(r.rid for r in live_reqs(sched, running_batch)), ",".join(parked)]
+    parts = [
+        str(slot),
+        ",".join(r.rid for r in sched.waiting_queue),
+        "" if chunked is None else f"{chunked.rid}:{chunked.prefix_len}",
+        ",".join(r.rid for r in live_reqs(sched, running_batch)),
+        ",".join(parked),
+    ]
     return f"{zlib.crc32('|'.join(parts).encode()):08x}"

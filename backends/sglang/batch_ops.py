@@ -44,9 +44,14 @@ def build_decode_batch(scheduler: Any, reqs: list[Any]) -> Any:
 
     s = scheduler
     batch = ScheduleBatch.init_new(
-        reqs=reqs, req_to_token_pool=s.req_to_token_pool,
-        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, tree_cache=s.tree_cache,
-        model_config=s.model_config, enable_overlap=s.enable_overlap, spec_algorithm=s.spec_algorithm)
+        reqs=reqs,
+        req_to_token_pool=s.req_to_token_pool,
+        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
+        tree_cache=s.tree_cache,
+        model_config=s.model_config,
+        enable_overlap=s.enable_overlap,
+        spec_algorithm=s.spec_algorithm,
+    )
     device = s.device
     rows = [r.kv.req_pool_idx for r in reqs]
     batch.req_pool_indices = torch.tensor(rows, dtype=torch.int64, device=device)

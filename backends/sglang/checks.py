@@ -13,8 +13,17 @@ from pathlib import Path
 from fastpp.backends.sglang.recorder import read_jsonl
 
 # what must be identical, microbatch by microbatch, on every PP rank
-AGREEMENT_KEYS = ("mb", "slot", "decision", "mode", "chunks", "decodes", "chunk", "adder_chunk_budget",
-                  "parked")
+AGREEMENT_KEYS = (
+    "mb",
+    "slot",
+    "decision",
+    "mode",
+    "chunks",
+    "decodes",
+    "chunk",
+    "adder_chunk_budget",
+    "parked",
+)
 
 
 def rank_batches(root: str | Path) -> dict[int, list[dict]]:
@@ -83,17 +92,20 @@ def applied_vs_decided(root: str | Path) -> list[str]:
                 problems.append(f"microbatch {b['mb']}: prefill with no recorded decision {b['decision']}")
             elif d["slot"] == b["slot"]:
                 if b["adder_chunk_budget"] != d["chunk"]:
-                    problems.append(f"microbatch {b['mb']}: SGLang's adder got {b['adder_chunk_budget']}, "
-                                    f"the policy decided {d['chunk']}")
+                    problems.append(
+                        f"microbatch {b['mb']}: SGLang's adder got {b['adder_chunk_budget']}, "
+                        f"the policy decided {d['chunk']}"
+                    )
                 if d["chunk"] is not None and b["num_tokens"] > d["chunk"]:
                     problems.append(f"microbatch {b['mb']}: {b['num_tokens']} tokens > C={d['chunk']}")
         in_batch = set(b["decodes"]) | {c[0] for c in b["chunks"]}
         for rid in in_batch & parked.keys():
-            problems.append(f"microbatch {b['mb']}: request {rid} runs while parked "
-                            f"(decision {parked[rid]})")
+            problems.append(f"microbatch {b['mb']}: request {rid} runs while parked (decision {parked[rid]})")
         if b["decodes"]:
             missing = pending_restore.pop(b["slot"], set()) - set(b["decodes"])
             for rid in missing:
-                problems.append(f"microbatch {b['mb']}: request {rid} restored into slot {b['slot']} "
-                                "does not decode there")
+                problems.append(
+                    f"microbatch {b['mb']}: request {rid} restored into slot {b['slot']} "
+                    "does not decode there"
+                )
     return problems

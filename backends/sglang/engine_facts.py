@@ -48,14 +48,23 @@ def run_setup(sched: Any, policy: str, config: SchedulerConfig, pp_size: int) ->
         mc = sched.model_config
         dtype = str(mc.dtype).removeprefix("torch.")
         name = str(getattr(sched.server_args, "served_model_name", None) or sched.server_args.model_path)
-        model = ModelShape.from_hf_config(mc.hf_config.to_dict(), name=name.rstrip("/").split("/")[-1],
-                                          dtype_bytes=DTYPE_BYTES.get(dtype))
+        model = ModelShape.from_hf_config(
+            mc.hf_config.to_dict(), name=name.rstrip("/").split("/")[-1], dtype_bytes=DTYPE_BYTES.get(dtype)
+        )
         spans = (get_pp_indices(model.num_layers, r, pp_size) for r in range(pp_size))
         layers = tuple(b - a for a, b in spans)
         device = str(getattr(sched, "device", "") or sched.server_args.device)
-        return RunSetup(engine=f"sglang {sglang.__version__}",
-                        device="CPU" if device == "cpu" else device.upper(), pp=pp_size, tp=1, policy=policy,
-                        scheduler=config, model=model, layers_per_stage=layers, dtype=dtype)
+        return RunSetup(
+            engine=f"sglang {sglang.__version__}",
+            device="CPU" if device == "cpu" else device.upper(),
+            pp=pp_size,
+            tp=1,
+            policy=policy,
+            scheduler=config,
+            model=model,
+            layers_per_stage=layers,
+            dtype=dtype,
+        )
     except Exception as exc:  # noqa: BLE001 (any SGLang-side surprise: serve on, without the setup)
         log.warning("fastpp: the run's setup is not recorded (%s: %s)", type(exc).__name__, exc)
         return None

@@ -28,4 +28,5 @@ class _Faulty:
             if self._calls % self._every == 0:
                 raise PolicyFault(f"injected fault in {type(self._inner).__name__}.{name}")
             return attr(*args, **kwargs)
+
         return maybe_fail

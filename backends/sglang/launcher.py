@@ -69,7 +69,8 @@ def find_engine_python(explicit: str | None = None) -> str:
         return sys.executable
     raise FileNotFoundError(
         f"no SGLang {SGLANG_VERSION} environment: run scripts/engines/setup_sglang.sh (builds {venv}), "
-        "or pass --engine-python / set FASTPP_SGLANG_PYTHON")
+        "or pass --engine-python / set FASTPP_SGLANG_PYTHON"
+    )
 
 
 def resolve_model(model: str) -> str:
@@ -77,12 +78,15 @@ def resolve_model(model: str) -> str:
     if model in MODEL_ALIASES:
         path = engines_dir() / MODEL_ALIASES[model]
         if not (path / "READY").exists():
-            raise FileNotFoundError(f"model {model!r} is not prepared at {path}: run "
-                                    "scripts/engines/prepare_smollm2.py (setup_sglang.sh does)")
+            raise FileNotFoundError(
+                f"model {model!r} is not prepared at {path}: run "
+                "scripts/engines/prepare_smollm2.py (setup_sglang.sh does)"
+            )
         return str(path)
     if not Path(model, "config.json").exists():
-        raise FileNotFoundError(f"--model {model}: not a model directory (no config.json) nor one of "
-                                f"{', '.join(MODEL_ALIASES)}")
+        raise FileNotFoundError(
+            f"--model {model}: not a model directory (no config.json) nor one of {', '.join(MODEL_ALIASES)}"
+        )
     return str(Path(model).resolve())
 
 
@@ -145,16 +149,34 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
             ceiling = _default_ceiling(spec)
             if ceiling is not None:
                 args += ["--chunked-prefill-size", str(ceiling)]
-        settings = PluginSettings(policy=spec.policy, profile=_absolute(spec.profile),
-                                  record_dir=_absolute(spec.record_dir),
-                                  slo=spec.slo, chunk_candidates=spec.chunk_candidates,
-                                  token_step=spec.token_step, epoch=time.time(),
-                                  inject_fault=spec.inject_fault, fault_every=spec.fault_every)
+        settings = PluginSettings(
+            policy=spec.policy,
+            profile=_absolute(spec.profile),
+            record_dir=_absolute(spec.record_dir),
+            slo=spec.slo,
+            chunk_candidates=spec.chunk_candidates,
+            token_step=spec.token_step,
+            epoch=time.time(),
+            inject_fault=spec.inject_fault,
+            fault_every=spec.fault_every,
+        )
         env.update(settings.to_env())
         plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "fastpp"]))
-    argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--pp-size", str(spec.pp),
-            "--host", spec.host, "--port", str(spec.port), *args]
+    argv = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--pp-size",
+        str(spec.pp),
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        *args,
+    ]
     return argv, env
 
 
@@ -166,8 +188,12 @@ def check_policy(spec: LaunchSpec) -> None:
     from fastpp.scheduler_config import SchedulerConfig
 
     profile = load_profile(spec.profile) if spec.profile else None
-    config = SchedulerConfig(num_slots=spec.pp, kv_capacity_tokens=1 << 20, slo=spec.slo,
-                             **({"chunk_candidates": spec.chunk_candidates} if spec.chunk_candidates else {}))
+    config = SchedulerConfig(
+        num_slots=spec.pp,
+        kv_capacity_tokens=1 << 20,
+        slo=spec.slo,
+        **({"chunk_candidates": spec.chunk_candidates} if spec.chunk_candidates else {}),
+    )
     try:
         make_policies(spec.policy, config, profile)
     except ValueError as exc:
@@ -193,7 +219,7 @@ def cpu_thread_binding(pp: int, cores: list[int] | None = None) -> str:
     if len(cores) < pp:
         raise ValueError(f"{pp} PP ranks need at least {pp} CPU cores, {len(cores)} allowed")
     per = len(cores) // pp
-    groups = [cores[i * per:(i + 1) * per] for i in range(pp)]
+    groups = [cores[i * per : (i + 1) * per] for i in range(pp)]
     return "|".join(str(g[0]) if len(g) == 1 else ",".join(map(str, g)) for g in groups)
 
 
@@ -245,24 +271,36 @@ class SGLangServer:
         HTTP server cannot bind the port (SGLang itself keeps running then, never ready)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("w")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=ENGINE_CWD)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=ENGINE_CWD,
+        )
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"SGLang exited with {self.proc.returncode} while starting; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"SGLang exited with {self.proc.returncode} while starting; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             if _http_ok(self.spec.url + "/v1/models"):
                 return self
             if BIND_FAILED in self.log_path.read_text(errors="replace"):  # anywhere in the log
                 self.stop()
-                raise PortInUseError(f"SGLang could not bind port {self.spec.port} (address "
-                                     f"already in use); log {self.log_path}")
+                raise PortInUseError(
+                    f"SGLang could not bind port {self.spec.port} (address "
+                    f"already in use); log {self.log_path}"
+                )
             time.sleep(2.0)
         self.stop()
-        raise TimeoutError(f"SGLang not ready after {timeout_s:.0f} s; "
-                           f"log {self.log_path}:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"SGLang not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:

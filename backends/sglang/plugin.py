@@ -110,10 +110,12 @@ def register() -> None:
 def _phase_begin(a: Any, phase: str) -> Any:
     def hook(sched: Any, *args: Any, **kwargs: Any) -> None:
         a.phase_begin(sched, phase)
+
     return hook
 
 
 def _phase_end(a: Any, phase: str) -> Any:
     def hook(ret: Any, sched: Any, *args: Any, **kwargs: Any) -> None:
         a.phase_end(phase)
+
     return hook

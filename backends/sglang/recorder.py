@@ -109,6 +109,7 @@ def finalize_record_dir(root: str | Path, slo: Any = None, num_stages: int | Non
     iterations = read_iterations_csv(path, torn_tail=True) if path.exists() else []
     if iterations:
         stages = num_stages or 1 + max(it.stage for it in iterations)
-        out["timeline"] = write_chrome_trace(iterations, root / "timeline.json",
-                                             stage_names=[f"stage {i}" for i in range(stages)])
+        out["timeline"] = write_chrome_trace(
+            iterations, root / "timeline.json", stage_names=[f"stage {i}" for i in range(stages)]
+        )
     return out

@@ -62,8 +62,11 @@ class PluginSettings:
             raise ValueError(f"{ENV_FAULT}: unknown target(s) {bad}; known: {', '.join(FAULT_TARGETS)}")
 
     def to_env(self) -> dict[str, str]:
-        env = {ENV_POLICY: self.policy, ENV_SLO: f"{self.slo.ttft_s * 1e3:g},{self.slo.tpot_s * 1e3:g}",
-               ENV_EPOCH: repr(self.epoch)}
+        env = {
+            ENV_POLICY: self.policy,
+            ENV_SLO: f"{self.slo.ttft_s * 1e3:g},{self.slo.tpot_s * 1e3:g}",
+            ENV_EPOCH: repr(self.epoch),
+        }
         if self.token_step is not None:
             env[ENV_TOKEN_STEP] = str(self.token_step)
         if self.profile:
@@ -93,10 +96,17 @@ class PluginSettings:
             slo = SLO(ttft_ms / 1e3, tpot_ms / 1e3)
         candidates = parse_chunk_candidates(env[ENV_CANDIDATES]) if env.get(ENV_CANDIDATES) else None
         faults = tuple(x.strip() for x in env.get(ENV_FAULT, "").split(",") if x.strip())
-        return cls(policy=policy, profile=env.get(ENV_PROFILE) or None,
-                   record_dir=env.get(ENV_RECORD_DIR) or None, slo=slo, chunk_candidates=candidates,
-                   token_step=_int(env, ENV_TOKEN_STEP), epoch=_float(env, ENV_EPOCH) or 0.0,
-                   inject_fault=faults, fault_every=_int(env, ENV_FAULT_EVERY) or 1)
+        return cls(
+            policy=policy,
+            profile=env.get(ENV_PROFILE) or None,
+            record_dir=env.get(ENV_RECORD_DIR) or None,
+            slo=slo,
+            chunk_candidates=candidates,
+            token_step=_int(env, ENV_TOKEN_STEP),
+            epoch=_float(env, ENV_EPOCH) or 0.0,
+            inject_fault=faults,
+            fault_every=_int(env, ENV_FAULT_EVERY) or 1,
+        )
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

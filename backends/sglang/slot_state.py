@@ -39,9 +39,13 @@ class SGLangSlots:
     """SlotState of one SGLang scheduler (module docstring). ``identity(req)`` is our
     (request id, arrival time) of an SGLang ``Req``; ``rid_of`` maps our ids back to rids."""
 
-    def __init__(self, identity: Callable[[Any], tuple[int, float]], rid_of: dict[int, str],
-                 park: Callable[[Any, list[Any]], None] | None = None,
-                 restore: Callable[[Any, Any, list[Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        identity: Callable[[Any], tuple[int, float]],
+        rid_of: dict[int, str],
+        park: Callable[[Any, list[Any]], None] | None = None,
+        restore: Callable[[Any, Any, list[Any]], Any] | None = None,
+    ) -> None:
         if park is None or restore is None:
             from fastpp.backends.sglang import batch_ops
 
@@ -59,8 +63,11 @@ class SGLangSlots:
         self.sched, self.slot, self.live_batch = sched, slot, live_batch
 
     def batch_of(self, slot: int) -> Any:
-        return self.live_batch if slot == self.slot and self.live_batch is not None \
+        return (
+            self.live_batch
+            if slot == self.slot and self.live_batch is not None
             else self.sched.running_mbs[slot]
+        )
 
     def running_reqs(self, slot: int) -> list[Any]:
         return live_reqs(self.sched, self.batch_of(slot))

@@ -180,14 +180,25 @@ class SGLangView(DeploymentFields):
         fill = self._fill_len(req)
         computed = req_tokens_computed(req)
         return SGLangRequestView(
-            req_id=req_id, arrived_at=arrived_at, prompt_len=len(req.origin_input_ids),
-            num_computed=computed, remaining_prefill=fill - computed, ctx_len=0,
-            num_generated=len(req.output_ids))
+            req_id=req_id,
+            arrived_at=arrived_at,
+            prompt_len=len(req.origin_input_ids),
+            num_computed=computed,
+            remaining_prefill=fill - computed,
+            ctx_len=0,
+            num_generated=len(req.output_ids),
+        )
 
     def _decoding(self, req: Any, parked_at: float | None = None) -> SGLangRequestView:
         req_id, arrived_at = self._identity(req)
         fill = self._fill_len(req)
         return SGLangRequestView(
-            req_id=req_id, arrived_at=arrived_at, prompt_len=len(req.origin_input_ids),
-            num_computed=fill, remaining_prefill=0, ctx_len=fill,
-            num_generated=len(req.output_ids), parked_at=parked_at)
+            req_id=req_id,
+            arrived_at=arrived_at,
+            prompt_len=len(req.origin_input_ids),
+            num_computed=fill,
+            remaining_prefill=0,
+            ctx_len=fill,
+            num_generated=len(req.output_ids),
+            parked_at=parked_at,
+        )

@@ -28,7 +28,22 @@ from fastpp.backends.torch.reference import reference_generate, reference_logits
 from fastpp.backends.torch.weights import ModelWeights, load_hf_dir, random_weights
 
 __all__ = [
-    "CONFIGS", "BatchLayout", "KVCacheFullError", "ModelConfig", "ModelWeights", "PagedKVCache", "SeqSlice",
-    "StageModel", "build_stages", "from_hf_config", "get_config", "load_gguf", "load_hf_dir", "load_smollm2",
-    "random_weights", "reference_generate", "reference_logits", "split_layers",
+    "CONFIGS",
+    "BatchLayout",
+    "KVCacheFullError",
+    "ModelConfig",
+    "ModelWeights",
+    "PagedKVCache",
+    "SeqSlice",
+    "StageModel",
+    "build_stages",
+    "from_hf_config",
+    "get_config",
+    "load_gguf",
+    "load_hf_dir",
+    "load_smollm2",
+    "random_weights",
+    "reference_generate",
+    "reference_logits",
+    "split_layers",
 ]

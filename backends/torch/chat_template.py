@@ -35,8 +35,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from fastpp.backends.torch.hf_tokenizer import json_object
 
 # the special tokens transformers passes to a template (its special_tokens_map)
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-                      "mask_token")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 _PROBE = [("user", "Hello")]  # a conversation every chat template accepts: tried when loading
 
 
@@ -68,8 +75,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -78,8 +90,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlocks, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlocks, loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -110,15 +123,18 @@ class JinjaChatTemplate:
         try:
             self._template = _environment().from_string(source.text)
         except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"{source.where}: the chat template is not valid Jinja "
-                             f"(template line {exc.lineno}): {exc.message}") from None
+            raise ValueError(
+                f"{source.where}: the chat template is not valid Jinja "
+                f"(template line {exc.lineno}): {exc.message}"
+            ) from None
         self._markers = sorted({m for m in markers if m}, key=len, reverse=True)
         self._marker_re = re.compile("|".join(map(re.escape, self._markers))) if self._markers else None
         try:
             self.render(_PROBE)
         except ValueError as exc:
-            raise ValueError(f"{source.where}: the chat template fails on a one-message conversation: "
-                             f"{exc}") from None
+            raise ValueError(
+                f"{source.where}: the chat template fails on a one-message conversation: {exc}"
+            ) from None
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
         """The prompt text, as ``tokenizer.apply_chat_template(messages, tokenize=False,
@@ -126,8 +142,9 @@ class JinjaChatTemplate:
         the template refuses the conversation (``raise_exception``) or fails on it."""
         chat = [{"role": role, "content": content} for role, content in messages]
         try:
-            return self._template.render(messages=chat, tools=None, documents=None,
-                                         add_generation_prompt=True, **self._variables)
+            return self._template.render(
+                messages=chat, tools=None, documents=None, add_generation_prompt=True, **self._variables
+            )
         except Exception as exc:  # a template is a program: any failure of it is the template's
             kind = "" if isinstance(exc, jinja2.TemplateError) else f"{type(exc).__name__}: "
             raise ValueError(f"the model's chat template did not accept the messages: {kind}{exc}") from None
@@ -155,7 +172,8 @@ class JinjaChatTemplate:
                 raise ValueError(
                     f"messages[{i}].content holds the special-token text {found!r}, and this model's "
                     f"chat template changes message content in a way that does not let the server keep "
-                    f"that text from acting as a control token; remove it from the message")
+                    f"that text from acting as a control token; remove it from the message"
+                )
         return self._merged([(real, True)])
 
     def _first_marker(self, text: str) -> str | None:
@@ -164,8 +182,9 @@ class JinjaChatTemplate:
         m = self._marker_re.search(text)
         return m.group(0) if m else None
 
-    def _template_parts(self, messages: Sequence[tuple[str, str]],
-                        real: str) -> list[tuple[str, bool]] | None:
+    def _template_parts(
+        self, messages: Sequence[tuple[str, str]], real: str
+    ) -> list[tuple[str, bool]] | None:
         """``real`` as (template text, True) and (content, False) parts, or None where the
         contents cannot be located for sure (see :meth:`pieces`)."""
         nonce = secrets.randbits(64)
@@ -217,7 +236,7 @@ class JinjaChatTemplate:
                 continue
             pos = 0
             for m in self._marker_re.finditer(text):
-                add(text[pos:m.start()], False)
+                add(text[pos : m.start()], False)
                 add(m.group(0), True)
                 pos = m.end()
             add(text[pos:], False)
@@ -234,8 +253,9 @@ def _token_text(value: Any) -> Any:
 
 
 def _special_tokens(root: Path, config: dict[str, Any]) -> dict[str, Any]:
-    tokens = {k: _token_text(config[k]) for k in (*SPECIAL_TOKEN_KEYS, "additional_special_tokens")
-              if k in config}
+    tokens = {
+        k: _token_text(config[k]) for k in (*SPECIAL_TOKEN_KEYS, "additional_special_tokens") if k in config
+    }
     map_path = root / "special_tokens_map.json"
     if map_path.is_file():  # older directories keep them here
         for k, v in json_object(map_path).items():

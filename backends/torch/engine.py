@@ -66,28 +66,45 @@ def stage_cores(config: EngineConfig) -> tuple[int, ...]:
         return ()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < config.num_stages:
-        raise ValueError(f"pin_cores needs a core per stage: {config.num_stages} stages, "
-                         f"{len(cores)} core(s) available ({cores})")
-    return tuple(cores[:config.num_stages])
+        raise ValueError(
+            f"pin_cores needs a core per stage: {config.num_stages} stages, "
+            f"{len(cores)} core(s) available ({cores})"
+        )
+    return tuple(cores[: config.num_stages])
 
 
 class PipelineEngine:
     """Serve generation requests on ``config.num_stages`` CPU stages. ``start()``, then ``submit``."""
 
-    def __init__(self, source: WeightsSource, config: EngineConfig, weights: ModelWeights | None = None,
-                 chunk_policy: ChunkPolicy | None = None, balancer: DecodeBalancer | None = None) -> None:
+    def __init__(
+        self,
+        source: WeightsSource,
+        config: EngineConfig,
+        weights: ModelWeights | None = None,
+        chunk_policy: ChunkPolicy | None = None,
+        balancer: DecodeBalancer | None = None,
+    ) -> None:
         """``weights``: stage 0's tensors if already loaded; ``chunk_policy`` / ``balancer``:
         objects to use instead of those ``config.policy`` names (tests inject their own)."""
         self.source = source
         self.config = config
         self.model_config = source.config() if weights is None else weights.config
         if config.num_stages > self.model_config.num_layers:
-            raise ValueError(f"num_stages {config.num_stages} exceeds the model's "
-                             f"{self.model_config.num_layers} layers")
+            raise ValueError(
+                f"num_stages {config.num_stages} exceeds the model's {self.model_config.num_layers} layers"
+            )
         self._weights = weights  # stage 0's (loaded in start() when None)
-        self.spec = StageSpec(source, config.num_stages, config.kv_blocks, config.block_size, config.dtype,
-                              config.threads, seed=config.seed, cores=stage_cores(config),
-                              stage_timeout_s=config.stage_timeout_s)
+        self.spec = StageSpec(
+            source,
+            config.num_stages,
+            config.kv_blocks,
+            config.block_size,
+            config.dtype,
+            config.threads,
+            seed=config.seed,
+            cores=stage_cores(config),
+            stage_timeout_s=config.stage_timeout_s,
+        )
         self.scheduler_config = SchedulerConfig(
             num_slots=config.num_stages,
             kv_capacity_tokens=config.kv_blocks * config.block_size,
@@ -169,15 +186,28 @@ class PipelineEngine:
             d = self.model_config.hidden_size
             self._to_next = Channel(1, FORWARD, d, self.spec.torch_dtype)
             from_last = Channel(cfg.num_stages - 1, BACKWARD)
-            threading.Thread(target=self._receive, args=(from_last,), name="fastpp-receiver",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._receive, args=(from_last,), name="fastpp-receiver", daemon=True
+            ).start()
             self._procs.watch(lambda msg: self._inbox.put(("dead", msg)))
         self._thread = threading.Thread(target=self._run, name="fastpp-engine", daemon=True)
         self._thread.start()
-        watch_progress(self._liveness, cfg.stage_timeout_s, cfg.num_stages, self._stopped,
-                       lambda: min(list(self._launched_at.values()), default=None), self.stall)
-        log.info("engine started: %s on %d stage(s), %d KV blocks of %d tokens, policy %s",
-                 self.source.served_name, cfg.num_stages, cfg.kv_blocks, cfg.block_size, cfg.policy)
+        watch_progress(
+            self._liveness,
+            cfg.stage_timeout_s,
+            cfg.num_stages,
+            self._stopped,
+            lambda: min(list(self._launched_at.values()), default=None),
+            self.stall,
+        )
+        log.info(
+            "engine started: %s on %d stage(s), %d KV blocks of %d tokens, policy %s",
+            self.source.served_name,
+            cfg.num_stages,
+            cfg.kv_blocks,
+            cfg.block_size,
+            cfg.policy,
+        )
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort what is running, stop every stage, and wait for them. Safe to call twice."""
@@ -226,8 +256,9 @@ class PipelineEngine:
         self.shutdown()
 
     # ------------------------------------------------------------------ requests (any thread)
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-               on_event: Callable[[EngineEvent], None]) -> int:
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Callable[[EngineEvent], None]
+    ) -> int:
         """Queue a request and return its id; ``ValueError`` says why a request can never run."""
         if self.error is not None or self._stopped.is_set() or self._closing:
             raise EngineDeadError(self.error or "engine is shut down")
@@ -245,8 +276,10 @@ class PipelineEngine:
             raise ValueError("prompt is empty")
         limit = self.model_config.max_context
         if n >= limit:  # before the scan below: a long list is refused at the cost of len()
-            raise ValueError(f"prompt of {n} tokens does not fit the context of {limit} tokens "
-                             "(prompt + at least one output token)")
+            raise ValueError(
+                f"prompt of {n} tokens does not fit the context of {limit} tokens "
+                "(prompt + at least one output token)"
+            )
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -254,8 +287,9 @@ class PipelineEngine:
         cfg = self.scheduler_config  # read-only config: safe from any thread
         page = cfg.page_size
         if -(-(n + 1) // page) * page > cfg.kv_capacity_tokens:
-            raise ValueError(f"prompt of {n} tokens does not fit the KV cache of "
-                             f"{cfg.kv_capacity_tokens} tokens")
+            raise ValueError(
+                f"prompt of {n} tokens does not fit the KV cache of {cfg.kv_capacity_tokens} tokens"
+            )
 
     def abort(self, req_id: int) -> None:
         """End ``req_id`` early and free its KV (no-op if it already ended)."""
@@ -305,8 +339,9 @@ class PipelineEngine:
     # ------------------------------------------------------------------ engine thread
     def _snapshot(self) -> EngineSnapshot:
         free = self._stage0.cache.num_free_blocks if self._stage0 is not None else self.config.kv_blocks
-        return EngineSnapshot(self.scheduler.stats(), self.counters.copy(), tuple(self._driver.stage_busy_s),
-                              free)
+        return EngineSnapshot(
+            self.scheduler.stats(), self.counters.copy(), tuple(self._driver.stage_busy_s), free
+        )
 
     def _receive(self, channel: Channel) -> None:
         try:
@@ -437,9 +472,10 @@ class PipelineEngine:
         for s in layout.seqs:
             a = self._active[s.req_id]
             if len(a.tokens) < s.context_len:
-                raise RuntimeError(f"request {s.req_id}: microbatch needs {s.context_len} tokens, "
-                                   f"engine has {len(a.tokens)}")
-            ids.extend(a.tokens[s.num_cached_tokens:s.context_len])
+                raise RuntimeError(
+                    f"request {s.req_id}: microbatch needs {s.context_len} tokens, engine has {len(a.tokens)}"
+                )
+            ids.extend(a.tokens[s.num_cached_tokens : s.context_len])
             if s.samples:
                 rows.append(a.params.row(len(a.tokens) - a.prompt_len))
         allocs = plan.kv_reservations(self.config.block_size)
@@ -464,8 +500,11 @@ class PipelineEngine:
         tokens = result["tokens"]
         failed = self._fail_requests(plan, sample_ids, result)
         active = self._active
-        stopped = [rid for rid, tok in zip(sample_ids, tokens, strict=True)
-                   if rid not in failed and tok in active[rid].stop_ids]
+        stopped = [
+            rid
+            for rid, tok in zip(sample_ids, tokens, strict=True)
+            if rid not in failed and tok in active[rid].stop_ids
+        ]
         for rank, t0, t1 in result["times"]:  # every stage's record before the return
             self._driver.stage_finished(plan, rank, t0 - self._epoch, t1 - self._epoch)
         out = self._driver.returned(plan, stopped)

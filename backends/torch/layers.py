@@ -80,15 +80,20 @@ class Attention(nn.Module):
         cache.write(layer, fb.slot_mapping, k, v)
         out = torch.empty_like(q)  # [T, H, hd]
         for c in fb.chunks:  # prefill chunks
-            q_c = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
+            q_c = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
             if c.is_first_chunk:
-                k_c, v_c = k[c.start:c.end], v[c.start:c.end]
+                k_c, v_c = k[c.start : c.end], v[c.start : c.end]
             else:
                 k_c, v_c = cache.gather(layer, c.block_ids, c.context_len)
             o = F.scaled_dot_product_attention(
-                q_c, k_c.transpose(0, 1).unsqueeze(0), v_c.transpose(0, 1).unsqueeze(0),
-                attn_mask=c.mask, is_causal=c.is_first_chunk, enable_gqa=True)
-            out[c.start:c.end] = o.squeeze(0).transpose(0, 1)
+                q_c,
+                k_c.transpose(0, 1).unsqueeze(0),
+                v_c.transpose(0, 1).unsqueeze(0),
+                attn_mask=c.mask,
+                is_causal=c.is_first_chunk,
+                enable_gqa=True,
+            )
+            out[c.start : c.end] = o.squeeze(0).transpose(0, 1)
         if fb.decodes is not None:  # decode: one padded call for all single-token slices
             d = fb.decodes
             k_d, v_d = cache.gather_padded(layer, d.block_ids)  # [B, KV, Lpad, hd]

@@ -52,8 +52,10 @@ class BatchLayout:
         seen: set[int] = set()
         for s in self.seqs:
             if s.num_new_tokens < 1 or s.num_cached_tokens < 0:
-                raise ValueError(f"request {s.req_id}: need num_new_tokens >= 1 and num_cached_tokens >= 0, "
-                                 f"got {s.num_new_tokens} and {s.num_cached_tokens}")
+                raise ValueError(
+                    f"request {s.req_id}: need num_new_tokens >= 1 and num_cached_tokens >= 0, "
+                    f"got {s.num_new_tokens} and {s.num_cached_tokens}"
+                )
             if s.start != row:
                 raise ValueError(f"request {s.req_id} starts at row {s.start}, expected {row} (contiguous)")
             if s.req_id in seen:
@@ -80,8 +82,9 @@ class BatchLayout:
         A decode's ``decode_ctx`` counts the token it feeds, whose KV is not cached yet, so it has
         ``ctx - 1`` cached tokens. Logit rows follow the same order (see :attr:`sample_req_ids`).
         """
-        decodes = [(rid, 1, ctx - 1, True)
-                   for rid, ctx in zip(plan.decode_req_ids, plan.decode_ctx, strict=True)]
+        decodes = [
+            (rid, 1, ctx - 1, True) for rid, ctx in zip(plan.decode_req_ids, plan.decode_ctx, strict=True)
+        ]
         chunks = [(c.req_id, c.num_tokens, c.num_computed, c.completes) for c in plan.prefill]
         return BatchLayout.build(decodes + chunks)
 

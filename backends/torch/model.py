@@ -45,12 +45,20 @@ class StageModel(nn.Module):
     gives them values. ``forward`` runs one microbatch and writes its K/V into ``cache``.
     """
 
-    def __init__(self, config: ModelConfig, layer_range: range, has_embedding: bool, has_lm_head: bool,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_range: range,
+        has_embedding: bool,
+        has_lm_head: bool,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         if layer_range.step != 1 or not 0 <= layer_range.start < layer_range.stop <= config.num_layers:
-            raise ValueError(f"layer_range must be a non-empty contiguous range within "
-                             f"0..{config.num_layers}, got {layer_range}")
+            raise ValueError(
+                f"layer_range must be a non-empty contiguous range within "
+                f"0..{config.num_layers}, got {layer_range}"
+            )
         self.config = config
         self.layer_range = layer_range
         self.has_embedding = has_embedding
@@ -80,15 +88,20 @@ class StageModel(nn.Module):
             sd["embed_tokens.weight"] = w["model.embed_tokens.weight"]
         for j, i in enumerate(self.layer_range):
             src, dst = f"model.layers.{i}.", f"layers.{j}."
-            for name in ("input_layernorm.weight", "post_attention_layernorm.weight",
-                         "self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            for name in (
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "self_attn.o_proj.weight",
+                "mlp.down_proj.weight",
+            ):
                 sd[dst + name] = w[src + name]
             qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
             sd[dst + "self_attn.qkv_proj.weight"] = torch.cat([w[f"{src}{p}.weight"] for p in qkv])
             if self.config.qkv_bias:
                 sd[dst + "self_attn.qkv_proj.bias"] = torch.cat([w[f"{src}{p}.bias"] for p in qkv])
             sd[dst + "mlp.gate_up_proj.weight"] = torch.cat(
-                [w[src + "mlp.gate_proj.weight"], w[src + "mlp.up_proj.weight"]])
+                [w[src + "mlp.gate_proj.weight"], w[src + "mlp.up_proj.weight"]]
+            )
         if self.has_lm_head:
             sd["norm.weight"] = w["model.norm.weight"]
             tied = self.config.tie_word_embeddings
@@ -116,8 +129,10 @@ class StageModel(nn.Module):
         if not self.is_loaded:
             raise RuntimeError("StageModel has no weights: call load_weights() first")
         if cache.num_layers != len(self.layers) or cache.k.dtype != self.dtype:
-            raise ValueError(f"cache has {cache.num_layers} layers of {cache.k.dtype}, "
-                             f"stage has {len(self.layers)} of {self.dtype}")
+            raise ValueError(
+                f"cache has {cache.num_layers} layers of {cache.k.dtype}, "
+                f"stage has {len(self.layers)} of {self.dtype}"
+            )
         want = (layout.num_tokens,) if self.has_embedding else (layout.num_tokens, self.config.hidden_size)
         if tuple(inputs.shape) != want:
             raise ValueError(f"inputs must have shape {want}, got {tuple(inputs.shape)}")
@@ -131,14 +146,16 @@ class StageModel(nn.Module):
         return self.lm_head(self.norm(x[fb.sample_rows])).float()
 
 
-def build_stages(weights: ModelWeights, num_stages: int,
-                 dtype: torch.dtype = torch.float32) -> list[StageModel]:
+def build_stages(
+    weights: ModelWeights, num_stages: int, dtype: torch.dtype = torch.float32
+) -> list[StageModel]:
     """The model split over ``num_stages`` loaded stages (layers placed by :func:`split_layers`)."""
     ranges = split_layers(weights.config.num_layers, num_stages)
     stages = []
     for s, r in enumerate(ranges):
-        stage = StageModel(weights.config, r, has_embedding=s == 0, has_lm_head=s == num_stages - 1,
-                           dtype=dtype)
+        stage = StageModel(
+            weights.config, r, has_embedding=s == 0, has_lm_head=s == num_stages - 1, dtype=dtype
+        )
         stage.load_weights(weights)
         stages.append(stage)
     return stages

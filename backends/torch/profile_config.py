@@ -11,8 +11,24 @@ from dataclasses import dataclass, field, replace
 from fastpp.backends.torch.config import CONFIGS, ModelConfig, get_config
 
 # Token counts the linear table may use, in order; a grid takes those up to its ``max_tokens``.
-TOKEN_LADDER: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144,
-                                 8192)
+TOKEN_LADDER: tuple[int, ...] = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+    6144,
+    8192,
+)
 WEIGHT_SOURCES = ("random", "smollm2")
 DTYPES = {"float32": 4, "bfloat16": 2}  # name -> bytes per element
 
@@ -74,8 +90,9 @@ class ProfileGrid:
             raise ValueError(f"grid.num_splits must be >= 2, got {self.num_splits}")
         small = [n for n in self.split_tokens if n < 2 * self.num_splits]
         if small:
-            raise ValueError(f"grid.split_tokens {small} cannot be split into {self.num_splits} chunks "
-                             "of >= 2 tokens each")
+            raise ValueError(
+                f"grid.split_tokens {small} cannot be split into {self.num_splits} chunks of >= 2 tokens each"
+            )
         for name, minimum in (("num_holdout", 0), ("repeats", 1), ("warmup", 0), ("max_kv_tokens", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
@@ -86,9 +103,18 @@ class ProfileGrid:
     @staticmethod
     def quick() -> ProfileGrid:
         """A coarse grid (about a quarter of the default's time): fewer points, two repeats."""
-        return ProfileGrid(tokens=(1, 16, 64, 256, 512), split_tokens=(512,), past=(256, 2048), chunks=(64,),
-                           decode_batches=(1, 16), decode_ctx=(256, 2048), sampled=(1, 16, 64),
-                           link_tokens=(1, 512), num_holdout=3, repeats=2)
+        return ProfileGrid(
+            tokens=(1, 16, 64, 256, 512),
+            split_tokens=(512,),
+            past=(256, 2048),
+            chunks=(64,),
+            decode_batches=(1, 16),
+            decode_ctx=(256, 2048),
+            sampled=(1, 16, 64),
+            link_tokens=(1, 512),
+            num_holdout=3,
+            repeats=2,
+        )
 
     def with_max_tokens(self, max_tokens: int) -> ProfileGrid:
         """The same grid with the linear table's points taken from ``TOKEN_LADDER`` up to
@@ -111,8 +137,10 @@ class ProfileGrid:
 
     def _within(self, tokens: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         allowed = set(tokens)
-        return {name: tuple(v for v in getattr(self, name) if v in allowed)
-                for name in ("chunks", "split_tokens", "decode_batches")}
+        return {
+            name: tuple(v for v in getattr(self, name) if v in allowed)
+            for name in ("chunks", "split_tokens", "decode_batches")
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,26 +167,30 @@ class TorchProfileConfig:
 
     def __post_init__(self) -> None:
         if self.model not in CONFIGS:
-            raise ValueError(f"unknown model {self.model!r} for the torch backend; "
-                             f"known: {', '.join(sorted(CONFIGS))}")
+            raise ValueError(
+                f"unknown model {self.model!r} for the torch backend; known: {', '.join(sorted(CONFIGS))}"
+            )
         if self.weights not in WEIGHT_SOURCES:
             raise ValueError(f"weights must be one of {WEIGHT_SOURCES}, got {self.weights!r}")
         if self.weights == "smollm2" and self.model != "smollm2-135m":
-            raise ValueError(f"weights 'smollm2' are SmolLM2-135M's: model must be smollm2-135m, "
-                             f"got {self.model!r}")
+            raise ValueError(
+                f"weights 'smollm2' are SmolLM2-135M's: model must be smollm2-135m, got {self.model!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         num_layers = self.model_config.num_layers
         if isinstance(self.pp, bool) or not isinstance(self.pp, int) or not 1 <= self.pp <= num_layers:
-            raise ValueError(f"pp must be in 1..{num_layers} (the layer count of {self.model}), "
-                             f"got {self.pp!r}")
+            raise ValueError(
+                f"pp must be in 1..{num_layers} (the layer count of {self.model}), got {self.pp!r}"
+            )
         for name in ("num_threads", "block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.kv_capacity_tokens < self.block_size:
-            raise ValueError(f"kv_capacity_tokens must be >= block_size {self.block_size}, "
-                             f"got {self.kv_capacity_tokens}")
+            raise ValueError(
+                f"kv_capacity_tokens must be >= block_size {self.block_size}, got {self.kv_capacity_tokens}"
+            )
 
     @property
     def model_config(self) -> ModelConfig:

@@ -42,8 +42,13 @@ def _worker(rank: int, port: int, hidden: int, dtype_name: str, rows: Sequence[i
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
+    )
     dtype = getattr(torch, dtype_name)
     header = torch.zeros(1, dtype=torch.int64)
     ack = torch.zeros(1, dtype=torch.int64)
@@ -77,18 +82,33 @@ def _worker(rank: int, port: int, hidden: int, dtype_name: str, rows: Sequence[i
         dist.destroy_process_group()
 
 
-def measure_link(hidden_size: int, dtype_name: str, rows: Sequence[int], repeats: int = DEFAULT_REPEATS,
-                 timeout_s: float = STARTUP_TIMEOUT_S) -> LinkMeasurement:
+def measure_link(
+    hidden_size: int,
+    dtype_name: str,
+    rows: Sequence[int],
+    repeats: int = DEFAULT_REPEATS,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> LinkMeasurement:
     """Measure the gloo loopback link for messages of ``rows`` x ``hidden_size`` elements of
     ``dtype_name`` ("float32", "bfloat16"). The two sides are ``python -m`` subprocesses (no
     ``multiprocessing`` re-import of the caller's main module). Raises RuntimeError when one
     fails or they time out; both are killed then, nothing is left running."""
     if not rows or min(rows) < 1:
         raise ValueError(f"rows must be positive counts, got {list(rows)}")
-    cmd = [sys.executable, "-m", __name__, str(free_port()), str(hidden_size), dtype_name,
-           ",".join(str(n) for n in rows), str(repeats)]
-    procs = [subprocess.Popen([*cmd, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    cmd = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(free_port()),
+        str(hidden_size),
+        dtype_name,
+        ",".join(str(n) for n in rows),
+        str(repeats),
+    ]
+    procs = [
+        subprocess.Popen([*cmd, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]
     try:
         deadline = time.monotonic() + timeout_s
         while procs[0].poll() is None:

@@ -55,8 +55,12 @@ class Shape:
     @property
     def features(self) -> tuple[int, int, int, int]:
         """[num_tokens, sum L_past*L_pre, sum L_pre^2, sum L_dec]: the predictor's X row."""
-        return (self.num_tokens, sum(n * p for n, p in self.chunks), sum(n * n for n, _ in self.chunks),
-                sum(self.decode_ctx))
+        return (
+            self.num_tokens,
+            sum(n * p for n, p in self.chunks),
+            sum(n * n for n, _ in self.chunks),
+            sum(self.decode_ctx),
+        )
 
     @property
     def kv_tokens(self) -> int:
@@ -66,8 +70,9 @@ class Shape:
         """``BatchLayout.build`` entries: decodes first, then chunks (request ids 0, 1, ...)."""
         out = [(i, 1, ctx - 1, self.samples) for i, ctx in enumerate(self.decode_ctx)]
         base = len(out)
-        out += [(base + j, n, p, self.samples and j < self.num_completing)
-                for j, (n, p) in enumerate(self.chunks)]
+        out += [
+            (base + j, n, p, self.samples and j < self.num_completing) for j, (n, p) in enumerate(self.chunks)
+        ]
         return out
 
 
@@ -78,10 +83,15 @@ def grid_shapes(grid: ProfileGrid, max_context: int) -> list[Shape]:
     for n in grid.split_tokens:
         k = grid.num_splits
         shapes.append(Shape("split", chunks=tuple((n // k + (i < n % k), 0) for i in range(k))))
-    shapes += [Shape("prefix", chunks=((n, p),))
-               for p in grid.past for n in grid.chunks if n + p <= max_context]
-    shapes += [Shape("decode", decode_ctx=_spread(b, ctx, max_context)) for b in grid.decode_batches
-               for ctx in grid.decode_ctx if b * ctx <= grid.max_kv_tokens]
+    shapes += [
+        Shape("prefix", chunks=((n, p),)) for p in grid.past for n in grid.chunks if n + p <= max_context
+    ]
+    shapes += [
+        Shape("decode", decode_ctx=_spread(b, ctx, max_context))
+        for b in grid.decode_batches
+        for ctx in grid.decode_ctx
+        if b * ctx <= grid.max_kv_tokens
+    ]
     return shapes
 
 
@@ -132,8 +142,9 @@ def _median_s(fn: Callable[[], object], grid: ProfileGrid) -> float:
     return statistics.median(times)
 
 
-def measure_stage(stage: StageModel, shapes: Sequence[Shape], grid: ProfileGrid, block_size: int,
-                  seed: int, tick: Tick) -> list[float]:
+def measure_stage(
+    stage: StageModel, shapes: Sequence[Shape], grid: ProfileGrid, block_size: int, seed: int, tick: Tick
+) -> list[float]:
     """Median seconds of ``stage`` on each shape, in order.
 
     The shapes are timed in ``grid.repeats`` interleaved passes (every shape once per pass, a
@@ -144,16 +155,18 @@ def measure_stage(stage: StageModel, shapes: Sequence[Shape], grid: ProfileGrid,
     the end. ``tick`` after each shape of each regular pass.
     """
     cfg = stage.config
-    blocks = max(sum(-(-n // block_size) for n in (*s.decode_ctx, *(a + b for a, b in s.chunks)))
-                 for s in shapes)
+    blocks = max(
+        sum(-(-n // block_size) for n in (*s.decode_ctx, *(a + b for a, b in s.chunks))) for s in shapes
+    )
     cache = stage.make_kv_cache(num_blocks=blocks, block_size=block_size)
     gen = torch.Generator().manual_seed(seed)
     layouts = [BatchLayout.build(s.entries()) for s in shapes]
     if stage.has_embedding:  # x: [T] token ids
         inputs = [torch.randint(cfg.vocab_size, (lay.num_tokens,), generator=gen) for lay in layouts]
     else:  # x: [T, D] hidden states
-        inputs = [torch.randn(lay.num_tokens, cfg.hidden_size, generator=gen).to(stage.dtype)
-                  for lay in layouts]
+        inputs = [
+            torch.randn(lay.num_tokens, cfg.hidden_size, generator=gen).to(stage.dtype) for lay in layouts
+        ]
 
     def run(k: int) -> float:
         layout = layouts[k]
@@ -166,8 +179,10 @@ def measure_stage(stage: StageModel, shapes: Sequence[Shape], grid: ProfileGrid,
             cache.free(seq.req_id)
         return dt
 
-    largest = {max(range(len(shapes)), key=lambda k: shapes[k].num_tokens),
-               max(range(len(shapes)), key=lambda k: shapes[k].kv_tokens)}
+    largest = {
+        max(range(len(shapes)), key=lambda k: shapes[k].num_tokens),
+        max(range(len(shapes)), key=lambda k: shapes[k].kv_tokens),
+    }
     for k in sorted(largest):
         for _ in range(grid.warmup):
             run(k)
@@ -187,8 +202,9 @@ def measure_stage(stage: StageModel, shapes: Sequence[Shape], grid: ProfileGrid,
     return [statistics.median(t) for t in times]
 
 
-def measure_lm_head(stage: StageModel, sampled: Sequence[int], grid: ProfileGrid, seed: int,
-                    tick: Tick) -> list[float]:
+def measure_lm_head(
+    stage: StageModel, sampled: Sequence[int], grid: ProfileGrid, seed: int, tick: Tick
+) -> list[float]:
     """Median seconds of the last stage's final norm + LM head + greedy argmax on S rows, per S
     (what ``StageModel.forward`` adds for S sampling rows, plus greedy sampling)."""
     assert stage.norm is not None and stage.lm_head is not None
@@ -208,13 +224,25 @@ def measure_lm_head(stage: StageModel, sampled: Sequence[int], grid: ProfileGrid
     return out
 
 
-def measure_host_overhead(num_slots: int, kv_capacity_tokens: int, page_size: int, max_context: int,
-                          num_requests: int = 256, num_samples: int = 200) -> tuple[float, int]:
+def measure_host_overhead(
+    num_slots: int,
+    kv_capacity_tokens: int,
+    page_size: int,
+    max_context: int,
+    num_requests: int = 256,
+    num_samples: int = 200,
+) -> tuple[float, int]:
     """Median seconds of one host step of the engine: ``Scheduler.schedule`` + ``update`` +
     ``BatchLayout.from_plan``, in a steady state of a static 512-token chunk with decodes running
     and prompts queued. Returns (seconds, mean tokens per measured microbatch)."""
-    config = SchedulerConfig(num_slots=num_slots, kv_capacity_tokens=kv_capacity_tokens, page_size=page_size,
-                             max_context=max_context, default_chunk=512, token_step=0)
+    config = SchedulerConfig(
+        num_slots=num_slots,
+        kv_capacity_tokens=kv_capacity_tokens,
+        page_size=page_size,
+        max_context=max_context,
+        default_chunk=512,
+        token_step=0,
+    )
     sched = Scheduler(config, time.perf_counter, StaticChunkPolicy(512))
     rng = random.Random(0)
     prompt_cap = max(2, min(1024, max_context // 2))

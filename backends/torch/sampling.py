@@ -69,8 +69,9 @@ class SamplingError(ValueError):
     """One row could not be sampled (its logits hold no finite value); says why, no traceback."""
 
 
-def sample_rows(logits: torch.Tensor, rows: list[SampleRow],
-                generator: torch.Generator) -> tuple[list[int], dict[int, str]]:
+def sample_rows(
+    logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator
+) -> tuple[list[int], dict[int, str]]:
     """One token per logits row, and the rows that failed: their token is ``FAILED_TOKEN`` and
     ``errors[row]`` says why. A failure is the row's alone; the other rows are sampled as usual.
     ``generator`` serves the rows without a seed."""

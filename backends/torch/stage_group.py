@@ -60,9 +60,13 @@ class StageGroup:
         self.procs.connect()
         if dist.is_initialized():  # left by an earlier engine of this process that stopped
             dist.destroy_process_group()  # uncleanly (a dead stage): its peers are gone
-        dist.init_process_group("gloo", init_method=f"file://{self.spec.store_path}", rank=0,
-                                world_size=self.spec.num_stages,
-                                timeout=collective_timeout(self.spec.stage_timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{self.spec.store_path}",
+            rank=0,
+            world_size=self.spec.num_stages,
+            timeout=collective_timeout(self.spec.stage_timeout_s),
+        )
         log.info("pipeline connected: %d stages over gloo on the loopback interface", self.spec.num_stages)
 
     def close(self, timeout_s: float, clean: bool) -> None:
@@ -75,8 +79,14 @@ class StageGroup:
         shutil.rmtree(self._store_dir, ignore_errors=True)
 
 
-def watch_progress(liveness: Liveness, timeout_s: float, num_stages: int, stopped: threading.Event,
-                   oldest_inflight: Callable[[], float | None], on_stall: Callable[[str], None]) -> None:
+def watch_progress(
+    liveness: Liveness,
+    timeout_s: float,
+    num_stages: int,
+    stopped: threading.Event,
+    oldest_inflight: Callable[[], float | None],
+    on_stall: Callable[[str], None],
+) -> None:
     """From a daemon thread, until ``stopped``: call ``on_stall(why)`` once if a stage process
     stops beating, a stage computes one microbatch longer than ``timeout_s``, or the oldest
     microbatch in flight (its launch time on ``time.monotonic``) has not come back within
@@ -90,8 +100,10 @@ def watch_progress(liveness: Liveness, timeout_s: float, num_stages: int, stoppe
             why = liveness.stalled(timeout_s, beating, now)
             launched = oldest_inflight()
             if why is None and launched is not None and now - launched > round_trip_s:
-                why = (f"a microbatch has not come back through the {num_stages} stage(s) in "
-                       f"{now - launched:.1f} s (stage timeout {timeout_s:g} s)")
+                why = (
+                    f"a microbatch has not come back through the {num_stages} stage(s) in "
+                    f"{now - launched:.1f} s (stage timeout {timeout_s:g} s)"
+                )
             if why is not None:
                 on_stall(why)
                 return

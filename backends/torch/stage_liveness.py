@@ -105,10 +105,14 @@ class Liveness:
         now = time.monotonic() if now is None else now
         for rank in range(len(self.steps)):
             if rank in beating and now - self.beats[rank] > timeout_s:
-                return (f"stage {rank} stopped responding: no heartbeat for {now - self.beats[rank]:.1f} s "
-                        f"(stage timeout {timeout_s:g} s)")
+                return (
+                    f"stage {rank} stopped responding: no heartbeat for {now - self.beats[rank]:.1f} s "
+                    f"(stage timeout {timeout_s:g} s)"
+                )
             started = self.steps[rank]
             if started and now - started > timeout_s:
-                return (f"stage {rank} has been computing one microbatch for {now - started:.1f} s "
-                        f"(stage timeout {timeout_s:g} s)")
+                return (
+                    f"stage {rank} has been computing one microbatch for {now - started:.1f} s "
+                    f"(stage timeout {timeout_s:g} s)"
+                )
         return None

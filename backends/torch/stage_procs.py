@@ -44,8 +44,12 @@ class StageProcesses:
         t0 = time.monotonic()
         for rank in range(1, self.spec.num_stages):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=stage_main, args=(rank, self.spec, child, self.liveness),
-                               name=f"fastpp-stage-{rank}", daemon=True)
+            proc = ctx.Process(
+                target=stage_main,
+                args=(rank, self.spec, child, self.liveness),
+                name=f"fastpp-stage-{rank}",
+                daemon=True,
+            )
             with stop_signals_ignored_by_children():
                 proc.start()
             child.close()
@@ -60,16 +64,19 @@ class StageProcesses:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.terminate()
-                raise StageStartError(f"stages {sorted(waiting.values())} did not load within "
-                                      f"{load_timeout_s:.0f} s")
+                raise StageStartError(
+                    f"stages {sorted(waiting.values())} did not load within {load_timeout_s:.0f} s"
+                )
             for ready in wait(list(waiting) + list(sentinels), timeout=left):
                 if ready in sentinels:
                     rank = sentinels[ready]
                     if any(r == rank for r in waiting.values()):
                         msg = self._drain_error(conns, rank)
                         self.terminate()
-                        raise StageStartError(msg or f"stage {rank} exited with code "
-                                              f"{self.procs[rank - 1].exitcode} while loading")
+                        raise StageStartError(
+                            msg
+                            or f"stage {rank} exited with code {self.procs[rank - 1].exitcode} while loading"
+                        )
                     continue
                 try:
                     kind, value = ready.recv()  # type: ignore[union-attr]
@@ -116,8 +123,11 @@ class StageProcesses:
         """Which stages have exited, and how ("" if none); waits up to ``wait_s`` for one to."""
         deadline = time.monotonic() + wait_s
         while True:
-            dead = [f"stage {i + 1} process (pid {p.pid}) exited with code {p.exitcode}"
-                    for i, p in enumerate(self.procs) if p.exitcode is not None]
+            dead = [
+                f"stage {i + 1} process (pid {p.pid}) exited with code {p.exitcode}"
+                for i, p in enumerate(self.procs)
+                if p.exitcode is not None
+            ]
             if dead or time.monotonic() >= deadline:
                 return "; ".join(dead)
             time.sleep(0.05)

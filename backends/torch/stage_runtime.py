@@ -63,8 +63,7 @@ class StageSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.cores and len(self.cores) != self.num_stages:
-            raise ValueError(f"cores must name one core per stage ({self.num_stages}), "
-                             f"got {self.cores}")
+            raise ValueError(f"cores must name one core per stage ({self.num_stages}), got {self.cores}")
 
     def pin(self, rank: int) -> None:
         """Pin the calling thread (on Linux, only it) to rank's core, when cores are given."""
@@ -76,8 +75,14 @@ class StageSpec:
         return DTYPES[self.dtype]
 
 
-def make_meta(mb_id: int, layout: BatchLayout, frees: list[int], allocs: list[tuple[int, int]],
-              rows: list[tuple], times: list[tuple[int, float, float]]) -> dict[str, Any]:
+def make_meta(
+    mb_id: int,
+    layout: BatchLayout,
+    frees: list[int],
+    allocs: list[tuple[int, int]],
+    rows: list[tuple],
+    times: list[tuple[int, float, float]],
+) -> dict[str, Any]:
     """The plain-data description of one microbatch that travels down the pipeline."""
     seqs = [(s.req_id, s.num_new_tokens, s.num_cached_tokens, s.samples) for s in layout.seqs]
     return {"mb": mb_id, "seqs": seqs, "frees": frees, "allocs": allocs, "rows": rows, "times": times}
@@ -91,8 +96,9 @@ class StageRunner:
         ranges = split_layers(config.num_layers, spec.num_stages)
         self.rank = rank
         self.is_last = rank == spec.num_stages - 1
-        self.model = StageModel(config, ranges[rank], has_embedding=rank == 0, has_lm_head=self.is_last,
-                                dtype=spec.torch_dtype)
+        self.model = StageModel(
+            config, ranges[rank], has_embedding=rank == 0, has_lm_head=self.is_last, dtype=spec.torch_dtype
+        )
         self.model.load_weights(weights)
         self.cache = self.model.make_kv_cache(spec.kv_blocks, spec.block_size)
 
@@ -139,8 +145,13 @@ def stage_main(rank: int, spec: StageSpec, conn: Any, liveness: Liveness) -> Non
         os._exit(0)  # the engine stopped while loading
     conn.close()
     try:
-        dist.init_process_group("gloo", init_method=f"file://{spec.store_path}", rank=rank,
-                                world_size=spec.num_stages, timeout=collective_timeout(spec.stage_timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{spec.store_path}",
+            rank=rank,
+            world_size=spec.num_stages,
+            timeout=collective_timeout(spec.stage_timeout_s),
+        )
         serve_stage(runner, spec, liveness)
         dist.destroy_process_group()
     except Exception:
@@ -153,8 +164,11 @@ def serve_stage(runner: StageRunner, spec: StageSpec, liveness: Liveness) -> Non
     a ping goes on (from the last stage, back to stage 0) as it came."""
     hidden_size = runner.model.config.hidden_size
     inbox = Channel(runner.rank - 1, FORWARD, hidden_size, spec.torch_dtype)
-    outbox = Channel(0, BACKWARD) if runner.is_last else \
-        Channel(runner.rank + 1, FORWARD, hidden_size, spec.torch_dtype)
+    outbox = (
+        Channel(0, BACKWARD)
+        if runner.is_last
+        else Channel(runner.rank + 1, FORWARD, hidden_size, spec.torch_dtype)
+    )
     generator = torch.Generator().manual_seed(spec.seed)
     while True:
         kind, meta, hidden = inbox.recv()
@@ -186,20 +200,26 @@ def run_or_fail(runner: StageRunner, meta: dict[str, Any], inputs: torch.Tensor)
         try:
             return runner.run(meta, inputs)
         except Exception as exc:
-            log.error("stage %d failed on microbatch %s (its requests fail, the stage goes on):\n%s",
-                      runner.rank, meta["mb"], traceback.format_exc())
+            log.error(
+                "stage %d failed on microbatch %s (its requests fail, the stage goes on):\n%s",
+                runner.rank,
+                meta["mb"],
+                traceback.format_exc(),
+            )
             meta["failed"] = f"stage {runner.rank} failed on this request's batch: {brief_error(exc)}"
             return inputs
     try:
         runner.apply_kv(meta["frees"], meta["allocs"])
     except Exception as exc:  # as where it failed first: the requests end, their frees follow
-        log.error("stage %d: KV changes of failed microbatch %s: %s", runner.rank, meta["mb"],
-                  brief_error(exc))
+        log.error(
+            "stage %d: KV changes of failed microbatch %s: %s", runner.rank, meta["mb"], brief_error(exc)
+        )
     return inputs
 
 
-def last_stage_result(meta: dict[str, Any], logits: torch.Tensor,
-                      generator: torch.Generator) -> dict[str, Any]:
+def last_stage_result(
+    meta: dict[str, Any], logits: torch.Tensor, generator: torch.Generator
+) -> dict[str, Any]:
     """What the last stage returns to stage 0: a token per sampling row, and which rows (or, with
     ``failed``, the whole microbatch) failed and why."""
     result: dict[str, Any] = {"mb": meta["mb"], "times": meta["times"]}
@@ -209,8 +229,12 @@ def last_stage_result(meta: dict[str, Any], logits: torch.Tensor,
     tokens, errors = sample_rows(logits, meta["rows"], generator)
     result["tokens"] = tokens
     if errors:
-        log.error("sampling failed for %d row(s) of microbatch %s (their requests fail): %s",
-                  len(errors), meta["mb"], next(iter(errors.values())))
+        log.error(
+            "sampling failed for %d row(s) of microbatch %s (their requests fail): %s",
+            len(errors),
+            meta["mb"],
+            next(iter(errors.values())),
+        )
         result["errors"] = errors
     return result
 

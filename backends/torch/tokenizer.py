@@ -28,9 +28,12 @@ _CONTROL = 3  # GGUF token_type of control (special) tokens
 # (each digit alone) then ByteLevel's GPT-2 regex.
 _GGUF_PRE = {
     "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    "smollm": lambda: pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
+    "smollm": lambda: pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    ),
 }
 # normalizers after which every normalized character came from at most this many input characters
 # (NFC composes; the longest canonical decomposition is 4 characters)
@@ -66,7 +69,7 @@ class StreamDecoder:
     def flush(self) -> str:
         full = self._tok.decode(self._ids, skip_special_tokens=True)
         sent = "".join(self._sent)
-        rest = full[len(sent):] if full.startswith(sent) else ""
+        rest = full[len(sent) :] if full.startswith(sent) else ""
         self._sent.append(rest)
         return rest
 
@@ -155,14 +158,20 @@ class LibTokenizer:
         tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
         tok.pre_tokenizer = _GGUF_PRE[pre]()
         tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                for i, t in enumerate(types) if t == _CONTROL])
+        tok.add_special_tokens(
+            [
+                AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(types)
+                if t == _CONTROL
+            ]
+        )
         add_bos = fields.get("tokenizer.ggml.add_bos_token")
         if add_bos is not None and add_bos.contents():
             bos_id = int(fields["tokenizer.ggml.bos_token_id"].contents())
             bos = tokens[bos_id]
-            tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
-                                                               special_tokens=[(bos, bos_id)])
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", special_tokens=[(bos, bos_id)]
+            )
         return LibTokenizer(tok, int(fields["tokenizer.ggml.eos_token_id"].contents()))
 
 

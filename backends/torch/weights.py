@@ -32,13 +32,16 @@ class ModelWeights:
         missing = sorted(set(want) - set(self.tensors))
         extra = sorted(set(self.tensors) - set(want))
         if missing or extra:
-            raise ValueError(f"weights for {self.config.name!r}: {len(missing)} missing {missing[:5]}, "
-                             f"{len(extra)} unexpected {extra[:5]}")
+            raise ValueError(
+                f"weights for {self.config.name!r}: {len(missing)} missing {missing[:5]}, "
+                f"{len(extra)} unexpected {extra[:5]}"
+            )
         for name, shape in want.items():
             got = tuple(self.tensors[name].shape)
             if got != shape:
-                raise ValueError(f"weights for {self.config.name!r}: {name} has shape {got}, "
-                                 f"expected {shape}")
+                raise ValueError(
+                    f"weights for {self.config.name!r}: {name} has shape {got}, expected {shape}"
+                )
 
     def to(self, dtype: torch.dtype) -> ModelWeights:
         """A copy with every tensor cast to ``dtype``."""
@@ -64,8 +67,11 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (d, c.intermediate_size),
         }
         if c.qkv_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (c.q_size,), p + "self_attn.k_proj.bias": (c.kv_size,),
-                       p + "self_attn.v_proj.bias": (c.kv_size,)}
+            shapes |= {
+                p + "self_attn.q_proj.bias": (c.q_size,),
+                p + "self_attn.k_proj.bias": (c.kv_size,),
+                p + "self_attn.v_proj.bias": (c.kv_size,),
+            }
     shapes["model.norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, d)
@@ -73,8 +79,9 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------------- (c) random
-def random_weights(config: ModelConfig | str, seed: int = 0,
-                   dtype: torch.dtype = torch.float32) -> ModelWeights:
+def random_weights(
+    config: ModelConfig | str, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> ModelWeights:
     """Seeded random weights: the same ``(config, seed)`` gives bit-identical tensors.
 
     Embeddings (and an untied lm_head) have std ``EMBEDDING_STD``, so logits stay small. Matrices

@@ -40,8 +40,10 @@ class WeightsSource:
             if not (path / "config.json").is_file():
                 raise ValueError(f"--model {model!r}: directory has no config.json")
             return WeightsSource("hf", path=str(path.resolve()))
-        raise ValueError(f"--model {model!r}: expected 'smollm2', 'random:<config>' "
-                         f"(configs: {', '.join(sorted(CONFIGS))}) or a Hugging Face model directory")
+        raise ValueError(
+            f"--model {model!r}: expected 'smollm2', 'random:<config>' "
+            f"(configs: {', '.join(sorted(CONFIGS))}) or a Hugging Face model directory"
+        )
 
     @property
     def served_name(self) -> str:
@@ -55,8 +57,9 @@ class WeightsSource:
     def config(self) -> ModelConfig:
         """The model's shape, without loading any tensor."""
         if self.kind == "hf":
-            return from_hf_config(json.loads((Path(self.path) / "config.json").read_text()),
-                                  name=Path(self.path).name)
+            return from_hf_config(
+                json.loads((Path(self.path) / "config.json").read_text()), name=Path(self.path).name
+            )
         return get_config(self.config_name)
 
     def load(self, dtype: torch.dtype = torch.float32) -> ModelWeights:

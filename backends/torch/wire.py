@@ -39,8 +39,9 @@ BACKWARD = Tags(4, 5, 6)  # last stage -> stage 0
 class Channel:
     """One direction to one peer: asynchronous sends, blocking receives."""
 
-    def __init__(self, peer: int, tags: Tags, hidden_size: int = 0,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, peer: int, tags: Tags, hidden_size: int = 0, dtype: torch.dtype = torch.float32
+    ) -> None:
         self.peer = peer
         self.tags = tags
         self.hidden_size = hidden_size
@@ -54,8 +55,10 @@ class Channel:
         rows = 0 if hidden is None else hidden.shape[0]
         header = torch.tensor([kind, len(data), rows], dtype=torch.int64)
         keep: list[torch.Tensor] = [header, body]
-        works = [dist.isend(header, self.peer, tag=self.tags.header),
-                 dist.isend(body, self.peer, tag=self.tags.payload)]
+        works = [
+            dist.isend(header, self.peer, tag=self.tags.header),
+            dist.isend(body, self.peer, tag=self.tags.payload),
+        ]
         if rows:
             assert hidden is not None
             hidden = hidden.contiguous()

@@ -126,10 +126,18 @@ class Adapter:
     """vLLM's translation to and from the policy host of one engine core. Not thread-safe:
     vLLM's engine core calls the scheduler from one thread."""
 
-    def __init__(self, config: SchedulerConfig, chunk_policy: ChunkPolicy, balancer: DecodeBalancer,
-                 engine: EngineQueues, clock: Callable[[], float], *, max_budget: int,
-                 recorder: Recorder | None = None,
-                 stage_times: Callable[[int], dict[int, tuple[float, float]] | None] | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        chunk_policy: ChunkPolicy,
+        balancer: DecodeBalancer,
+        engine: EngineQueues,
+        clock: Callable[[], float],
+        *,
+        max_budget: int,
+        recorder: Recorder | None = None,
+        stage_times: Callable[[int], dict[int, tuple[float, float]] | None] | None = None,
+    ) -> None:
         from fastpp.backends.vllm.view import VllmView  # the view reads the adapter's state
 
         if max_budget < 1:
@@ -156,8 +164,9 @@ class Adapter:
         """A request reached the scheduler (vLLM's ``add_request``)."""
         now = self.clock()
         arrived_at = min(now, self.engine_time(engine_req.arrival_time))
-        rec = self.host.arrive(self._next_req_id, arrived_at, engine_req.num_prompt_tokens,
-                               max(1, int(engine_req.max_tokens)))
+        rec = self.host.arrive(
+            self._next_req_id, arrived_at, engine_req.num_prompt_tokens, max(1, int(engine_req.max_tokens))
+        )
         self._next_req_id += 1
         t = TrackedRequest(rec, engine_req)
         self.tracked[engine_req.request_id] = t
@@ -252,9 +261,13 @@ class Adapter:
     def _decision_entry(self, batch: LaunchedBatch, num_scheduled: dict[str, int]) -> dict:
         d = batch.decision
         return {
-            "mb_id": d.seq, "slot": d.slot, "at": round(batch.scheduled_at, 6),
+            "mb_id": d.seq,
+            "slot": d.slot,
+            "at": round(batch.scheduled_at, 6),
             "schedule_started_at": round(d.started_at, 6),
-            "budget": d.budget, "reason": d.reason, "balance": d.balance,
+            "budget": d.budget,
+            "reason": d.reason,
+            "balance": d.balance,
             "chosen_decodes": sorted(d.decode_ids),
             "scheduled": dict(num_scheduled),  # vLLM's SchedulerOutput.num_scheduled_tokens
             "scheduled_decodes": sorted(t.engine_id for t in batch.decodes),
@@ -268,8 +281,10 @@ class Adapter:
         """vLLM folded in the step that scheduled ``output`` (its ``update_from_output`` ran,
         entered at ``update_started_at`` on our clock, if the caller timed it)."""
         if not self.in_flight or self.in_flight[0].output is not output:
-            raise RuntimeError("update_from_output for a step that is not the oldest in flight: "
-                               "vLLM's batch queue is no longer FIFO (docs/engines/vllm.md)")
+            raise RuntimeError(
+                "update_from_output for a step that is not the oldest in flight: "
+                "vLLM's batch queue is no longer FIFO (docs/engines/vllm.md)"
+            )
         batch = self.in_flight.popleft()
         now = self.clock()
         self._stage_records(batch, now)
@@ -297,10 +312,16 @@ class Adapter:
         if batch.num_tokens:  # an empty step ran nothing: no microbatch came back
             self.host.returned(slot, now, bool(batch.decodes))
         if self.recorder is not None:
-            self.recorder.on_return({
-                "mb_id": batch.mb_id, "slot": slot, "num_tokens": batch.num_tokens,
-                "update_started_at": None if update_started_at is None else round(update_started_at, 6),
-                "returned_at": round(now, 6), "done_at": round(self.clock(), 6)})
+            self.recorder.on_return(
+                {
+                    "mb_id": batch.mb_id,
+                    "slot": slot,
+                    "num_tokens": batch.num_tokens,
+                    "update_started_at": None if update_started_at is None else round(update_started_at, 6),
+                    "returned_at": round(now, 6),
+                    "done_at": round(self.clock(), 6),
+                }
+            )
         return batch
 
     def _take_tokens(self, t: TrackedRequest, now: float) -> int:
@@ -390,4 +411,3 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now_fn() - self.epoch
-

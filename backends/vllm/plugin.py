@@ -64,7 +64,8 @@ def _patch_cpu_eager_pp() -> None:
 
         if not get_pp_group().is_first_rank and self.intermediate_tensors is None:
             self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
-                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device
+            )
 
     CPUModelRunner.load_model = load_model_with_pp_buffer
 
@@ -84,8 +85,10 @@ def _patch_stage_timing(folder: str) -> None:
 
             pp = get_pp_group()
             timed = get_tp_group().rank_in_group == 0
-            state["writer"] = (StageTimesWriter(folder, pp.rank_in_group) if timed else False,
-                               pp.is_last_rank)
+            state["writer"] = (
+                StageTimesWriter(folder, pp.rank_in_group) if timed else False,
+                pp.is_last_rank,
+            )
         return state["writer"]
 
     def timed_execute_model(self, scheduler_output):

@@ -44,8 +44,14 @@ RETURNS = "returns.jsonl"
 class RunRecorder:
     """Collects one deployment's records and writes its run folder (module docstring)."""
 
-    def __init__(self, out_dir: str | Path, slo: SLO, num_stages: int, backend: str = "vllm",
-                 setup: RunSetup | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        slo: SLO,
+        num_stages: int,
+        backend: str = "vllm",
+        setup: RunSetup | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.setup = setup  # written into summary.json (what a profile from these records needs)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -58,8 +64,9 @@ class RunRecorder:
         self._decisions = (self.out_dir / DECISIONS).open("w", buffering=1, encoding="utf-8")
         self._returns = (self.out_dir / RETURNS).open("w", buffering=1, encoding="utf-8")
         self._requests = (self.out_dir / REQUESTS).open("w", buffering=1, encoding="utf-8")
-        self._iterations_file = (self.out_dir / ITERATIONS).open("w", buffering=1, encoding="utf-8",
-                                                                 newline="")
+        self._iterations_file = (self.out_dir / ITERATIONS).open(
+            "w", buffering=1, encoding="utf-8", newline=""
+        )
         self._iterations = csv.DictWriter(self._iterations_file, fieldnames=list(ITERATION_FIELDS))
         self._iterations.writeheader()
         self._closed = False
@@ -91,5 +98,9 @@ class RunRecorder:
             summary[SETUP_KEY] = self.setup.to_dict()
         names = [f"stage {i}" for i in range(self.num_stages)]
         write_run(self.out_dir, records, self.iterations, summary, stage_names=names)
-        log.info("fastpp: wrote %d requests and %d stage iterations to %s", len(records),
-                 len(self.iterations), self.out_dir)
+        log.info(
+            "fastpp: wrote %d requests and %d stage iterations to %s",
+            len(records),
+            len(self.iterations),
+            self.out_dir,
+        )

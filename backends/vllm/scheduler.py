@@ -51,24 +51,50 @@ class FastPPScheduler(Scheduler):
         num_stages = self.parallel_config.pipeline_parallel_size
         max_budget = self.max_num_scheduled_tokens
         config = settings.scheduler_config(
-            num_slots=num_stages, max_budget=max_budget, kv_total_tokens=self.kv_total_tokens(),
-            page_size=self.block_size, max_context=self.max_model_len, max_running=self.max_num_running_reqs)
+            num_slots=num_stages,
+            max_budget=max_budget,
+            kv_total_tokens=self.kv_total_tokens(),
+            page_size=self.block_size,
+            max_context=self.max_model_len,
+            max_running=self.max_num_running_reqs,
+        )
         profile = load_profile(settings.profile) if settings.profile else None
         chunk_policy, balancer = settings.build_policies(config, profile)
         recorder = None
         if settings.record_dir:
-            recorder = RunRecorder(settings.record_dir, config.slo, num_stages, backend="vllm",
-                                   setup=self._run_setup(settings.policy, config))
+            recorder = RunRecorder(
+                settings.record_dir,
+                config.slo,
+                num_stages,
+                backend="vllm",
+                setup=self._run_setup(settings.policy, config),
+            )
         stage_dir = os.environ.get(STAGE_TIMES_ENV_VAR)
         stage_times = StageTimesReader(stage_dir, num_stages) if stage_dir else None
         if stage_times is not None:
             stage_times.clear()
-        self.fastpp = Adapter(config, chunk_policy, balancer, self, WallClock(time.time()),
-                              max_budget=max_budget, recorder=recorder, stage_times=stage_times)
+        self.fastpp = Adapter(
+            config,
+            chunk_policy,
+            balancer,
+            self,
+            WallClock(time.time()),
+            max_budget=max_budget,
+            recorder=recorder,
+            stage_times=stage_times,
+        )
         self._fastpp_recorder = recorder
-        log.info("fastpp scheduler: policy %s, %d slot(s), budget <= %d tokens, candidates %s, SLO %s, "
-                 "record dir %s, stage times %s", settings.policy, num_stages, max_budget,
-                 config.chunk_candidates, config.slo, settings.record_dir, stage_dir)
+        log.info(
+            "fastpp scheduler: policy %s, %d slot(s), budget <= %d tokens, candidates %s, SLO %s, "
+            "record dir %s, stage times %s",
+            settings.policy,
+            num_stages,
+            max_budget,
+            config.chunk_candidates,
+            config.slo,
+            settings.record_dir,
+            stage_dir,
+        )
 
     def _run_setup(self, policy: str, config: SchedulerConfig) -> RunSetup:
         """What the recorded run ran on (fastpp.run_setup): the model's shape from its HF config,
@@ -82,16 +108,25 @@ class FastPPScheduler(Scheduler):
         dtype = str(mc.dtype).removeprefix("torch.")
         model = layers = None
         try:
-            model = ModelShape.from_hf_config(mc.hf_config.to_dict(), name=Path(str(mc.model)).name,
-                                              dtype_bytes=DTYPE_BYTES.get(dtype))
+            model = ModelShape.from_hf_config(
+                mc.hf_config.to_dict(), name=Path(str(mc.model)).name, dtype_bytes=DTYPE_BYTES.get(dtype)
+            )
             layers = tuple(b - a for a, b in (get_pp_indices(model.num_layers, r, pp) for r in range(pp)))
         except (ProfileError, ValueError, KeyError, TypeError) as exc:  # records without the shape
             log.warning("fastpp: the model's shape is not recorded (%s)", exc)
         device_type = str(getattr(current_platform, "device_type", "") or "")
         device = "CPU" if device_type == "cpu" else (device_type.upper() or "unknown")
-        return RunSetup(engine=f"vllm {vllm.__version__}", device=device, pp=pp,
-                        tp=self.parallel_config.tensor_parallel_size, policy=policy, scheduler=config,
-                        model=model, layers_per_stage=layers, dtype=dtype)
+        return RunSetup(
+            engine=f"vllm {vllm.__version__}",
+            device=device,
+            pp=pp,
+            tp=self.parallel_config.tensor_parallel_size,
+            policy=policy,
+            scheduler=config,
+            model=model,
+            layers_per_stage=layers,
+            dtype=dtype,
+        )
 
     # ---------------------------------------------------------------- EngineQueues (adapter)
     def engine_waiting(self):
@@ -155,8 +190,12 @@ class FastPPScheduler(Scheduler):
         if self._fastpp_recorder is not None:
             unfinished = [t.rec for t in self.fastpp.tracked.values()]
             self._fastpp_recorder.close(unfinished)
-        log.info("fastpp scheduler counters: %s, %s, policy failures %d", self.fastpp.counters,
-                 self.fastpp.host.counters, self.fastpp.policies.num_failures)
+        log.info(
+            "fastpp scheduler counters: %s, %s, policy failures %d",
+            self.fastpp.counters,
+            self.fastpp.host.counters,
+            self.fastpp.policies.num_failures,
+        )
 
 
 def _log_like_vllm() -> None:
@@ -169,4 +208,3 @@ def _log_like_vllm() -> None:
         ours.addHandler(handler)
     ours.setLevel(logging.INFO)
     ours.propagate = False
-

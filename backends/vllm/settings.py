@@ -57,8 +57,9 @@ class VllmSchedulerSettings:
         if self.token_step < 0:
             raise ValueError(f"token_step must be >= 0, got {self.token_step}")
 
-    def build_policies(self, config: SchedulerConfig,
-                       profile: Profile | None = None) -> tuple[object, object]:
+    def build_policies(
+        self, config: SchedulerConfig, profile: Profile | None = None
+    ) -> tuple[object, object]:
         """The (chunk policy, balancer) pair ``policy`` names."""
         if not self.policy.startswith("py:"):
             return make_policies(self.policy, config, profile)
@@ -91,8 +92,9 @@ class VllmSchedulerSettings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{ENV_VAR}: unknown field(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"{ENV_VAR}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         return cls(**data)
 
     @classmethod
@@ -101,19 +103,35 @@ class VllmSchedulerSettings:
         text = (os.environ if environ is None else environ).get(ENV_VAR)
         return cls() if not text else cls.from_json(text)
 
-    def scheduler_config(self, *, num_slots: int, max_budget: int, kv_total_tokens: int, page_size: int,
-                         max_context: int, max_running: int | None = None) -> SchedulerConfig:
+    def scheduler_config(
+        self,
+        *,
+        num_slots: int,
+        max_budget: int,
+        kv_total_tokens: int,
+        page_size: int,
+        max_context: int,
+        max_running: int | None = None,
+    ) -> SchedulerConfig:
         """Our SchedulerConfig for one vLLM deployment: its limits as the policies see them.
         ``max_budget`` is vLLM's max_num_batched_tokens: no candidate or default above it."""
         if self.chunk_candidates:
             candidates = tuple(c for c in parse_chunk_candidates(self.chunk_candidates) if c <= max_budget)
             if not candidates:
-                raise ValueError(f"chunk candidates {self.chunk_candidates!r}: none is <= vLLM's "
-                                 f"max_num_batched_tokens ({max_budget})")
+                raise ValueError(
+                    f"chunk candidates {self.chunk_candidates!r}: none is <= vLLM's "
+                    f"max_num_batched_tokens ({max_budget})"
+                )
         else:
             candidates = tuple(c for c in DEFAULT_CANDIDATES if c <= max_budget) or (max_budget,)
         return SchedulerConfig(
-            num_slots=num_slots, kv_capacity_tokens=kv_total_tokens, page_size=page_size,
-            max_context=max_context, chunk_candidates=candidates,
+            num_slots=num_slots,
+            kv_capacity_tokens=kv_total_tokens,
+            page_size=page_size,
+            max_context=max_context,
+            chunk_candidates=candidates,
             default_chunk=static_chunk(self.default_chunk, limit=max_budget),
-            max_running_requests=max_running, token_step=self.token_step, slo=self.slo)
+            max_running_requests=max_running,
+            token_step=self.token_step,
+            slo=self.slo,
+        )

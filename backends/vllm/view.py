@@ -49,8 +49,11 @@ class VllmView(DeploymentFields):
     def _waiting(self) -> tuple[list[TrackedRequest], TrackedRequest | None]:
         if self._queue is None:
             a = self._a
-            partial = [t for t in a.iter_tracked(a.engine.engine_running())
-                       if not t.is_decoding and t.remaining_prefill > 0]
+            partial = [
+                t
+                for t in a.iter_tracked(a.engine.engine_running())
+                if not t.is_decoding and t.remaining_prefill > 0
+            ]
             chunked = partial[0] if partial else None
             waiting = partial[1:] + list(a.iter_tracked(a.engine.engine_waiting()))
             self._queue = (waiting, chunked)

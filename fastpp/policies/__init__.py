@@ -22,9 +22,19 @@ from fastpp.profile import Profile
 from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK, SchedulerConfig
 
 __all__ = [
-    "ChunkPolicy", "DecodeBalancer", "NoBalancer", "StaticChunkPolicy", "POLICIES", "BALANCERS",
-    "SlackConfig", "SlackPolicy",
-    "PolicyInfo", "PolicyContext", "make_policies", "make_chunk_policy", "make_balancer",
+    "ChunkPolicy",
+    "DecodeBalancer",
+    "NoBalancer",
+    "StaticChunkPolicy",
+    "POLICIES",
+    "BALANCERS",
+    "SlackConfig",
+    "SlackPolicy",
+    "PolicyInfo",
+    "PolicyContext",
+    "make_policies",
+    "make_chunk_policy",
+    "make_balancer",
 ]
 
 
@@ -73,8 +83,11 @@ def _predictive(arg: str | None, ctx: PolicyContext) -> object:
 
 
 POLICIES: dict[str, PolicyInfo] = {
-    "static": PolicyInfo(_static, "fixed chunk size (SGLang --chunked-prefill-size)",
-                         f"tokens (default {DEFAULT_STATIC_CHUNK} in every executor)"),
+    "static": PolicyInfo(
+        _static,
+        "fixed chunk size (SGLang --chunked-prefill-size)",
+        f"tokens (default {DEFAULT_STATIC_CHUNK} in every executor)",
+    ),
     "greedy": PolicyInfo(
         lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=arg or "mean")),
         "feedback controller (PAPER.md 3.1)",
@@ -136,10 +149,17 @@ def _context(profile: Profile | None, default_chunk: int) -> PolicyContext:
     """What the registry's builders read, for a policy built outside any scheduler."""
     if profile is None:
         return PolicyContext(SchedulerConfig(num_slots=1, kv_capacity_tokens=1, default_chunk=default_chunk))
-    return PolicyContext(SchedulerConfig(
-        num_slots=profile.pp, kv_capacity_tokens=profile.kv_capacity_tokens, page_size=profile.page_size,
-        max_context=profile.model.max_context, default_chunk=default_chunk, token_step=profile.token_step),
-        profile)
+    return PolicyContext(
+        SchedulerConfig(
+            num_slots=profile.pp,
+            kv_capacity_tokens=profile.kv_capacity_tokens,
+            page_size=profile.page_size,
+            max_context=profile.model.max_context,
+            default_chunk=default_chunk,
+            token_step=profile.token_step,
+        ),
+        profile,
+    )
 
 
 def make_chunk_policy(
@@ -165,14 +185,15 @@ def make_chunk_policy(
         return _build(POLICIES, "chunk policy", spec, _context(profile, default_chunk))  # type: ignore[return-value]
     if arg:
         raise ValueError(f"give {spec!r}'s argument or a config, not both")
-    typed: dict[str, type] = {"greedy": GreedyConfig, "predictive": PredictiveConfig,
-                              "upstream": UpstreamChunkConfig}
+    typed: dict[str, type] = {
+        "greedy": GreedyConfig,
+        "predictive": PredictiveConfig,
+        "upstream": UpstreamChunkConfig,
+    }
     if name not in typed:
-        raise ValueError(f"chunk policy {name!r} takes no config; typed configs exist for "
-                         f"{', '.join(typed)}")
+        raise ValueError(f"chunk policy {name!r} takes no config; typed configs exist for {', '.join(typed)}")
     if not isinstance(config, typed[name]):
-        raise ValueError(f"chunk policy {name!r} takes a {typed[name].__name__}, got "
-                         f"{type(config).__name__}")
+        raise ValueError(f"chunk policy {name!r} takes a {typed[name].__name__}, got {type(config).__name__}")
     if name == "greedy":
         return GreedyChunkPolicy(config)  # type: ignore[arg-type]
     ctx = _context(profile, default_chunk)

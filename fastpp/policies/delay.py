@@ -189,7 +189,7 @@ class DelayScheduler:
             if victims is Victims.OLDEST:
                 park_ids = tuple(r.req_id for r in islice(view.iter_running(slot), n_park))
             else:
-                tail = list(view.iter_running(slot))[running - n_park:]
+                tail = list(view.iter_running(slot))[running - n_park :]
                 park_ids = tuple(r.req_id for r in tail)
         # longest parked first: the expired ones are a prefix of this order
         restore_ids = tuple(r.req_id for r in islice(view.iter_parked(), n_restore))

@@ -72,11 +72,15 @@ class GreedyConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.ttft_low_ratio >= self.ttft_high_ratio:
-            raise ValueError(f"ttft_low_ratio must be < ttft_high_ratio ({self.ttft_high_ratio}), "
-                             f"got {self.ttft_low_ratio}")
+            raise ValueError(
+                f"ttft_low_ratio must be < ttft_high_ratio ({self.ttft_high_ratio}), "
+                f"got {self.ttft_low_ratio}"
+            )
         if self.tpot_safe_ratio > self.tpot_violation_ratio:
-            raise ValueError(f"tpot_safe_ratio must be <= tpot_violation_ratio "
-                             f"({self.tpot_violation_ratio}), got {self.tpot_safe_ratio}")
+            raise ValueError(
+                f"tpot_safe_ratio must be <= tpot_violation_ratio "
+                f"({self.tpot_violation_ratio}), got {self.tpot_safe_ratio}"
+            )
         if not self.window_s > 0:
             raise ValueError(f"window_s must be > 0 seconds, got {self.window_s}")
 
@@ -199,8 +203,10 @@ class GreedyChunkPolicy:
         hi = cfg.max_chunk if cfg.max_chunk is not None else view.chunk_candidates[-1]
         cands = tuple(c for c in view.chunk_candidates if lo <= c <= hi)
         if not cands:
-            raise ValueError(f"no chunk candidate of {view.chunk_candidates} lies within "
-                             f"min_chunk..max_chunk = {cfg.min_chunk}..{cfg.max_chunk}")
+            raise ValueError(
+                f"no chunk candidate of {view.chunk_candidates} lies within "
+                f"min_chunk..max_chunk = {cfg.min_chunk}..{cfg.max_chunk}"
+            )
         return cands
 
     # ------------------------------------------------------------------ signals
@@ -208,8 +214,10 @@ class GreedyChunkPolicy:
         """(TTFT, TPOT) in seconds per the configured statistic; None where no sample counts."""
         if self.config.statistic is Statistic.P90:
             horizon = view.now - self.config.window_s
-            return (_p90(_values_since(view.recent_ttft, horizon)),
-                    _p90(_values_since(view.recent_token_gap, horizon)))
+            return (
+                _p90(_values_since(view.recent_ttft, horizon)),
+                _p90(_values_since(view.recent_token_gap, horizon)),
+            )
         ttft_new = _new_values(view.recent_ttft, self._seen_ttft)
         if not ttft_new:
             return None, self._tpot_mean  # hold; the TPOT samples wait for the next decision

@@ -55,8 +55,9 @@ class GuardedPolicies:
             self.failed("chunk policy", exc)
             return self.fallback_chunk, FALLBACK_REASON
 
-    def balance(self, view: PolicyView, slot: int,
-                check: Callable[[BalancePlan, int], None] | None = None) -> BalancePlan:
+    def balance(
+        self, view: PolicyView, slot: int, check: Callable[[BalancePlan, int], None] | None = None
+    ) -> BalancePlan:
         """The balancer's plan for ``slot``, validated by ``check`` (which raises ValueError for
         a plan the executor cannot apply); ``NO_BALANCE`` if either fails."""
         try:

@@ -89,8 +89,13 @@ class PredictiveConfig:
     kv_trend_window_s: float = 5.0  # the trend is measured over this window
 
     def __post_init__(self) -> None:
-        for name in ("tpot_coeff", "throughput_coeff", "window_s", "kv_bound_tpot_coeff",
-                     "kv_trend_window_s"):
+        for name in (
+            "tpot_coeff",
+            "throughput_coeff",
+            "window_s",
+            "kv_bound_tpot_coeff",
+            "kv_trend_window_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("stale_ratio", "kv_free_watermark"):
@@ -117,8 +122,14 @@ class Decision:
     beat_s: float = 0.0
 
     # Written out (as fastpp/plan.py's value types): one per chunk decision.
-    def __init__(self, chunk: int = 0, reason: str = "", required_tok_s: float = 0.0,
-                 capacity_tok_s: float = 0.0, beat_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        chunk: int = 0,
+        reason: str = "",
+        required_tok_s: float = 0.0,
+        capacity_tok_s: float = 0.0,
+        beat_s: float = 0.0,
+    ) -> None:
         self.chunk = chunk
         self.reason = reason
         self.required_tok_s = required_tok_s
@@ -179,8 +190,12 @@ class _Stream:
 class PredictiveChunkPolicy:
     """ALP-based smallest-feasible-chunk controller (module docstring)."""
 
-    def __init__(self, predictor: LatencyPredictor, config: PredictiveConfig | None = None,
-                 candidates: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        predictor: LatencyPredictor,
+        config: PredictiveConfig | None = None,
+        candidates: tuple[int, ...] | None = None,
+    ) -> None:
         self.predictor = predictor
         self.config = config or PredictiveConfig()
         self.candidates = candidates  # None: the view's
@@ -197,8 +212,12 @@ class PredictiveChunkPolicy:
         self._tile: tuple[tuple[int, ...], int] | None = None  # (candidates, floor index)
 
     @classmethod
-    def from_profile(cls, profile: Profile, config: PredictiveConfig | None = None,
-                     candidates: tuple[int, ...] | None = None) -> PredictiveChunkPolicy:
+    def from_profile(
+        cls,
+        profile: Profile,
+        config: PredictiveConfig | None = None,
+        candidates: tuple[int, ...] | None = None,
+    ) -> PredictiveChunkPolicy:
         """A controller for ``profile``'s deployment: an ALP predictor with the profile's
         bottleneck table and prior, and the per-round overhead (host launch, token return,
         activation transfers of a 2048-token microbatch) the profile states."""
@@ -232,6 +251,7 @@ class PredictiveChunkPolicy:
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
+
         def meets(capacity: float, round_s: float) -> bool:
             return capacity >= required
 
@@ -267,14 +287,19 @@ class PredictiveChunkPolicy:
         the predictor's time of a microbatch of c prompt tokens)."""
         if self._tile is None or self._tile[0] != cands:
             predict = self.predictor.predict_one
-            index = efficient_tile_index(cands, lambda c: predict(c, 0, 0, 0),
-                                         self.config.tile_tolerance)
+            index = efficient_tile_index(cands, lambda c: predict(c, 0, 0, 0), self.config.tile_tolerance)
             self._tile = (cands, index)
         return self._tile[1]
 
-    def _scan(self, view: PolicyView, cands: tuple[int, ...], start: int, stop: int,
-              meets: Callable[[float, float], bool],
-              tpot_budget: float) -> tuple[int, float, float, bool]:
+    def _scan(
+        self,
+        view: PolicyView,
+        cands: tuple[int, ...],
+        start: int,
+        stop: int,
+        meets: Callable[[float, float], bool],
+        tpot_budget: float,
+    ) -> tuple[int, float, float, bool]:
         """Candidates [start, stop) in ascending order: (index, capacity, beat, met) of the
         first whose (capacity, round time) ``meets`` the load, else of the largest TPOT-safe
         one (met False), else (-1, 0, 0, False). The round time is D_p beats plus the round
@@ -380,8 +405,9 @@ class PredictiveChunkPolicy:
                     break
         return stream
 
-    def _done(self, chunk: int, reason: str, required: float = 0.0, capacity: float = 0.0,
-              beat: float = 0.0) -> int:
+    def _done(
+        self, chunk: int, reason: str, required: float = 0.0, capacity: float = 0.0, beat: float = 0.0
+    ) -> int:
         self.last_reason = reason
         self.last = Decision(chunk, reason, required, capacity, beat)
         self.reasons[reason.split(":")[0]] += 1
@@ -407,8 +433,7 @@ class PredictiveChunkPolicy:
         if rec.stage >= self._num_stages - 1:
             del self._beats[rec.mb_id]
             r = entry[1]
-            self.predictor.learn_one(r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx,
-                                     entry[0])
+            self.predictor.learn_one(r.num_tokens, r.sum_past_x_pre, r.sum_pre_sq, r.sum_dec_ctx, entry[0])
 
 
 pickle_by_constructor(Decision)

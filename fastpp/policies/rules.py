@@ -54,8 +54,9 @@ def kv_pressure_index(view: PolicyView, candidates: tuple[int, ...]) -> int:
     return index_above(candidates, max_running(view))
 
 
-def efficient_tile_index(candidates: tuple[int, ...], time_of: Callable[[int], float],
-                         tolerance: float) -> int:
+def efficient_tile_index(
+    candidates: tuple[int, ...], time_of: Callable[[int], float], tolerance: float
+) -> int:
     """Index of the smallest candidate c whose time per token ``time_of(c) / c`` is at most
     ``tolerance`` x the largest candidate's: below it a microbatch pays for tokens it does not
     carry. ``time_of`` is a latency prediction of a microbatch of c prompt tokens."""

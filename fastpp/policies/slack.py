@@ -82,8 +82,12 @@ class SlackPolicy(PredictiveChunkPolicy):
 
     observes: ClassVar[bool] = True
 
-    def __init__(self, predictor: LatencyPredictor, config: SlackConfig | None = None,
-                 candidates: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        predictor: LatencyPredictor,
+        config: SlackConfig | None = None,
+        candidates: tuple[int, ...] | None = None,
+    ) -> None:
         self.slack = config or SlackConfig()
         super().__init__(predictor, self.slack.predictive, candidates)
         self._seen: dict[int, tuple[float, int]] = {}  # req_id -> (first seen decoding, tokens)
@@ -95,8 +99,12 @@ class SlackPolicy(PredictiveChunkPolicy):
         self.num_parks = self.num_restores = 0
 
     @classmethod
-    def from_profile(cls, profile: Profile, config: SlackConfig | None = None,  # type: ignore[override]
-                     candidates: tuple[int, ...] | None = None) -> SlackPolicy:
+    def from_profile(
+        cls,
+        profile: Profile,
+        config: SlackConfig | None = None,  # type: ignore[override]
+        candidates: tuple[int, ...] | None = None,
+    ) -> SlackPolicy:
         """A policy for ``profile``'s deployment: its ALP predictor and round overhead, as
         ``PredictiveChunkPolicy.from_profile`` sets them."""
         cfg = config or SlackConfig()
@@ -218,14 +226,19 @@ class SlackPolicy(PredictiveChunkPolicy):
             deadline = view.now - scfg.max_park_slo_ratio * view.slo.tpot_s
             room = (-running) % unit if running else unit  # up to the next tile boundary
             for r in view.iter_parked():  # longest parked first
-                due = (r.parked_at is not None and r.parked_at <= deadline) or \
-                    self._bank_of(view, r.req_id, r.num_generated) < need
+                due = (r.parked_at is not None and r.parked_at <= deadline) or self._bank_of(
+                    view, r.req_id, r.num_generated
+                ) < need
                 if due or len(restore) < room:
                     restore.append(r.req_id)
         park: list[int] = []
         excess = (running + len(restore)) % unit
-        if (not restore and running > unit and 0 < excess <= scfg.park_excess_ratio * unit
-                and not self._prefill_pressure(view)):
+        if (
+            not restore
+            and running > unit
+            and 0 < excess <= scfg.park_excess_ratio * unit
+            and not self._prefill_pressure(view)
+        ):
             rich = sorted(((b, i) for i, b in self._banks.items() if b >= need), reverse=True)
             if len(rich) >= excess:
                 park = [i for _, i in rich[:excess]]
@@ -233,8 +246,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             return NO_BALANCE
         self.num_parks += len(park)
         self.num_restores += len(restore)
-        return BalancePlan(tuple(park), tuple(restore),
-                           f"slack: park {len(park)}, restore {len(restore)}")
+        return BalancePlan(tuple(park), tuple(restore), f"slack: park {len(park)}, restore {len(restore)}")
 
     def _round_estimate(self, view: PolicyView) -> float:
         """The last slot round (a token gap sample), else the SLO TPOT."""

@@ -161,8 +161,9 @@ class UpstreamChunkPolicy:
                 self.fit = None
 
     @classmethod
-    def from_latency(cls, config: UpstreamChunkConfig,
-                     latency_s: Callable[[int], float]) -> UpstreamChunkPolicy:
+    def from_latency(
+        cls, config: UpstreamChunkConfig, latency_s: Callable[[int], float]
+    ) -> UpstreamChunkPolicy:
         """Time upstream's grid with ``latency_s`` and fit once."""
         lengths = profile_lengths(config.chunk)
         return cls(config, QuadraticFit.fit(lengths, [latency_s(n) for n in lengths]))
@@ -223,8 +224,8 @@ def build_upstream(arg: str | None, ctx: PolicyContext) -> UpstreamChunkPolicy:
         try:
             chunk = int(arg)
         except ValueError:
-            raise ValueError(
-                f"upstream chunk must be an integer number of tokens, got {arg!r}") from None
-    config = UpstreamChunkConfig(chunk=chunk, page_size=ctx.config.page_size,
-                                 max_context=ctx.config.max_context)
+            raise ValueError(f"upstream chunk must be an integer number of tokens, got {arg!r}") from None
+    config = UpstreamChunkConfig(
+        chunk=chunk, page_size=ctx.config.page_size, max_context=ctx.config.max_context
+    )
     return UpstreamChunkPolicy.from_profile(config, ctx.require_profile("upstream"))

