@@ -37,6 +37,7 @@ from fastpp.alp_rls import MIN_PREDICTION_S, AlpBeatModel
 from fastpp.predictor_fit import (
     DEPLOYMENT_KEYS,
     PREDICTOR_SCHEMA_VERSION,
+    DeploymentKeys,
     alp_prior,
     apply_params,
     as_features,
@@ -55,6 +56,7 @@ from fastpp.profile import LinearTable, Profile
 
 __all__ = [
     "ALPPredictor",
+    "BatchPredictor",
     "LatencyPredictor",
     "SklearnPredictor",
     "TokensOnlyPredictor",
@@ -88,6 +90,15 @@ class LatencyPredictor(Protocol):
         self, num_tokens: int, sum_past_x_pre: float, sum_pre_sq: float, sum_dec_ctx: float, duration_s: float
     ) -> float:
         """Learn from one measured beat; returns the prediction error before learning."""
+        ...
+
+
+class BatchPredictor(Protocol):
+    """What :func:`mape` scores: scikit-learn's ``predict`` on an (n, 4) feature matrix, giving
+    n beat seconds (the batch side every predictor here has beside :class:`LatencyPredictor`)."""
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted beat seconds for X (n, 4)."""
         ...
 
 
@@ -331,10 +342,12 @@ class _OnlinePredictor(ABC):
         """Read a file written by ``save`` for THIS deployment. Raises ValueError, naming both
         deployments, when the file was made for another (model, hardware, pp, tp), and naming
         the file for a malformed one."""
-        want = {"model": model, "hardware": hardware, "pp": pp, "tp": tp}
+        want: DeploymentKeys = {"model": model, "hardware": hardware, "pp": pp, "tp": tp}
         doc = read_predictor_file(path, cls.__name__, want)
         try:
-            params = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["params"].items()}
+            params: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in doc["params"].items()
+            }
             table = LinearTable(tuple(doc["table"]["tokens"]), tuple(doc["table"]["seconds"]))
             obj = cls(table, **params, **want)
             k = len(obj._scales())
@@ -473,7 +486,7 @@ class TokensOnlyPredictor(_OnlinePredictor):
         return error
 
 
-def mape(predictor: LatencyPredictor, X: Any, y: Any) -> float:
+def mape(predictor: BatchPredictor, X: Any, y: Any) -> float:
     """Mean absolute percentage error of ``predictor.predict(X)`` against ``y`` seconds, as a
     fraction (0.035 means 3.5%). ``y`` must be > 0."""
     Xa = as_features(X)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -21,6 +21,16 @@ from fastpp.profile import LinearTable, Profile, StageCost
 
 PREDICTOR_SCHEMA_VERSION = 1
 DEPLOYMENT_KEYS = ("model", "hardware", "pp", "tp")
+
+
+class DeploymentKeys(TypedDict):
+    """The deployment a predictor is made for (``DEPLOYMENT_KEYS``, the constructor's keywords)."""
+
+    model: str
+    hardware: str
+    pp: int
+    tp: int
+
 
 # --------------------------------------------------------------------------- input checks
 
@@ -159,7 +169,7 @@ def alp_prior(profile: Profile) -> tuple[float, float, float, float]:
     return (stage.attn_past_x_pre_s, stage.attn_pre_sq_s, stage.attn_dec_ctx_s, profile_bias_s(profile))
 
 
-def deployment_keys(profile: Profile) -> dict[str, object]:
+def deployment_keys(profile: Profile) -> DeploymentKeys:
     """The (model, hardware, pp, tp) keys a predictor made for ``profile`` carries."""
     return {"model": profile.model.name, "hardware": profile.gpu, "pp": profile.pp, "tp": profile.tp}
 
@@ -184,7 +194,7 @@ def _fmt_deployment(dep: Any) -> str:
     return ", ".join(f"{k}={dep.get(k)!r}" for k in DEPLOYMENT_KEYS)
 
 
-def read_predictor_file(path: str | Path, kind: str, deployment: dict[str, Any]) -> dict[str, Any]:
+def read_predictor_file(path: str | Path, kind: str, deployment: DeploymentKeys) -> dict[str, Any]:
     """The JSON document at ``path`` after checking its schema version, its ``kind`` and that
     it was made for ``deployment``. Raises ValueError naming the file (and, for a deployment
     mismatch, both deployments): a file from another model, GPU or split is never reused."""
