@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from fastpp.profile import LinearTable
 
@@ -88,7 +89,7 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def table_points(
-    token_counts: Sequence[int], ratio: float = POINT_RATIO, min_count: int = POINT_MIN_COUNT
+    token_counts: Iterable[int], ratio: float = POINT_RATIO, min_count: int = POINT_MIN_COUNT
 ) -> tuple[int, ...]:
     """Table points for shapes with these token counts: every count seen at least ``min_count``
     times (its own value is well measured), the smallest and the largest count, and between
@@ -123,10 +124,10 @@ def _table_rows(ns: np.ndarray, points: Sequence[int]) -> np.ndarray:
 
 
 def fit_stage(
-    features: Sequence[Sequence[int]],
-    seconds: Sequence[float],
+    features: npt.ArrayLike,
+    seconds: npt.ArrayLike,
     tokens: Sequence[int],
-    sampled: Sequence[int] | None = None,
+    sampled: npt.ArrayLike | None = None,
 ) -> StageFit:
     """Fit ``seconds`` (one per shape) of shapes with ``features`` rows [N, sum_past_x_pre,
     sum_pre_sq, sum_dec_ctx]; ``tokens`` are the table's points and every N must be within 1 ..
