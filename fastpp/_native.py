@@ -158,7 +158,9 @@ def restore_docstrings(module: ModuleType) -> None:
         return
     module.__doc__ = ast.get_docstring(tree, clean=False)
     for node in tree.body:
-        cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(module, node.name, None)
         if isinstance(cls, type) and cls.__module__ == module.__name__:
             with contextlib.suppress(AttributeError, TypeError):
                 cls.__doc__ = ast.get_docstring(node, clean=False)

@@ -197,7 +197,7 @@ def read_length_csv(path: str | Path) -> LengthTable:
         raise WorkloadError(f"{path.name}: no data rows", path=path)
     outputs = np.array(output_lens, dtype=np.int64)
     num_clamped = int(np.count_nonzero(outputs == 0))
-    return LengthTable(prompt_lens, np.maximum(outputs, 1), path.name, num_clamped)
+    return LengthTable(np.array(prompt_lens, dtype=np.int64), np.maximum(outputs, 1), path.name, num_clamped)
 
 
 def read_azure_trace(path: str | Path) -> Trace:
@@ -258,4 +258,6 @@ def read_azure_trace(path: str | Path) -> Trace:
     arrival_s = np.array([ns - first for ns in arrival_ns], dtype=np.int64) / 1e9
     outputs = np.array(output_lens, dtype=np.int64)
     num_clamped = int(np.count_nonzero(outputs == 0))
-    return Trace(arrival_s, prompt_lens, np.maximum(outputs, 1), path.name, num_clamped)
+    return Trace(
+        arrival_s, np.array(prompt_lens, dtype=np.int64), np.maximum(outputs, 1), path.name, num_clamped
+    )

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
-from fastpp.policies.delay import DelayConfig, DelayScheduler
-from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig
+from fastpp.policies.delay import BalanceMode, DelayConfig, DelayScheduler
+from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig, Statistic
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
 from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.policies.upstream import UpstreamChunkConfig, UpstreamChunkPolicy, build_upstream
@@ -74,7 +75,10 @@ def _predictive(arg: str | None, ctx: PolicyContext) -> object:
     from fastpp.predictor import ALPPredictor, TokensOnlyPredictor
 
     profile = ctx.require_profile("predictive")
-    kinds = {"alp": ALPPredictor, "tokens": TokensOnlyPredictor}
+    kinds: dict[str, type[ALPPredictor] | type[TokensOnlyPredictor]] = {
+        "alp": ALPPredictor,
+        "tokens": TokensOnlyPredictor,
+    }
     if (arg or "alp") not in kinds:
         raise ValueError(f"predictive predictor must be one of {', '.join(kinds)}, got {arg!r}")
     policy = PredictiveChunkPolicy.from_profile(profile)
@@ -89,7 +93,8 @@ POLICIES: dict[str, PolicyInfo] = {
         f"tokens (default {DEFAULT_STATIC_CHUNK} in every executor)",
     ),
     "greedy": PolicyInfo(
-        lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=arg or "mean")),
+        # the user's text as given: GreedyConfig coerces it to a Statistic, or names the choices
+        lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=cast(Statistic, arg or "mean"))),
         "feedback controller (PAPER.md 3.1)",
         "statistic: mean | p90",
     ),
@@ -108,7 +113,8 @@ POLICIES: dict[str, PolicyInfo] = {
 BALANCERS: dict[str, PolicyInfo] = {
     "none": PolicyInfo(lambda arg, ctx: NoBalancer(), "never move decodes between microbatches"),
     "ds": PolicyInfo(
-        lambda arg, ctx: DelayScheduler(DelayConfig(mode=arg or "auto")),
+        # the user's text as given: DelayConfig coerces it to a BalanceMode, or names the choices
+        lambda arg, ctx: DelayScheduler(DelayConfig(mode=cast(BalanceMode, arg or "auto"))),
         "delay scheduling: park decodes just above a tile boundary (PAPER.md 4)",
         "mode: auto | tpot_first | e2e_first",
     ),
