@@ -83,9 +83,15 @@ def goodput(
         Path | None,
         typer.Option(
             "--plot",
-            help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder.",
+            help="Write goodput.json and its figures (probes against rate, goodput bars) into this folder; one that holds another goodput.json is refused unless --overwrite.",
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Let --plot replace the goodput.json and figures already in its folder."
+        ),
+    ] = False,
     profile: Annotated[
         str | None,
         typer.Option(
@@ -144,7 +150,13 @@ def goodput(
 
     check_profile_against(profile, model, gpu, deployments[0])
     if plot is not None:
+        from fastpp.cli.run_dirs import RunDirError, claim_result_dir
+
         writable_dir(plot, "--plot")
+        try:
+            claim_result_dir(plot, "goodput.json", overwrite=overwrite, option="--plot")
+        except RunDirError as exc:
+            fail(str(exc))
     if not steady and not as_json:
         err_console.print(
             "[yellow]--no-steady: probes are judged by the SLO alone; a run that ends "

@@ -89,3 +89,23 @@ def claim_out_dir(path: Path, *, overwrite: bool, option: str = "--out") -> Path
     if plots.is_dir() and all(f.is_file() and f.suffix in FIGURE_SUFFIXES for f in plots.iterdir()):
         shutil.rmtree(plots)
     return path
+
+
+def claim_result_dir(path: Path, result_file: str, *, overwrite: bool, option: str) -> Path:
+    """``path`` ready for a command that writes one ``result_file`` and its figures there
+    (``fastpp goodput --plot DIR``): refused with :class:`RunDirError` when ``result_file``
+    is already there (another run), unless ``overwrite``, which removes it and the figures
+    beside it (files with a figure suffix; any other file stays)."""
+    held = path / result_file
+    if not held.is_file():
+        return path
+    if not overwrite:
+        raise RunDirError(
+            f"{option} {path} already holds a run ({result_file}); pass --overwrite to replace it, "
+            f"or give another folder"
+        )
+    held.unlink()
+    for figure in path.iterdir():
+        if figure.is_file() and figure.suffix in FIGURE_SUFFIXES:
+            figure.unlink()
+    return path

@@ -31,6 +31,7 @@ _SHOWN = {
     "goodput": ("goodput", "margin", "attainment", "num_probes"),
     "best-static": ("goodput", "margin", "attainment", "num_candidates"),
 }
+SWEEP_RUNS = Path("runs/sweep")  # each sweep without --out gets a new folder here
 _AXES_SHOWN = (
     "metric",
     "workload",
@@ -146,8 +147,19 @@ def sweep(
         ),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output folder: results.jsonl (resumed) and results.csv.")
-    ] = Path("runs/sweep"),
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder: results.jsonl and results.csv. A folder with rows of this grid is resumed; one with rows of another grid is refused unless --overwrite. [default: a new folder per sweep, runs/sweep/YYYYmmdd-HHMMSS]",
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Let --out replace another grid's results (and plots) in its folder."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result rows as JSON.")] = False,
     plot: Annotated[
         bool, typer.Option("--plot", help="Also draw the figures (PNG and SVG) into OUT/plots.")
@@ -169,8 +181,12 @@ def sweep(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
+    from fastpp.cli.run_dirs import RunDirError, fresh_run_dir
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
 
+    models, gpus = _split(model), _split(gpu)
+    if profile is not None and (models or gpus):
+        models, gpus = _profile_axes(profile, models, gpus)
     try:
         values: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
         values.update(
@@ -182,8 +198,8 @@ def sweep(
                     "rate": _split(rate, float, "--rate"),
                     "chunk": _split(chunk, int, "--chunk"),
                     "deploy": _split(deploy),
-                    "gpu": _split(gpu),
-                    "model": _split(model),
+                    "gpu": gpus,
+                    "model": models,
                     "slo_scale": _split(slo_scale, float, "--slo-scale"),
                     "metric": metric,
                     "best_static": best_static or None,
@@ -202,10 +218,25 @@ def sweep(
             }
         )
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
-        plan = plan_sweep(grid_from_mapping(values), out)
+        sweep_grid = grid_from_mapping(values)
+        sweep_grid.expand()  # a bad grid fails before any folder is made
+        if out is None:
+            out = fresh_run_dir(SWEEP_RUNS)
+        plan = plan_sweep(sweep_grid, out)
+        if _other_grid_rows(plan):
+            if not overwrite:
+                raise RunDirError(
+                    f"--out {out} holds {_other_grid_rows(plan)} rows of another sweep grid; pass "
+                    "--overwrite to replace them, or give another --out (without --out, each sweep "
+                    "gets its own folder); a folder is resumed only by the grid that wrote it"
+                )
+            clear_sweep_dir(out)
+            plan = plan_sweep(sweep_grid, out)
     except (ValueError, OSError, ImportError) as exc:
         fail(str(exc))
         return
+    if plan.num_skipped == 0 and not as_json:
+        err_console.print(f"[dim]sweep folder {out} (resume an interrupted sweep with -o {out})[/]")
     for note in plan.notes:
         err_console.print(f"[yellow]{note}[/]")
     try:
@@ -250,6 +281,39 @@ def sweep(
         from fastpp.cli.plot_cmd import draw
 
         draw(result.jsonl_path)
+
+
+def _profile_axes(
+    profile: str, models: list[str] | None, gpus: list[str] | None
+) -> tuple[list[str] | None, list[str] | None]:
+    """With ``--profile``, a ``-m`` / ``--gpu`` naming the profile's own model and GPU adds
+    nothing (dropped); naming another is an error naming both (fastpp.cli.profile_conflict)."""
+    from fastpp.cli.profile_conflict import check_names_against, profile_model_and_gpu
+
+    try:
+        actual_model, actual_gpu = profile_model_and_gpu(profile)
+    except (ValueError, OSError) as exc:
+        fail(f"--profile {profile}: {exc}")
+    check_names_against(profile, actual_model, actual_gpu, models or [], gpus or [])
+    return None, None
+
+
+def _other_grid_rows(plan: SweepPlan) -> int:
+    """Rows in the plan's folder that are no point of its grid (another sweep wrote them)."""
+    own = {p.point_id for p in plan.points} | {t.point_id for t in plan.targets}
+    return sum(1 for point_id in plan.rows if point_id not in own)
+
+
+def clear_sweep_dir(out: Path) -> None:
+    """Remove what a sweep wrote in ``out``: its two tables and its plots folder."""
+    import shutil
+
+    from fastpp.sim.sweep import RESULTS_CSV, RESULTS_JSONL
+
+    for name in (RESULTS_JSONL, RESULTS_CSV):
+        (out / name).unlink(missing_ok=True)
+    if (out / "plots").is_dir():
+        shutil.rmtree(out / "plots")
 
 
 def _split(

@@ -9,7 +9,9 @@ error of the constants written down in ``hardware.py`` (the numbers profiles are
     python -m fastpp.sim.calibration            # report: MAPE / P95 APE per file and TP, steps
     python -m fastpp.sim.calibration --fit      # refit and print constants to paste
 
-The data directory is ``$FASTPP_VIDUR_DIR`` or ``<repo>/../shared/data/vidur_profiles``.
+The tables are ``vidur_profiles/`` in the data directory, found as every command finds it
+(``fastpp.data_dir``: ``--data-dir``, else ``$FASTPP_DATA_DIR``, else ``../shared/data`` beside
+the checkout); ``--data`` names a vidur_profiles folder directly.
 Units: seconds and bytes (vidur's files are in milliseconds; converted on load).
 """
 
@@ -18,13 +20,13 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
+from fastpp.data_dir import DataDirError, resolve_data_dir
 from fastpp.profile import ModelShape
 from fastpp.sim.analytic import layer_ops_s
 from fastpp.sim.hardware import (
@@ -52,6 +54,7 @@ LINEAR_OPS = (
 FILE_PREFIX_GPU = {"a100": "A100-80GB-SXM", "h100": "H100-SXM"}
 FAMILY_PREFIX = {"A100": "a100", "H100": "h100"}
 # Token counts shown to demonstrate the 128-token steps.
+VIDUR_SUBDIR = "vidur_profiles"  # in the data directory
 STEP_DEMO_TOKENS = (120, 128, 136, 192, 256, 264, 384, 512)
 # Parameters the fit moves (the rest of KernelEfficiency stays as written).
 FIT_FIELDS = ("gemm_flops_frac", "gemm_bw_frac", "gemm_floor_s", "elementwise_bw_frac", "elementwise_floor_s")
@@ -60,12 +63,10 @@ MS = 1e-3  # vidur times are in milliseconds
 MAX_FRACTION = 0.95
 
 
-def default_vidur_dir() -> Path:
-    """``$FASTPP_VIDUR_DIR`` if set, else ``../shared/data/vidur_profiles`` from the repo root."""
-    env = os.environ.get("FASTPP_VIDUR_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur_profiles"
+def default_vidur_dir(data_dir: str | Path | None = None) -> Path:
+    """``vidur_profiles`` in the data directory (``fastpp.data_dir.resolve_data_dir``: the
+    ``data_dir`` given, else ``$FASTPP_DATA_DIR``, else the checkout's ``../shared/data``)."""
+    return resolve_data_dir(data_dir) / VIDUR_SUBDIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,10 +409,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m fastpp.sim.calibration", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--data", type=Path, default=None, help="vidur_profiles directory")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--data-dir", type=Path, default=None, help="the data directory (holding vidur_profiles/)"
+    )
+    where.add_argument("--data", type=Path, default=None, help="a vidur_profiles directory itself")
     parser.add_argument("--fit", action="store_true", help="refit and print the constants")
     args = parser.parse_args(argv)
-    print(fit_report(args.data) if args.fit else report(args.data))
+    try:
+        tables = args.data if args.data is not None else default_vidur_dir(args.data_dir)
+    except DataDirError as exc:
+        parser.error(str(exc))
+    if not tables.is_dir():
+        parser.error(f"vidur tables not found: {tables} (expected {VIDUR_SUBDIR}/ in the data directory)")
+    print(fit_report(tables) if args.fit else report(tables))
 
 
 if __name__ == "__main__":

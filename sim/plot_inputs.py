@@ -10,7 +10,8 @@ objects that wrote it. Three recognised inputs, found by their file layout, not 
   folder of several such (``runs/simulate``: :func:`select_runs` picks the newest);
 - a sweep table: ``results.jsonl`` or ``results.csv`` (one row per grid point: axis columns such
   as workload, policy, deployment, rate, slo_scale and metric columns such as goodput,
-  p90_ttft_ms), or a folder holding one;
+  p90_ttft_ms), or a folder holding one, or a folder of such folders (``runs/sweep``: the
+  newest);
 - ``fastpp goodput --json`` output: a list of ``{deployment, policy, goodput, probes: [...]}``.
 
 Rows stay dicts so that columns added later pass through; every reader of a metric goes through
@@ -392,6 +393,9 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
             _is_run(d) or (d / "summary.json").is_file() for d in _subdirs(path)
         ):
             return "run_dir", path
+        sweeps = [d for d in _subdirs(path) if any((d / n).is_file() for n in RESULTS_NAMES)]
+        if sweeps:  # a folder of sweeps (runs/sweep): the newest one, never several mixed
+            return "sweep", max(sweeps, key=lambda d: (_newest_table_mtime(d), d.name))
     elif path.suffix in (".jsonl", ".csv"):
         return "sweep", path
     elif path.suffix == ".json":
@@ -403,6 +407,10 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
         f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a run "
         f"folder, a sweep results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)"
     )
+
+
+def _newest_table_mtime(folder: Path) -> float:
+    return max((folder / n).stat().st_mtime for n in RESULTS_NAMES if (folder / n).is_file())
 
 
 def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:

@@ -159,3 +159,16 @@ def test_link_constants_match_measurements():
                 link = INTERCONNECTS[name]
                 err = p2p_mape(link, data) if "send_recv" in file else ring_mape(link, data)
                 assert err < MAX_LINK_MAPE, (name, file, data.num_workers, err)
+
+
+def test_calibration_tables_are_found_through_the_data_directory(monkeypatch, tmp_path):
+    from fastpp.data_dir import DataDirError
+    from fastpp.sim.calibration import default_vidur_dir
+
+    monkeypatch.setenv("FASTPP_DATA_DIR", str(tmp_path))
+    (tmp_path / "given").mkdir()
+    assert default_vidur_dir() == tmp_path / "vidur_profiles"
+    assert default_vidur_dir(tmp_path / "given") == tmp_path / "given" / "vidur_profiles"
+    monkeypatch.setenv("FASTPP_DATA_DIR", str(tmp_path / "missing"))
+    with pytest.raises(DataDirError, match="FASTPP_DATA_DIR"):
+        default_vidur_dir()

@@ -439,3 +439,33 @@ def test_chunk_candidates_option(tmp_path):
     assert res.exit_code == 0, res.output
     res = invoke("simulate", "-n", "20", "--chunk-candidates", "512,64", "-o", str(tmp_path))
     assert res.exit_code == 2 and "strictly ascending" in " ".join(res.output.split())
+
+
+def test_goodput_plot_folder_holding_another_run_is_refused_or_replaced(tmp_path):
+    args = ["goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512"]
+    args += ["--seeds", "1", "--precision", "4", "-n", "40", "--plot", str(tmp_path)]
+    assert invoke(*args).exit_code == 0
+    (tmp_path / "notes.txt").write_text("mine")
+    first = (tmp_path / "goodput.json").read_text()
+    res = invoke(*args)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"--plot {tmp_path} already holds a run (goodput.json)" in text
+    assert (tmp_path / "goodput.json").read_text() == first and "searching" not in text
+    res = invoke(*args, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "goodput.png").is_file()
+
+
+def test_plot_of_a_folder_of_sweeps_draws_the_newest_alone(tmp_path):
+    import os
+
+    rows = [{"metric": "simulate", "workload": "w", "policy": "static:512", "rate": r} for r in (1.0, 2.0)]
+    for name, p90 in (("old", 100.0), ("new", 300.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = [json.dumps({**row, "p90_ttft_ms": p90 * row["rate"], "p90_tpot_ms": 50.0}) for row in rows]
+        (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
+    os.utime(tmp_path / "old" / "results.jsonl", (1, 1))
+    from fastpp.sim.plot_inputs import detect
+
+    assert detect(tmp_path) == ("sweep", tmp_path / "new")

@@ -384,3 +384,36 @@ def test_cli_unknown_grid_key(tmp_path):
 
 def test_module_exports():
     assert {"SweepGrid", "run_sweep", "plan_sweep", "execute_plan"} <= set(sweep_mod.__all__)
+
+
+def test_cli_sweeps_get_their_own_folder_and_an_out_of_another_grid_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["sweep", *CLI_TINY, "-d", "pp2", "-p", "static:512", "--json"]
+    for rate in ("1", "2"):  # without -o: a new folder each
+        assert runner.invoke(app, [*base, "-r", rate]).exit_code == 0
+    folders = sorted((tmp_path / "runs" / "sweep").iterdir())
+    assert len(folders) == 2 and all((f / RESULTS_CSV).is_file() for f in folders)
+    out = tmp_path / "out"
+    assert runner.invoke(app, [*base, "-r", "1", "-o", str(out)]).exit_code == 0
+    res = runner.invoke(app, [*base, "-r", "1,2", "-o", str(out)])  # a superset resumes
+    assert res.exit_code == 0 and json.loads(res.stdout)["num_skipped"] == 1
+    res = runner.invoke(app, [*base, "-r", "4", "-o", str(out)])  # another grid: refused, kept
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"--out {out} holds 2 rows of another sweep grid" in text
+    assert "--overwrite" in text and len((out / RESULTS_CSV).read_text().splitlines()) == 3
+    res = runner.invoke(app, [*base, "-r", "4", "-o", str(out), "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert [r["rate"] for r in json.loads(res.stdout)["rows"]] == [4.0]
+    assert len((out / RESULTS_CSV).read_text().splitlines()) == 2
+
+
+def test_cli_sweep_profile_with_a_conflicting_model_is_an_error_naming_both(tmp_path):
+    profile = "a100-40gb-pcie_qwen2.5-32b_pp4"
+    args = ["sweep", "--profile", profile, "-n", "20", "-r", "1", "--executor", "serial"]
+    res = runner.invoke(app, [*args, "-m", "Qwen2.5-72B", "-o", str(tmp_path / "a")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"--profile {profile} is Qwen2.5-32B on A100-40GB-PCIe" in text
+    assert "-m/--model Qwen2.5-72B (the profile's is Qwen2.5-32B)" in text
+    res = runner.invoke(app, [*args, "-m", "Qwen2.5-32B", "-o", str(tmp_path / "b"), "--json"])
+    assert res.exit_code == 0, res.output  # the profile's own model is no conflict
+    assert {r["model"] for r in json.loads(res.stdout)["rows"]} == {"Qwen2.5-32B"}
