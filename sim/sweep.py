@@ -31,6 +31,7 @@ import numpy as np
 
 from fastpp.sim.analytic import analytic_profile
 from fastpp.sim.goodput import slo_goodput
+from fastpp.sim.goodput_fixed import fixed_goodput, parse_protocol
 from fastpp.sim.run import build_scheduler, run_simulation
 from fastpp.sim.sweep_grid import (
     AXIS_COLUMNS,
@@ -130,14 +131,23 @@ def evaluate_point(point: SweepPoint) -> dict[str, Any]:
             summary = run_simulation(workload, deployment, record_iterations=False).summary
             row.update({k: _plain(summary.get(k)) for k in SIMULATE_COLUMNS})
         else:
-            res = slo_goodput(
-                workload,
-                deployment,
-                seeds=point.seeds,
-                num_requests=point.num_requests,
-                precision=point.precision,
-                require_steady=point.steady,
-            )
+            if point.protocol is not None:
+                res = fixed_goodput(
+                    workload,
+                    deployment,
+                    parse_protocol(point.protocol, point.num_requests),
+                    seeds=point.seeds,
+                    precision=point.precision,
+                )
+            else:
+                res = slo_goodput(
+                    workload,
+                    deployment,
+                    seeds=point.seeds,
+                    num_requests=point.num_requests,
+                    precision=point.precision,
+                    require_steady=point.steady,
+                )
             row.update(
                 goodput=res.rate,
                 margin=res.margin,

@@ -6,7 +6,9 @@ computes is the grid's ``metric``:
 
 - ``simulate``: one ``run_simulation`` per (rate, seed): each seed is its own point and row.
 - ``goodput``: one ``slo_goodput`` per point, all seeds pooled; there is no rate axis.
-  ``steady=False`` drops the search's steady-queue rule (the paper's fixed-run protocol).
+  ``steady=False`` drops the search's steady-queue rule. ``protocol`` (``fixed`` or a preset
+  of ``fastpp.sim.goodput_fixed``, e.g. ``azure``) measures goodput under the paper's fixed-run
+  protocol instead (``fixed_goodput``; ``num_requests`` overrides the preset's N).
 - ``best-static``: goodput of every static candidate chunk (``chunks``, default 128..2048 step
   128) per (workload, model, GPU, deployment, SLO scale) group, plus one derived row naming the
   winner (the paper's PP_static). The candidates are ordinary goodput points.
@@ -16,8 +18,8 @@ an axis given as an empty list is an error, as is an unknown name: all of it is 
 grid is built, before any simulation runs.
 
 A point's ``point_id`` is a hash of everything that decides its result (axes, metric, seeds,
-request count, precision, base SLO, and ``steady`` when it is off), so it is stable across runs,
-machines and processes.
+request count, precision, base SLO, ``steady`` when it is off and ``protocol`` when given), so it is
+stable across runs, machines and processes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from fastpp.profile_names import resolve_profile
 from fastpp.scheduler_config import parse_chunk_candidates
 from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
+from fastpp.sim.goodput_fixed import parse_protocol
 from fastpp.sim.hardware import get_gpu
 from fastpp.sim.models import get_model
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
@@ -96,6 +99,7 @@ class SweepPoint:
     host_loop: str = "free-slots"
     chunk_candidates: tuple[int, ...] | None = None
     data_dir: str | None = None
+    protocol: str | None = None  # goodput under a fixed-run protocol (goodput_fixed), else steady
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -107,6 +111,8 @@ class SweepPoint:
             raise ValueError("a goodput point takes a precision and no rate")
         if self.metric == "simulate" and not self.steady:
             raise ValueError("steady applies to goodput points only")
+        if self.protocol is not None:
+            _check_protocol(self.protocol, self.metric, self.steady)
         ident = self.axes(with_id=False)
         if self.steady:  # the default leaves the ids of points made before the flag unchanged
             del ident["steady"]
@@ -146,6 +152,8 @@ class SweepPoint:
             "precision": self.precision,
             "steady": self.steady,
         }
+        if self.protocol is not None:  # steady-state rows (and ids) as before the field
+            row["protocol"] = self.protocol
         if not with_id:
             del row["point_id"]
         return row
@@ -233,6 +241,7 @@ class SweepGrid:
     host_loop: str = "free-slots"  # free-slots | batch-queue | blocking-launch
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies choose from
     data_dir: str | None = None  # folder with the real traces
+    protocol: str | None = None  # goodput: a fixed-run protocol (goodput_fixed) instead of steady
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -276,6 +285,9 @@ class SweepGrid:
             raise ValueError(f"steady must be true or false, got {self.steady!r}")
         if self.metric == "simulate" and not self.steady:
             raise ValueError("steady applies to metrics 'goodput' and 'best-static' only")
+        if self.protocol is not None:
+            kind = "simulate" if self.metric == "simulate" else "goodput"
+            _check_protocol(self.protocol, kind, self.steady)
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
         if self.profile is not None and (self.models is not None or self.gpus is not None):
@@ -331,6 +343,7 @@ class SweepGrid:
             "host_loop": self.host_loop,
             "chunk_candidates": self.chunk_candidates,
             "data_dir": self.data_dir,
+            "protocol": self.protocol,
         }
 
         points: list[SweepPoint] = []
@@ -413,6 +426,17 @@ def check_policy_name(spec: str) -> None:
         name = part.partition(":")[0]
         if name not in table:
             raise ValueError(f"unknown {kind} {name!r} in policy {spec!r}; known: {', '.join(table)}")
+
+
+def _check_protocol(protocol: str, metric: str, steady: bool) -> None:
+    """ValueError unless ``protocol`` names a fixed-run protocol usable on this point or grid."""
+    if metric == "simulate":
+        raise ValueError("protocol applies to metrics 'goodput' and 'best-static' only")
+    if protocol == "steady":
+        raise ValueError("protocol: leave it unset for the steady-state search")
+    if not steady:
+        raise ValueError("protocol: fixed runs have no steady-queue rule; leave steady at true")
+    parse_protocol(protocol, None)  # names the known protocols when it is none of them
 
 
 def static_chunk(policy: str | None) -> int | None:

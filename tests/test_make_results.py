@@ -5,6 +5,8 @@ section order whatever order they were added in."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,19 @@ TINY = dict(
 )
 
 
-def load_script():
+@pytest.fixture
+def script(monkeypatch):
+    """The script as the module ``make_results``, importable by the pool's spawned workers
+    (they take this process's sys.path), as it is when run as a script."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("make_results", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "make_results", module)
     spec.loader.exec_module(module)
     return module
 
 
-def test_background_sweeps_give_each_grid_its_own_rows(tmp_path, monkeypatch):
-    script = load_script()
+def test_background_sweeps_give_each_grid_its_own_rows(tmp_path, monkeypatch, script):
     grids = {
         "a": SweepGrid(**TINY, deployments=("pp2@static:512",)),
         "b": SweepGrid(**TINY, deployments=("pp2@static:512", "tp2@static:2048")),
@@ -43,8 +49,7 @@ def test_background_sweeps_give_each_grid_its_own_rows(tmp_path, monkeypatch):
         assert sweeps.rows(name) == alone
 
 
-def test_a_failed_sweep_is_raised_where_its_rows_are_asked_for(tmp_path, monkeypatch):
-    script = load_script()
+def test_a_failed_sweep_is_raised_where_its_rows_are_asked_for(tmp_path, monkeypatch, script):
     grids = {"a": SweepGrid(**TINY, deployments=("pp2@static:512",))}
     monkeypatch.setattr(script, "sweep_grids", lambda: grids)
 
@@ -58,11 +63,25 @@ def test_a_failed_sweep_is_raised_where_its_rows_are_asked_for(tmp_path, monkeyp
         sweeps.rows("a")
 
 
-def test_report_parts_come_out_in_section_order(tmp_path):
-    script = load_script()
+def test_report_parts_come_out_in_section_order(tmp_path, script):
     rep = script.Report(tmp_path)
     rep.add(5, "## 5. five")
     rep.add(1, "## 1. one")
     rep.add(2, "## 2. two")
     rep.add(1, "one, continued")
     assert rep.text() == "## 1. one\n\none, continued\n\n## 2. two\n\n## 5. five\n"
+
+
+def test_each_point_s_cpu_time_is_kept_and_rerun_drops_only_the_named_policy(tmp_path, monkeypatch, script):
+    grids = {"a": SweepGrid(**TINY, deployments=("pp2@static:512", "pp2@greedy", "pp2@greedy+ds"))}
+    monkeypatch.setattr(script, "sweep_grids", lambda: grids)
+    sweeps = script.SweepsInBackground(tmp_path, workers=1)
+    sweeps.start()
+    sweeps.rows("a")
+    cpu = json.loads((tmp_path / "point_cpu.json").read_text())
+    assert set(cpu) == sweeps.point_ids and all(v > 0 for v in cpu.values())
+    assert sweeps.cpu_of_all_points() == (sum(cpu.values()), 0)
+    assert script.drop_cached(tmp_path, ["greedy"]) == 2
+    again = script.SweepsInBackground(tmp_path, workers=1)
+    assert [p.policy for p in again.plans["a"].todo] == ["greedy", "greedy+ds"]
+    assert again.num_todo == 2 and len(again.point_ids) == 3
