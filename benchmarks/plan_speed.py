@@ -5,7 +5,9 @@
     python benchmarks/plan_speed.py --unpruned            # also the exhaustive plan, to count probes
 
 Prints the wall time, the CPU time of this process and its workers (on a shared machine the
-wall time also measures the other load: compare CPU / workers with wall), the probes run, and,
+wall time also measures the other load: compare CPU / workers with wall), the probes run, each
+candidate that was not pruned (its goodput, or the goodput it fell below, and its probes, or
+the ``+ds`` twin whose search it shares), and,
 with ``--unpruned``, the probes of the same plan without pruning (every candidate searched
 fully, as an exhaustive ``fastpp goodput`` over the candidates would) and the recommendation of
 both. No plan folder: nothing is read from or written to a cache.
@@ -35,11 +37,20 @@ def timed(config: PlanConfig, workers: int) -> tuple:
 def describe(name: str, plan, wall: float, cpu: float) -> str:
     best = plan.best
     pick = "none" if best is None else f"{best.label} at {best.goodput:.3g} req/s"
-    return (
+    head = (
         f"{name}: wall {wall:.1f} s, CPU {cpu:.1f} s; {len(plan.results)} candidates: "
         f"{plan.count('searched')} searched, {plan.count('beaten')} beaten, "
-        f"{plan.count('pruned')} pruned; {plan.probes_run} probes; best {pick}"
+        f"{plan.count('pruned')} pruned; {plan.num_shared} took their +ds twin's search; "
+        f"{plan.probes_run} probes; best {pick}"
     )
+    rows = [head]
+    for r in plan.results:
+        if r.status == "pruned":
+            continue
+        found = f"{r.goodput:.3f} req/s" if r.goodput is not None else f"< {r.below:.3f} req/s"
+        cost = f"= {r.shared_with}" if r.shared_with else f"{r.num_probes} probes"
+        rows.append(f"  {r.label:28} {r.status:8} {found:16} {cost}")
+    return "\n".join(rows)
 
 
 def main() -> None:

@@ -225,6 +225,8 @@ def find_goodput(
     max_rate: float | None = None,
     progress: Callable[[ProbeResult], None] | None = None,
     confirm: Callable[[float], ProbeResult] | None = None,
+    high_fails: bool = False,
+    defer_confirmation: bool = False,
 ) -> GoodputResult:
     """Highest rate r with ``criterion(r).ok``, assuming feasibility falls monotonically with r.
 
@@ -241,6 +243,19 @@ def find_goodput(
     says so), and every new pass is confirmed as it is probed (the first looks proved
     optimistic there; confirming only each new answer would walk down a step at a time). A
     confirmation replaces its probe and does not count against ``max_probes``.
+
+    ``high_fails``: ``high`` is known to fail (an upper bound on the answer, such as a
+    deployment's capacity bound under the steady-queue rule), so it is not probed: once ``low``
+    passes the bracket is [low, high] at once, which is where a failed probe at ``high`` would
+    have put it, so the search goes on exactly as it would have after that probe.
+
+    ``defer_confirmation``: after the first withdrawal, the highest pass below it is not
+    confirmed before the bisection above it (the eager confirmations there decide first): it
+    is confirmed only if no confirmed pass lands above it, and from a second withdrawal on the
+    rule above applies. With monotone first looks and confirmations the answer is the same
+    (the bisection between that pass and the withdrawn rate is the one the rule above runs
+    once it has confirmed the pass), one confirmation fewer whenever a pass above it confirms;
+    ``fastpp goodput`` keeps the rule above.
     """
     floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
     cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
@@ -320,7 +335,10 @@ def find_goodput(
 
     # bracket: lo = highest feasible rate seen (0 if none), hi = lowest infeasible (inf if none)
     lo, hi = 0.0, math.inf
-    if probe(low):
+    low_ok = probe(low)
+    if low_ok and high_fails:
+        lo, hi = low, high
+    elif low_ok:
         lo, rate = low, high
         while budget_left():
             if not probe(rate):
@@ -355,6 +373,8 @@ def find_goodput(
         below = [p.rate for p in probes if p.ok and p.rate < hi]
         lo = max((r for r in below if r in confirmed), default=0.0)
         pending = sorted(r for r in below if r > lo)
+        if defer_confirmation and pending:  # once: bisect above the highest pass, unconfirmed
+            defer_confirmation, lo, pending = False, pending[-1], []
         first = True
         while pending:  # the highest first (the likeliest answer), then by halves
             mid = pending[-1] if first else pending[len(pending) // 2]
@@ -470,6 +490,9 @@ def slo_goodput(
     progress: Callable[[ProbeResult], None] | None = None,
     require_steady: bool = True,
     converge: bool | None = None,
+    high_fails: bool = False,
+    defer_confirmation: bool = False,
+    on_open: Callable[[PipelineSimulation], None] | None = None,
 ) -> GoodputResult:
     """Goodput of ``deployment`` on ``workload``'s length distribution (module docstring rules).
 
@@ -483,6 +506,9 @@ def slo_goodput(
     ``converge`` (default: ``require_steady``) doubles a probe whose verdict its first half does
     not share (module docstring); ``num_requests`` is then the starting length. Off, every probe
     is one run of ``num_requests`` (the fixed-run protocol).
+    ``high_fails``: ``high`` is known infeasible and not probed; ``defer_confirmation``: the
+    first withdrawal's highest pass below is confirmed last (both ``find_goodput``).
+    ``on_open`` sees every simulation the search opens (to read its counters afterwards).
     """
     converge = require_steady if converge is None else converge
     if workload.replay is not None:
@@ -500,13 +526,20 @@ def slo_goodput(
     slo = deployment.slo
     span_s = probe_span_s(workload, slo)
 
+    def opened(sim: PipelineSimulation) -> PipelineSimulation:
+        if on_open is not None:
+            on_open(sim)
+        return sim
+
     def run(rate: float, n: int) -> list[list[RequestRecord]]:
         return [
-            open_simulation(
-                replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
-                deployment,
-                record_iterations=False,
-                record_token_times=False,
+            opened(
+                open_simulation(
+                    replace(workload, rate=rate, seed=seed, num_requests=n, duration_s=None),
+                    deployment,
+                    record_iterations=False,
+                    record_token_times=False,
+                )
             )
             .run()
             .records
@@ -616,7 +649,7 @@ def slo_goodput(
                 seed_ok=tuple(verdict([records], rate).ok for records in runs),
             )
         cap = max(n, MAX_REQUESTS_PER_SEED)
-        sims = open_probe_runs(workload, deployment, rate, seeds, cap)
+        sims = [opened(sim) for sim in open_probe_runs(workload, deployment, rate, seeds, cap)]
         for doubling in range(MAX_DOUBLINGS + 1):
             if doubling:
                 if n >= cap:
@@ -646,6 +679,8 @@ def slo_goodput(
         max_probes=max_probes,
         progress=progress,
         confirm=_collector_paused(confirm) if converge else None,
+        high_fails=high_fails,
+        defer_confirmation=defer_confirmation,
     )
     result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":

@@ -7,13 +7,22 @@ is the row a rerun would give.
 - Goodput: ``fastpp.sim.goodput.slo_goodput`` on one replica (a replica of dp under random
   routing of a Poisson stream sees rate / dp), the same search ``fastpp goodput`` runs; the
   deployment's goodput is dp times the replica's. The bracket starts from the capacity bound:
-  [bound / 2, bound], or, when a goodput to beat is given, [beat, bound].
+  [bound / 2, bound], or, when a goodput to beat is given, [beat, bound]. Under the
+  steady-queue rule the bound is not probed: at it the busiest resource is 100% busy and no
+  queue is stationary, so it is infeasible by the goodput definition (a probe there would
+  only close the bracket where it already is). When the first answer fails confirmation, the
+  pass below it is confirmed only if the bisection above it confirms none
+  (``find_goodput``'s ``defer_confirmation``: the same answer, often one confirmation fewer).
 - Challenge: with a goodput to beat, the first probe is at that rate (per replica); if it
   fails there, the candidate cannot win (feasibility is monotone in rate) and the job stops
   after that one probe ("beaten").
 - Binding limit at goodput: what failed at the lowest rate above it (TTFT, TPOT, queue growth),
   or "KV capacity" when a run at that rate that fails passes with twice the KV pool.
 - Operating point: latency percentiles and SLO attainment of a run at ``share`` x goodput.
+- Balancer moves: the row counts the decodes the balancer parked or restored over every
+  simulation the job ran. None (a ``+ds`` candidate whose delay scheduling never acted) means
+  every run was the run of the same chunk policy without a balancer, decision for decision, so
+  the planner gives that twin this row instead of searching it again.
 """
 
 from __future__ import annotations
@@ -22,15 +31,18 @@ import hashlib
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fastpp.metrics import summarize
+from fastpp.sim.engine import PipelineSimulation
 from fastpp.sim.goodput import UNSTEADY, GoodputResult, ProbeResult, judge_records, slo_goodput
 from fastpp.sim.plan_bound import CapacityBound
 from fastpp.sim.plan_candidates import DeploymentCandidate
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+from fastpp.types import RequestRecord
 
 OP_KEYS = (
     "median_ttft_ms",
@@ -82,6 +94,22 @@ class CandidateJob:
     profile_json: str | None = None  # a profile the worker writes and simulates (else names)
 
 
+class _MoveCount:
+    """The balancer counters of every simulation a job opens (``HostCounters``, kept by
+    reference: they hold no records, so the runs themselves are freed as usual)."""
+
+    def __init__(self) -> None:
+        self._counters: list[Any] = []
+
+    def __call__(self, sim: PipelineSimulation) -> None:
+        self._counters.append(sim.scheduler.host.counters)
+
+    @property
+    def moves(self) -> int:
+        """Decodes parked or restored so far, liveness restores included."""
+        return sum(c.parks + c.restores + c.liveness_restores for c in self._counters)
+
+
 class _Beaten(Exception):
     def __init__(self, probe: ProbeResult) -> None:
         super().__init__(probe.reason)
@@ -101,6 +129,9 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
         low, high = bound / 2, bound
     else:
         low, high = 2.0, 8.0
+    moves = _MoveCount()
+    # at or above the bound no queue is stationary: the steady rule fails it unprobed
+    high_fails = settings.require_steady and math.isfinite(bound) and high >= bound
     first: list[ProbeResult] = []
 
     def challenge(probe: ProbeResult) -> None:
@@ -121,6 +152,9 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
             max_probes=settings.max_probes,
             require_steady=settings.require_steady,
             progress=challenge,
+            high_fails=high_fails,
+            defer_confirmation=True,
+            on_open=moves,
         )
     except _Beaten as beaten:
         row.update(
@@ -129,6 +163,7 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
             num_probes=1,
             reason=beaten.probe.reason,
             binding=binding_from_reason(beaten.probe.reason),
+            balancer_moves=moves.moves,
         )
         return row
     row.update(
@@ -142,11 +177,12 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
         notes=list(res.notes),
         criterion=res.criterion,
     )
-    row.update(_binding(res, job.workload, dep, settings))
+    row.update(_binding(res, job.workload, dep, settings, moves, high if high_fails else None))
     if res.rate > 0:
         row["operating_point"] = operating_point(
-            job.workload, dep, res.rate * settings.operating_share, settings
+            job.workload, dep, res.rate * settings.operating_share, settings, moves
         )
+    row["balancer_moves"] = moves.moves
     return row
 
 
@@ -170,26 +206,38 @@ def binding_from_reason(reason: str) -> str:
 
 
 def _binding(
-    res: GoodputResult, workload: WorkloadConfig, dep: DeploymentConfig, settings: SearchSettings
+    res: GoodputResult,
+    workload: WorkloadConfig,
+    dep: DeploymentConfig,
+    settings: SearchSettings,
+    on_open: Callable[[PipelineSimulation], None] | None = None,
+    bound_rate: float | None = None,
 ) -> dict[str, Any]:
     """The limit at goodput: what the lowest failed probe above it names (TTFT, TPOT, queue
     growth), or "KV capacity" when, at that rate, a run that fails with the deployment's KV
-    pool passes with twice the pool (more memory would raise goodput)."""
+    pool passes with twice the pool (more memory would raise goodput). ``bound_rate``: the
+    unprobed capacity bound closing the bracket (the limit when no probe failed below it)."""
     failed = sorted(
         (p for p in res.probes if not p.ok and p.rate > res.rate and not p.reason.startswith("withdrawn")),
         key=lambda p: p.rate,
     )
+    if not failed and bound_rate is not None and res.rate > 0:
+        return {"binding": "capacity (the bound)", "binding_rate": bound_rate}
     if not failed:
         return {"binding": "none found (feasible at every probed rate)", "binding_rate": None}
     at = failed[0]
     binding = binding_from_reason(at.reason)
-    if binding != "KV capacity" and kv_relieves(workload, dep, at.rate, settings):
+    if binding != "KV capacity" and kv_relieves(workload, dep, at.rate, settings, on_open):
         binding = "KV capacity"
     return {"binding": binding, "binding_rate": at.rate, "binding_reason": at.reason}
 
 
 def kv_relieves(
-    workload: WorkloadConfig, dep: DeploymentConfig, rate: float, settings: SearchSettings
+    workload: WorkloadConfig,
+    dep: DeploymentConfig,
+    rate: float,
+    settings: SearchSettings,
+    on_open: Callable[[PipelineSimulation], None] | None = None,
 ) -> bool:
     """Does a run of ``binding_requests`` per seed at ``rate`` that fails the SLO pass with
     twice the KV pool? (False when it passes as it is: the short run cannot tell.)"""
@@ -199,16 +247,13 @@ def kv_relieves(
 
     def verdict(deployment: DeploymentConfig) -> bool:
         runs = [
-            open_simulation(
+            _run(
                 replace(
                     workload, rate=rate, seed=seed, num_requests=settings.binding_requests, duration_s=None
                 ),
                 deployment,
-                record_iterations=False,
-                record_token_times=False,
+                on_open,
             )
-            .run()
-            .records
             for seed in settings.seeds
         ]
         return judge_records(runs, dep.slo, rate=rate, require_steady=settings.require_steady).ok
@@ -217,23 +262,37 @@ def kv_relieves(
 
 
 def operating_point(
-    workload: WorkloadConfig, dep: DeploymentConfig, rate: float, settings: SearchSettings
+    workload: WorkloadConfig,
+    dep: DeploymentConfig,
+    rate: float,
+    settings: SearchSettings,
+    on_open: Callable[[PipelineSimulation], None] | None = None,
 ) -> dict[str, float]:
     """Latency percentiles (ms) and SLO attainment at ``rate`` (a replica's), every seed's
     ``operating_requests`` requests pooled."""
     records = []
     for seed in settings.seeds:
-        sim = open_simulation(
+        records += _run(
             replace(
                 workload, rate=rate, seed=seed, num_requests=settings.operating_requests, duration_s=None
             ),
             dep,
-            record_iterations=False,
-            record_token_times=False,
+            on_open,
         )
-        records += sim.run().records
     summary = summarize(records, slo=dep.slo)
     return {"replica_rate": rate, **{k: float(summary[k]) for k in OP_KEYS}}
+
+
+def _run(
+    workload: WorkloadConfig,
+    dep: DeploymentConfig,
+    on_open: Callable[[PipelineSimulation], None] | None,
+) -> list[RequestRecord]:
+    """The records of one whole run (no per-token times); ``on_open`` sees its simulation."""
+    sim = open_simulation(workload, dep, record_iterations=False, record_token_times=False)
+    if on_open is not None:
+        on_open(sim)
+    return sim.run().records
 
 
 def _with_profile(dep: DeploymentConfig, profile_json: str | None) -> DeploymentConfig:

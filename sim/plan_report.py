@@ -62,7 +62,7 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
             _f(r.bound_share, "{:.0%}"),
             _binding(r),
             *_latency(r),
-            str(r.num_probes),
+            f"= {r.shared_with.rpartition(' ')[2]}" if r.shared_with else str(r.num_probes),
             style=style,
         )
     if limit is not None and len(plan.results) > limit:
@@ -71,7 +71,9 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
         f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
         f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
         f"below the best goodput, so it cannot win (no probe); beaten: failed one "
-        f"probe at the best goodput (the limit it failed on). TTFT, TPOT, E2E: "
+        f"probe at the best goodput (the limit it failed on); probes '= P+ds': the "
+        f"search of its +ds twin, whose delay scheduling never moved a decode (the "
+        f"same simulations). TTFT, TPOT, E2E: "
         f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
         f"searched to {plan.precision:g} req/s per replica, seeds "
         f"{','.join(map(str, plan.seeds))} pooled. {ROUTING_NOTE}."
@@ -93,8 +95,10 @@ def verdict(plan: DeploymentPlan) -> list[str]:
     best = plan.best
     lines = [
         f"{plan.count('searched')} candidates searched, {plan.count('beaten')} beaten after "
-        f"one probe, {plan.count('pruned')} pruned by their bound: {plan.probes_run} goodput "
-        f"probes run, about {plan.probes_saved:.0f} saved; {plan.wall_s:.1f} s"
+        f"one probe, {plan.count('pruned')} pruned by their bound"
+        + (f", {plan.num_shared} took their +ds twin's search" if plan.num_shared else "")
+        + f": {plan.probes_run} goodput probes run, about {plan.probes_saved:.0f} saved; "
+        f"{plan.wall_s:.1f} s"
     ]
     if best is None:
         lines.append("no feasible deployment: " + no_feasible_reason(plan))

@@ -2,8 +2,11 @@
 
 Statuses: ``searched`` (a full goodput search), ``beaten`` (failed one probe at the best goodput
 already found, so it cannot win; its goodput is below that), ``pruned`` (its capacity bound is
-below the best goodput found: no probe run). Ranking: goodput, then SLO attainment at goodput,
-then fewer GPUs per replica (fewer links to go wrong), then the policy name.
+below the best goodput found: no probe run). A searched or beaten candidate may be
+``shared_with`` its ``+ds`` twin: the twin's delay scheduling never moved a decode, so the two
+ran the same simulations and the twin's search stands for both (no probe of its own).
+Ranking: goodput, then SLO attainment at goodput, then fewer GPUs per replica (fewer links to
+go wrong), then the policy name.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class CandidateResult:
     below: float | None = None  # beaten / pruned: goodput is below this (deployment req/s)
     operating_point: dict[str, float] = field(default_factory=dict)  # latencies at share x goodput
     cached: bool = False  # read from the plan folder instead of computed
+    shared_with: str = ""  # the +ds twin whose search this is (its balancer never acted)
 
     @property
     def label(self) -> str:
@@ -84,6 +88,7 @@ class CandidateResult:
             "num_probes": self.num_probes,
             "operating_point": self.operating_point,
             "cached": self.cached,
+            "shared_with": self.shared_with,
         }
 
     @classmethod
@@ -101,6 +106,7 @@ class CandidateResult:
                 reason=row.get("reason", ""),
                 below=row["beaten_at"],
                 cached=cached,
+                shared_with=row.get("shared_with", ""),
             )
         return cls(
             candidate,
@@ -115,6 +121,7 @@ class CandidateResult:
             reason=row.get("reason", ""),
             operating_point=dict(row.get("operating_point") or {}),
             cached=cached,
+            shared_with=row.get("shared_with", ""),
         )
 
 
@@ -150,17 +157,23 @@ class DeploymentPlan:
         return sum(r.status == status for r in self.results)
 
     @property
+    def num_shared(self) -> int:
+        """Candidates that took their ``+ds`` twin's search instead of one of their own."""
+        return sum(bool(r.shared_with) for r in self.results)
+
+    @property
     def probes_run(self) -> int:
         return sum(r.num_probes for r in self.results if not r.cached)
 
     @property
     def probes_saved(self) -> float:
         """Estimated probes the pruning saved: a pruned candidate would have cost a full
-        search (the searched candidates' mean), a beaten one that less its one probe."""
-        full = [r.num_probes for r in self.results if r.status == "searched"]
+        search (the searched candidates' mean), a beaten one that less its one probe (shared
+        candidates ran none and count as neither)."""
+        full = [r.num_probes for r in self.results if r.status == "searched" and not r.shared_with]
         mean = sum(full) / len(full) if full else 0.0
         return self.count("pruned") * mean + sum(
-            max(0.0, mean - r.num_probes) for r in self.results if r.status == "beaten"
+            max(0.0, mean - r.num_probes) for r in self.results if r.status == "beaten" and not r.shared_with
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +194,7 @@ class DeploymentPlan:
             "routing": ROUTING_NOTE,
             "best": None if best is None else best.label,
             "counts": {s: self.count(s) for s in STATUSES},
+            "shared_with_twin": self.num_shared,
             "probes_run": self.probes_run,
             "probes_saved_estimate": self.probes_saved,
             "wall_s": self.wall_s,

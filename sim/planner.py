@@ -7,10 +7,14 @@ replicas, which chunk policy, and how many req/s?" The planner
 1. lists the layouts dp x tp x pp = N that fit memory (``plan_candidates``; the others with
    the reason), times the policy grid;
 2. bounds each candidate from the cost model (``plan_bound``: the rate at which the busiest
-   stage, the host or the KV pool would be 100% busy) and searches them in order of that bound;
+   stage, the host or the KV pool would be 100% busy) and searches the layouts in order of
+   their highest bound, within a layout the dynamic policies first, then the static chunks by
+   bound, each ``+ds`` candidate before its twin without delay scheduling (``search_order``);
 3. searches each with the goodput search of ``fastpp goodput`` on one replica (``plan_job``),
-   skipping a candidate whose bound is below the best goodput found (it cannot win) and
-   stopping after one probe a candidate that fails at that goodput;
+   skipping a candidate whose bound is below the best goodput found (it cannot win),
+   stopping after one probe a candidate that fails at that goodput, and giving a candidate
+   the row of its ``+ds`` twin when that twin's delay scheduling never moved a decode (then
+   both ran the very same simulations: delay scheduling only acts by parking and restoring);
 4. reports, per candidate, goodput, goodput per GPU, the share of the bound reached, the limit
    that binds at goodput and the latency at an operating point below it (``plan_result``).
 
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpp.policies.base import NoBalancer
 from fastpp.profile import ModelShape, Profile, load_profile
 from fastpp.profile_names import resolve_profile
 from fastpp.sim.analytic import analytic_profile
@@ -61,13 +66,14 @@ __all__ = [
     "sample_lengths",
 ]
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler
+from fastpp.sim.sweep_grid import static_chunk
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
 from fastpp.workloads import WORKLOADS
 
 PLAN_JSONL = "plan.jsonl"
 LENGTH_SAMPLES = 4000  # workload requests sampled for the P99 request and the bound
-PLAN_METHOD = 2  # version of the job rules; part of every cache key
+PLAN_METHOD = 3  # version of the job rules; part of every cache key (3: the bound unprobed)
 Progress = Callable[[int, int, str], None]  # (candidates done, candidates, last finished label)
 
 
@@ -89,6 +95,7 @@ class PlanConfig:
     data_dir: str | None = None
     settings: SearchSettings = field(default_factory=SearchSettings)
     prune: bool = True  # False: search every candidate fully (the exhaustive check)
+    share_twins: bool = True  # False: search a candidate even when its +ds twin's runs are its own
 
     def __post_init__(self) -> None:
         if isinstance(self.policies, str):  # the --policies spelling
@@ -147,12 +154,15 @@ def plan_deployment(
         for policy in config.policies.for_layout(lay.fit.layout)
     ]
     jobs: list[CandidateJob] = []
+    unbalanced: set[tuple[Layout, str]] = set()  # candidates whose policy moves no decode
     for lay, cand in candidates:
         dep = replace(lay.deployment, policy=cand.policy)
         try:
-            build_scheduler(lay.profile, dep)
+            scheduler = build_scheduler(lay.profile, dep)
         except ValueError as exc:
             raise ValueError(f"{cand.label}: {exc}") from None
+        if isinstance(scheduler.balancer, NoBalancer):
+            unbalanced.add((cand.layout, cand.policy))
         bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates), cand.layout.dp)
         jobs.append(
             CandidateJob(
@@ -165,7 +175,14 @@ def plan_deployment(
                 profile_json=lay.profile_json,
             )
         )
-    jobs.sort(key=lambda j: -j.bound.rate)
+    jobs = search_order(jobs)
+    by_candidate = {(j.candidate.layout, j.candidate.policy): j for j in jobs}
+    twins = {  # a candidate without a balancer -> its +ds twin (same chunk policy)
+        j.job_id: twin
+        for j in jobs
+        if (j.candidate.layout, j.candidate.policy) in unbalanced
+        and (twin := by_candidate.get((j.candidate.layout, f"{j.candidate.policy}+ds"))) is not None
+    }
     notes = [
         f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
         f"sampled); a layout's KV pool must hold it"
@@ -176,7 +193,7 @@ def plan_deployment(
             "builds up (goodput above the bound), and pruning by the bound then drops "
             "candidates a steady search would rank: for quick looks only"
         )
-    results = _search(jobs, config, executor, workers, ray_address, out_dir, progress, notes)
+    results = _search(jobs, twins, config, executor, workers, ray_address, out_dir, progress, notes)
     results.sort(key=lambda r: (r.status == "pruned", r.status == "beaten", r.rank_key()))
     return DeploymentPlan(
         model=model.name,
@@ -196,6 +213,33 @@ def plan_deployment(
         notes=tuple(notes),
         cost_source=source,
     )
+
+
+def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
+    """The order candidates are searched in: layouts by their highest bound; within a layout
+    the dynamic policies (which reach the larger share of a bound when the chunk matters), then
+    static chunks by bound; a ``+ds`` candidate just before its twin without it, whose search
+    it may stand in for. Any order gives the same pruning verdicts (a candidate is pruned only
+    when its bound is below a goodput found); a good first goodput makes the challenges that
+    follow cheap."""
+    layout_bound: dict[Layout, float] = {}
+    for j in jobs:
+        layout = j.candidate.layout
+        layout_bound[layout] = max(layout_bound.get(layout, 0.0), j.bound.rate)
+
+    def key(j: CandidateJob) -> tuple:
+        chunk_part, _, balancer = j.candidate.policy.partition("+")
+        return (
+            -layout_bound[j.candidate.layout],
+            j.candidate.layout,
+            static_chunk(chunk_part) is not None,
+            -j.bound.rate,
+            chunk_part,
+            balancer != "ds",
+            balancer,
+        )
+
+    return sorted(jobs, key=key)
 
 
 def sample_lengths(workload: WorkloadConfig) -> list[tuple[int, int]]:
@@ -294,6 +338,7 @@ def _job_id(
 
 def _search(
     jobs: Sequence[CandidateJob],
+    twins: dict[str, CandidateJob],
     config: PlanConfig,
     executor: str,
     workers: int | None,
@@ -302,7 +347,9 @@ def _search(
     progress: Progress | None,
     notes: list[str],
 ) -> list[CandidateResult]:
-    """Search ``jobs`` (highest bound first), pruning on the best goodput found so far."""
+    """Search ``jobs`` in their order, pruning on the best goodput found so far; a job with a
+    twin in ``twins`` waits for it, and takes its row when the twin's balancer never moved a
+    decode."""
     cached: dict[str, dict[str, Any]] = {}
     path = None
     if out_dir is not None:
@@ -312,14 +359,34 @@ def _search(
         notes += dropped
         cached = {r["point_id"]: r for r in rows.values()}
     results: dict[str, CandidateResult] = {}
+    rows: dict[str, dict[str, Any]] = {}
     best = 0.0
 
     def record(job: CandidateJob, row: dict[str, Any], from_cache: bool) -> None:
         nonlocal best
         result = CandidateResult.from_row(job.candidate, job.bound, row, cached=from_cache)
         results[job.job_id] = result
+        rows[job.job_id] = row
         if result.goodput is not None:
             best = max(best, result.goodput)
+
+    def twin_row(job: CandidateJob) -> dict[str, Any] | None:
+        """The twin's row as this job's, when the twin's delay scheduling never acted."""
+        twin = twins.get(job.job_id) if config.share_twins else None
+        row = None if twin is None else rows.get(twin.job_id)
+        if twin is None or row is None or row.get("balancer_moves") != 0:
+            return None
+        return {
+            **row,
+            "job_id": job.job_id,
+            "label": job.candidate.label,
+            "num_probes": 0,
+            "shared_with": twin.candidate.label,
+        }
+
+    def waits(job: CandidateJob) -> bool:
+        twin = twins.get(job.job_id) if config.share_twins else None
+        return twin is not None and twin.job_id in in_flight
 
     for job in jobs:  # full searches first: they set the bar the rest must clear
         row = cached.get(job.job_id)
@@ -337,9 +404,11 @@ def _search(
     fh = path.open("a") if path is not None else None
     try:
         while pending or in_flight:
-            while pending and (runner is None or len(in_flight) < runner.capacity):
-                job = pending.pop(0)
+            i = 0
+            while i < len(pending):
+                job = pending[i]
                 row = cached.get(job.job_id)
+                shared = twin_row(job)
                 if (
                     config.prune
                     and row is not None
@@ -351,12 +420,23 @@ def _search(
                     results[job.job_id] = CandidateResult(
                         job.candidate, job.bound, "pruned", below=job.bound.rate
                     )
-                else:
+                elif shared is not None:
+                    record(job, shared, False)
+                    if fh is not None:
+                        append_row(fh, {"point_id": job.job_id, **shared})
+                elif waits(job):  # its twin's row may stand in for its search
+                    i += 1
+                    continue
+                elif runner is None or len(in_flight) < runner.capacity:
                     if runner is None:
                         runner = make_runner(executor, workers=workers, ray_address=ray_address)
                     in_flight[job.job_id] = job
                     runner.submit(replace(job, beat=best if config.prune else 0.0))
+                    pending.pop(i)
                     continue
+                else:  # every worker busy: the next job in order waits for one
+                    break
+                pending.pop(i)
                 done += 1
                 if progress is not None:
                     progress(done, total, job.candidate.label)

@@ -104,6 +104,98 @@ def test_the_answer_is_confirmed_and_a_withdrawn_pass_closes_the_bracket(
     assert sum("failed confirmation" in n for n in result.notes) == len(withdrawn)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    truth=st.floats(0.0, 10.0),
+    low=st.floats(0.2, 6.0),
+    span=st.floats(1.1, 8.0),
+    precision=st.sampled_from([0.01, 0.1, 0.5]),
+)
+def test_a_high_known_to_fail_is_not_probed_and_changes_nothing_else(truth, low, span, precision):
+    """``high_fails``: the search runs as it would after a failed probe at ``high``, one probe
+    fewer (when ``high`` fails at all), and never probes ``high`` itself."""
+    high = low * span
+    truth = min(truth, high * 0.999)  # high is infeasible, as the flag promises
+
+    def judged(rate: float) -> ProbeResult:
+        return ProbeResult(rate, rate <= truth, {}, "" if rate <= truth else "over")
+
+    kwargs = dict(low=low, high=high, precision=precision, max_probes=60)
+    probed = find_goodput(judged, **kwargs)
+    skipped = find_goodput(judged, **kwargs, high_fails=True)
+    assert high not in [p.rate for p in skipped.probes]
+    assert (skipped.rate, skipped.margin, skipped.reason) == (probed.rate, probed.margin, probed.reason)
+    assert [p.rate for p in skipped.probes] == [p.rate for p in probed.probes if p.rate != high]
+    assert_consistent(skipped)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    looks=st.floats(0.05, 40.0),
+    confirmed=st.floats(0.0, 1.0),
+    low=st.floats(0.2, 6.0),
+    span=st.floats(1.5, 8.0),
+    precision=st.sampled_from([0.01, 0.1, 0.5]),
+)
+def test_deferring_the_first_confirmation_below_a_withdrawal_finds_the_same_answer(
+    looks, confirmed, low, span, precision
+):
+    """Monotone first looks and confirmations: confirming the pass below the first withdrawal
+    after the bisection above it gives the same goodput and bracket as confirming it first."""
+    truth = looks * confirmed
+
+    def search(defer: bool):
+        confirms: list[float] = []
+
+        def longest_look(rate: float) -> ProbeResult:
+            confirms.append(rate)
+            return ProbeResult(rate, rate <= truth, {"look": 2.0}, "" if rate <= truth else "longer")
+
+        result = find_goodput(
+            lambda r: ProbeResult(r, r <= looks, {"look": 1.0}),
+            low=low,
+            high=low * span,
+            precision=precision,
+            max_probes=60,
+            confirm=longest_look,
+            defer_confirmation=defer,
+        )
+        return result, confirms
+
+    (first, _), (deferred, confirms) = search(False), search(True)
+    assert (deferred.rate, deferred.margin, deferred.reason) == (first.rate, first.margin, first.reason)
+    assert_consistent(deferred)
+    assert len(set(confirms)) == len(confirms)
+    if deferred.rate > 0:
+        assert deferred.best.metrics["look"] == 2.0
+
+
+def test_a_deferred_confirmation_is_saved_when_a_pass_above_it_confirms():
+    """First looks pass to 6.6 req/s, the longest to 6.3: 6.5 is withdrawn; confirming 6.0
+    first (the rule) costs a confirmation the bisection's confirmed 6.25 makes moot."""
+    runs = {}
+    for defer in (False, True):
+        confirms: list[float] = []
+
+        def longest_look(rate: float, confirms=confirms) -> ProbeResult:
+            confirms.append(rate)
+            return ProbeResult(rate, rate <= 6.3)
+
+        result = find_goodput(
+            lambda r: ProbeResult(r, r <= 6.6),
+            low=4.0,
+            high=8.0,
+            precision=0.5,
+            max_probes=30,
+            confirm=longest_look,
+            high_fails=True,
+            defer_confirmation=defer,
+        )
+        runs[defer] = (result.rate, confirms)
+    assert runs[False] == (6.25, [6.5, 6.0, 6.25])
+    assert runs[True] == (6.25, [6.5, 6.25])
+
+
 def test_feasible_at_cap_reports_lower_bound():
     result = find_goodput(
         lambda r: ProbeResult(r, True), low=1.0, high=4.0, precision=0.1, max_probes=20, max_rate=32.0

@@ -208,3 +208,82 @@ def test_goodput_under_the_steady_protocol_never_exceeds_the_bound(policy):
     )
     result = slo_goodput(workload, deployment, seeds=(0,), precision=0.5, low=bound.rate / 2, high=bound.rate)
     assert 0 < result.rate <= bound.rate
+
+
+def _twin_plan(workload: str, **changes):
+    from fastpp.sim.plan_job import SearchSettings
+    from fastpp.sim.planner import PlanConfig, plan_deployment
+
+    config = PlanConfig(
+        model="Qwen2.5-14B",
+        num_gpus=2,
+        workload=workload,
+        layouts=("pp2",),
+        policies="static:512",  # static:512 and static:512+ds
+        settings=SearchSettings(seeds=(1,), num_requests=400, require_steady=False, precision=2.0),
+        prune=False,  # every candidate from the same bracket: the twins' searches comparable
+        **changes,
+    )
+    plan = plan_deployment(config, executor="serial")
+    return {r.label: r for r in plan.results}, plan
+
+
+def test_a_twin_whose_delay_scheduling_never_acts_reports_the_full_search():
+    """azure-conv on pp2 never holds a tile of decodes per slot, so delay scheduling never
+    parks: static:512 takes static:512+ds's search, and it is what its own search finds."""
+    shared, plan = _twin_plan("azure-conv")
+    full, _ = _twin_plan("azure-conv", share_twins=False)
+    base, twin = shared["pp2 static:512"], shared["pp2 static:512+ds"]
+    assert base.shared_with == "pp2 static:512+ds" and base.num_probes == 0 and plan.num_shared == 1
+    assert twin.num_probes > 0 and not twin.shared_with
+    alone = full["pp2 static:512"]
+    assert not alone.shared_with and alone.num_probes == twin.num_probes
+    for field in ("status", "goodput", "margin", "attainment", "binding", "binding_rate", "operating_point"):
+        assert getattr(base, field) == getattr(alone, field), field
+    assert plan.probes_run == twin.num_probes
+
+
+def test_a_twin_whose_delay_scheduling_parks_is_searched_on_its_own():
+    """Short prompts at a high rate put more decodes in a slot than a tile: delay scheduling
+    parks some, the twins' runs differ, and static:512 gets a search of its own."""
+    results, plan = _twin_plan("random:16:100")
+    base = results["pp2 static:512"]
+    assert not base.shared_with and base.num_probes > 0 and plan.num_shared == 0
+
+
+def test_search_order_puts_dynamic_policies_first_and_each_ds_twin_before_its_base():
+    from fastpp.sim.plan_bound import CapacityBound
+    from fastpp.sim.plan_job import CandidateJob, SearchSettings
+    from fastpp.sim.planner import search_order
+
+    def job(layout: Layout, policy: str, rate: float) -> CandidateJob:
+        bound = CapacityBound(rate, layout.dp, "stage 0", {"stage 0": rate / layout.dp})
+        return CandidateJob(
+            policy,
+            DeploymentCandidate(layout, policy),
+            WorkloadConfig(),
+            DeploymentConfig(),
+            bound,
+            SearchSettings(),
+        )
+
+    pp4, dp2 = Layout(1, 1, 4), Layout(2, 1, 2)
+    jobs = [
+        job(pp4, "static:256", 7.7),
+        job(pp4, "static:2048", 8.0),
+        job(pp4, "predictive", 8.0),
+        job(pp4, "static:2048+ds", 8.0),
+        job(pp4, "predictive+ds", 8.0),
+        job(dp2, "predictive", 9.0),
+        job(dp2, "static:256", 6.0),
+    ]
+    order = [(j.candidate.layout, j.candidate.policy) for j in search_order(jobs)]
+    assert order == [
+        (dp2, "predictive"),
+        (dp2, "static:256"),
+        (pp4, "predictive+ds"),
+        (pp4, "predictive"),
+        (pp4, "static:2048+ds"),
+        (pp4, "static:2048"),
+        (pp4, "static:256"),
+    ]
