@@ -223,10 +223,11 @@ def sweep(
         if out is None:
             out = fresh_run_dir(SWEEP_RUNS)
         plan = plan_sweep(sweep_grid, out)
-        if _other_grid_rows(plan):
+        others = _other_grid_rows(plan)
+        if others:
             if not overwrite:
                 raise RunDirError(
-                    f"--out {out} holds {_other_grid_rows(plan)} rows of another sweep grid; pass "
+                    f"--out {out} holds {others} rows of another sweep grid; pass "
                     "--overwrite to replace them, or give another --out (without --out, each sweep "
                     "gets its own folder); a folder is resumed only by the grid that wrote it"
                 )
