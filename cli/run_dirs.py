@@ -85,10 +85,15 @@ def claim_out_dir(path: Path, *, overwrite: bool, option: str = "--out") -> Path
             shutil.rmtree(p)
         else:
             p.unlink()
+    clear_plots(path)
+    return path
+
+
+def clear_plots(path: Path) -> None:
+    """Remove ``path/plots`` when it holds figures only (a folder with other files stays)."""
     plots = path / PLOTS
     if plots.is_dir() and all(f.is_file() and f.suffix in FIGURE_SUFFIXES for f in plots.iterdir()):
         shutil.rmtree(plots)
-    return path
 
 
 def claim_result_dir(path: Path, result_file: str, *, overwrite: bool, option: str) -> Path:

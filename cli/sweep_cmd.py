@@ -306,15 +306,13 @@ def _other_grid_rows(plan: SweepPlan) -> int:
 
 
 def clear_sweep_dir(out: Path) -> None:
-    """Remove what a sweep wrote in ``out``: its two tables and its plots folder."""
-    import shutil
-
+    """Remove what a sweep wrote in ``out``: its two tables and its plots folder of figures."""
+    from fastpp.cli.run_dirs import clear_plots
     from fastpp.sim.sweep import RESULTS_CSV, RESULTS_JSONL
 
     for name in (RESULTS_JSONL, RESULTS_CSV):
         (out / name).unlink(missing_ok=True)
-    if (out / "plots").is_dir():
-        shutil.rmtree(out / "plots")
+    clear_plots(out)
 
 
 def _split(
