@@ -106,6 +106,11 @@ class PipelineScheduler(Protocol):
         """KV released since the last plan, for an executor that frees it before the next."""
         ...
 
+    @property
+    def counters(self) -> HostCounters:
+        """The policy host's decision counts, live (the same object level 2 exposes)."""
+        ...
+
 
 class EngineHost(Protocol):
     """Level 2: the policy host an engine with its own queues drives

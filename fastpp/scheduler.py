@@ -21,7 +21,7 @@ from fastpp.kv_ledger import KVLedger
 from fastpp.live_request import LiveRequest
 from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, SchedulerStats, StepOutput
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
-from fastpp.policy_host import BatchFeatures, PolicyHost
+from fastpp.policy_host import BatchFeatures, HostCounters, PolicyHost
 from fastpp.policy_host_records import RequestLog
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
@@ -392,6 +392,11 @@ class Scheduler:
     @property
     def balancer(self) -> DecodeBalancer:
         return self.policies.balancer
+
+    @property
+    def counters(self) -> HostCounters:
+        """The policy host's decision counts, live (steps, parks, restores, liveness, sit-outs)."""
+        return self.host.counters
 
     # ------------------------------------------------------------------ state helpers
     def _detach(self, r: LiveRequest) -> None:

@@ -102,7 +102,7 @@ class _MoveCount:
         self._counters: list[Any] = []
 
     def __call__(self, sim: PipelineSimulation) -> None:
-        self._counters.append(sim.scheduler.host.counters)
+        self._counters.append(sim.scheduler.counters)
 
     @property
     def moves(self) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpp.policies import make_policies
 from fastpp.policies.base import NoBalancer
 from fastpp.profile import ModelShape, Profile, load_profile
 from fastpp.profile_names import resolve_profile
@@ -65,7 +66,7 @@ __all__ = [
     "replica_profile",
     "sample_lengths",
 ]
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, scheduler_config
 from fastpp.sim.sweep_grid import static_chunk
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
@@ -158,10 +159,10 @@ def plan_deployment(
     for lay, cand in candidates:
         dep = replace(lay.deployment, policy=cand.policy)
         try:
-            scheduler = build_scheduler(lay.profile, dep)
+            _, balancer = make_policies(dep.policy, scheduler_config(lay.profile, dep), lay.profile)
         except ValueError as exc:
             raise ValueError(f"{cand.label}: {exc}") from None
-        if isinstance(scheduler.balancer, NoBalancer):
+        if isinstance(balancer, NoBalancer):
             unbalanced.add((cand.layout, cand.policy))
         bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates), cand.layout.dp)
         jobs.append(

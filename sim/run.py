@@ -183,7 +183,14 @@ def build_scheduler(
 ) -> Scheduler:
     """A scheduler sized by the profile, with the deployment's policies (clock set by the sim);
     ``record_token_times=False``: its records keep no per-token times (fastpp.types)."""
-    config = SchedulerConfig(
+    config = scheduler_config(profile, deployment)
+    chunk_policy, balancer = make_policies(deployment.policy, config, profile)
+    return Scheduler(config, lambda: 0.0, chunk_policy, balancer, record_token_times=record_token_times)
+
+
+def scheduler_config(profile: Profile, deployment: DeploymentConfig) -> SchedulerConfig:
+    """The scheduler configuration the deployment runs under on the profile's hardware."""
+    return SchedulerConfig(
         num_slots=profile.pp,
         kv_capacity_tokens=profile.kv_capacity_tokens,
         page_size=deployment.page_size or profile.page_size,
@@ -192,8 +199,6 @@ def build_scheduler(
         token_step=profile.token_step,
         chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
     )
-    chunk_policy, balancer = make_policies(deployment.policy, config, profile)
-    return Scheduler(config, lambda: 0.0, chunk_policy, balancer, record_token_times=record_token_times)
 
 
 def open_simulation(

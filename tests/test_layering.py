@@ -33,6 +33,7 @@ LEVEL_1 = {
     "num_ended",
     "forget",
     "drain_kv_frees",
+    "counters",
     "config",
     "clock",
 }
