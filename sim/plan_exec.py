@@ -2,7 +2,10 @@
 
 Unlike a sweep, a plan does not hand over all its work at once: each job is submitted when a
 worker is free, carrying the best goodput found so far, so that the bound pruning and the
-challenge probe see the latest best. The rules are the sweep executors' (``fastpp.sim.sweep``):
+challenge probe see the latest best. The process pool also publishes each new best to the jobs
+already running (``publish``; a shared value the workers read through
+``plan_job.set_live_best``), so a search stops once it has failed below it; in this process
+and on Ray a job sees the best it was given only. The rules are the sweep executors' (``fastpp.sim.sweep``):
 processes are spawned, not forked; Ray's ``auto`` joins a running cluster or starts a local
 instance, and only an instance started here is shut down; the names are ``EXECUTORS``.
 """
@@ -16,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from fastpp.sim.plan_job import CandidateJob, evaluate_candidate
+from fastpp.sim.plan_job import CandidateJob, evaluate_candidate, set_live_best
 from fastpp.sim.sweep import EXECUTORS, _import_ray, make_executor
 
 Task = Callable[[CandidateJob], dict[str, Any]]
@@ -30,6 +33,10 @@ class JobRunner(Protocol):
     def submit(self, job: CandidateJob) -> None: ...
 
     def take(self) -> dict[str, Any]: ...
+
+    def publish(self, best: float) -> None:
+        """The plan's best goodput so far, for the jobs already running (where they can see it)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -49,6 +56,9 @@ class SerialRunner:
     def take(self) -> dict[str, Any]:
         return self._task(self._queue.popleft())
 
+    def publish(self, best: float) -> None:
+        """Nothing runs between jobs here: each job starts with the latest best already."""
+
     def close(self) -> None:
         self._queue.clear()
 
@@ -61,7 +71,11 @@ class ProcessRunner:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.capacity = workers
         self._task = task
-        self._pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+        context = get_context("spawn")
+        self._best = context.Value("d", 0.0, lock=False)  # one writer: this process
+        self._pool = ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_read_best_from, initargs=(self._best,)
+        )
         self._pending: set[Future] = set()
 
     def submit(self, job: CandidateJob) -> None:
@@ -72,6 +86,9 @@ class ProcessRunner:
         first, *rest = done
         self._pending |= set(rest)
         return first.result()
+
+    def publish(self, best: float) -> None:
+        self._best.value = best
 
     def close(self) -> None:
         for future in self._pending:
@@ -105,11 +122,19 @@ class RayRunner:
         done, self._pending = self._ray.wait(self._pending, num_returns=1)
         return self._ray.get(done[0])
 
+    def publish(self, best: float) -> None:
+        """Ray tasks see the best they were submitted with only."""
+
     def close(self) -> None:
         for ref in self._pending:
             self._ray.cancel(ref)
         if self._started:
             self._ray.shutdown()
+
+
+def _read_best_from(best: Any) -> None:
+    """A pool worker's initializer: its jobs read the plan's best from the shared ``best``."""
+    set_live_best(lambda: best.value)
 
 
 def make_runner(

@@ -16,6 +16,11 @@ is the row a rerun would give.
 - Challenge: with a goodput to beat, the first probe is at that rate (per replica); if it
   fails there, the candidate cannot win (feasibility is monotone in rate) and the job stops
   after that one probe ("beaten").
+- The live best: a worker may also read the best goodput the plan has found so far, while the
+  job runs (``set_live_best``; the process pool publishes it). Once any probe of the search
+  has failed at a rate no higher than that best (or the unprobed bound is no higher), the
+  candidate cannot win either, and the job stops there ("beaten" below its lowest failed
+  rate, with the probes it ran).
 - Binding limit at goodput: what failed at the lowest rate above it (TTFT, TPOT, queue growth),
   or "KV capacity" when a run at that rate that fails passes with twice the KV pool.
 - Operating point: latency percentiles and SLO attainment of a run at ``share`` x goodput.
@@ -110,10 +115,29 @@ class _MoveCount:
         return sum(c.parks + c.restores + c.liveness_restores for c in self._counters)
 
 
+BOUND_BINDS = "capacity (the bound)"  # the limit when only the unprobed bound failed
+_live_best: Callable[[], float] | None = None
+
+
+def set_live_best(read: Callable[[], float] | None) -> None:
+    """Where this process's jobs read the plan's best goodput found so far (deployment req/s)
+    while they run; None: only the goodput to beat the job was given."""
+    global _live_best
+    _live_best = read
+
+
+def live_best() -> float:
+    """The plan's best goodput found so far, as this process last saw it (0: none known)."""
+    return 0.0 if _live_best is None else _live_best()
+
+
 class _Beaten(Exception):
-    def __init__(self, probe: ProbeResult) -> None:
+    """The candidate cannot win: ``rate`` (deployment req/s) failed, and is no higher than a
+    goodput already found."""
+
+    def __init__(self, probe: ProbeResult, rate: float, num_probes: int) -> None:
         super().__init__(probe.reason)
-        self.probe = probe
+        self.probe, self.rate, self.num_probes = probe, rate, num_probes
 
 
 def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
@@ -132,13 +156,22 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
     moves = _MoveCount()
     # at or above the bound no queue is stationary: the steady rule fails it unprobed
     high_fails = settings.require_steady and math.isfinite(bound) and high >= bound
-    first: list[ProbeResult] = []
+    seen: list[ProbeResult] = []
+    # the lowest known infeasible replica rate and why: the unprobed bound, or a failed probe
+    fails_at: list[tuple[float, ProbeResult]] = []
+    if high_fails:
+        why = f"its capacity bound {bound:.4g} req/s per replica is infeasible (no queue is stationary there)"
+        fails_at.append((bound, ProbeResult(bound, False, {}, why)))
 
     def challenge(probe: ProbeResult) -> None:
-        if beat > 0 and not first:
-            first.append(probe)
-            if not probe.ok:
-                raise _Beaten(probe)
+        seen.append(probe)
+        if beat > 0 and len(seen) == 1 and not probe.ok:
+            raise _Beaten(probe, job.beat, 1)
+        if not probe.ok and (not fails_at or probe.rate < fails_at[0][0]):
+            fails_at[:] = [(probe.rate, probe)]
+        best = live_best()
+        if fails_at and best > 0 and fails_at[0][0] * dp <= best:
+            raise _Beaten(fails_at[0][1], fails_at[0][0] * dp, len(seen))
 
     try:
         res = slo_goodput(
@@ -159,10 +192,10 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
     except _Beaten as beaten:
         row.update(
             status="beaten",
-            beaten_at=job.beat,
-            num_probes=1,
+            beaten_at=beaten.rate,
+            num_probes=beaten.num_probes,
             reason=beaten.probe.reason,
-            binding=binding_from_reason(beaten.probe.reason),
+            binding=binding_from_reason(beaten.probe.reason) if beaten.probe.metrics else BOUND_BINDS,
             balancer_moves=moves.moves,
         )
         return row
@@ -222,7 +255,7 @@ def _binding(
         key=lambda p: p.rate,
     )
     if not failed and bound_rate is not None and res.rate > 0:
-        return {"binding": "capacity (the bound)", "binding_rate": bound_rate}
+        return {"binding": BOUND_BINDS, "binding_rate": bound_rate}
     if not failed:
         return {"binding": "none found (feasible at every probed rate)", "binding_rate": None}
     at = failed[0]

@@ -70,8 +70,9 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
     table.caption = (
         f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
         f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
-        f"below the best goodput, so it cannot win (no probe); beaten: failed one "
-        f"probe at the best goodput (the limit it failed on); probes '= P+ds': the "
+        f"below the best goodput, so it cannot win (no probe); beaten: failed a "
+        f"probe at or below the best goodput, so it cannot win either (the limit it "
+        f"failed on; the search stops there); probes '= P+ds': the "
         f"search of its +ds twin, whose delay scheduling never moved a decode (the "
         f"same simulations). TTFT, TPOT, E2E: "
         f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
@@ -94,8 +95,8 @@ def verdict(plan: DeploymentPlan) -> list[str]:
     """The recommendation in words, or why there is none."""
     best = plan.best
     lines = [
-        f"{plan.count('searched')} candidates searched, {plan.count('beaten')} beaten after "
-        f"one probe, {plan.count('pruned')} pruned by their bound"
+        f"{plan.count('searched')} candidates searched, {plan.count('beaten')} beaten (their "
+        f"search stopped at a failure below the best), {plan.count('pruned')} pruned by their bound"
         + (f", {plan.num_shared} took their +ds twin's search" if plan.num_shared else "")
         + f": {plan.probes_run} goodput probes run, about {plan.probes_saved:.0f} saved; "
         f"{plan.wall_s:.1f} s"

@@ -1,10 +1,12 @@
 """The planner's typed results: one ``CandidateResult`` per candidate, one ``DeploymentPlan``.
 
-Statuses: ``searched`` (a full goodput search), ``beaten`` (failed one probe at the best goodput
-already found, so it cannot win; its goodput is below that), ``pruned`` (its capacity bound is
-below the best goodput found: no probe run). A searched or beaten candidate may be
-``shared_with`` its ``+ds`` twin: the twin's delay scheduling never moved a decode, so the two
-ran the same simulations and the twin's search stands for both (no probe of its own).
+Statuses: ``searched`` (a full goodput search), ``beaten`` (failed a probe at a rate no higher
+than the best goodput already found, so it cannot win: the challenge probe at that goodput, or a
+probe of its search once a better goodput was found elsewhere; its goodput is below that rate),
+``pruned`` (its capacity bound is below the best goodput found: no probe run). A searched or
+beaten candidate may be ``shared_with`` its ``+ds`` twin: the twin's delay scheduling never
+moved a decode, so the two ran the same simulations and the twin's search stands for both (no
+probe of its own).
 Ranking: goodput, then SLO attainment at goodput, then fewer GPUs per replica (fewer links to
 go wrong), then the policy name.
 """
@@ -168,7 +170,7 @@ class DeploymentPlan:
     @property
     def probes_saved(self) -> float:
         """Estimated probes the pruning saved: a pruned candidate would have cost a full
-        search (the searched candidates' mean), a beaten one that less its one probe (shared
+        search (the searched candidates' mean), a beaten one that less the probes it ran (shared
         candidates ran none and count as neither)."""
         full = [r.num_probes for r in self.results if r.status == "searched" and not r.shared_with]
         mean = sum(full) / len(full) if full else 0.0

@@ -12,7 +12,8 @@ replicas, which chunk policy, and how many req/s?" The planner
    bound, each ``+ds`` candidate before its twin without delay scheduling (``search_order``);
 3. searches each with the goodput search of ``fastpp goodput`` on one replica (``plan_job``),
    skipping a candidate whose bound is below the best goodput found (it cannot win),
-   stopping after one probe a candidate that fails at that goodput, and giving a candidate
+   stopping a candidate's search as soon as it fails at a rate no higher than the best
+   goodput found (after one probe when it starts there), and giving a candidate
    the row of its ``+ds`` twin when that twin's delay scheduling never moved a decode (then
    both ran the very same simulations: delay scheduling only acts by parking and restoring);
 4. reports, per candidate, goodput, goodput per GPU, the share of the bound reached, the limit
@@ -362,14 +363,17 @@ def _search(
     results: dict[str, CandidateResult] = {}
     rows: dict[str, dict[str, Any]] = {}
     best = 0.0
+    runner: JobRunner | None = None  # started with the first job that needs a search
 
     def record(job: CandidateJob, row: dict[str, Any], from_cache: bool) -> None:
         nonlocal best
         result = CandidateResult.from_row(job.candidate, job.bound, row, cached=from_cache)
         results[job.job_id] = result
         rows[job.job_id] = row
-        if result.goodput is not None:
-            best = max(best, result.goodput)
+        if result.goodput is not None and result.goodput > best:
+            best = result.goodput
+            if runner is not None:
+                runner.publish(best)
 
     def twin_row(job: CandidateJob) -> dict[str, Any] | None:
         """The twin's row as this job's, when the twin's delay scheduling never acted."""
@@ -400,7 +404,6 @@ def _search(
     if progress is not None:
         progress(done, total, "")
     pending = [j for j in jobs if j.job_id not in results]
-    runner: JobRunner | None = None
     in_flight: dict[str, CandidateJob] = {}
     fh = path.open("a") if path is not None else None
     try:

@@ -287,3 +287,25 @@ def test_search_order_puts_dynamic_policies_first_and_each_ds_twin_before_its_ba
         (pp4, "static:2048"),
         (pp4, "static:256"),
     ]
+
+
+def test_a_search_stops_once_it_fails_at_or_below_a_goodput_found_elsewhere():
+    """The live best (what the process pool publishes to running jobs): a search that has
+    failed at a rate no higher than it cannot win and stops there; a best below every failure
+    changes nothing."""
+    from fastpp.sim import plan_job
+
+    full, _ = _twin_plan("azure-conv")
+    ref = full["pp2 static:512+ds"]
+    assert ref.status == "searched" and ref.num_probes >= 3
+    try:
+        plan_job.set_live_best(lambda: ref.goodput / 2)
+        same, _ = _twin_plan("azure-conv")
+        plan_job.set_live_best(lambda: 1e6)
+        stopped, _ = _twin_plan("azure-conv")
+    finally:
+        plan_job.set_live_best(None)
+    assert same["pp2 static:512+ds"] == ref
+    cut = stopped["pp2 static:512+ds"]
+    assert cut.status == "beaten" and cut.goodput is None and cut.binding
+    assert ref.goodput < cut.below and 1 <= cut.num_probes < ref.num_probes
