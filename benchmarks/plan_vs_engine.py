@@ -4,6 +4,7 @@
     python benchmarks/plan_vs_engine.py --policies static:256 -n 20 --max-probes 3   # a quick look
     python benchmarks/plan_vs_engine.py --profile pp1.json --profile pp2.json        # profiles given
     python benchmarks/plan_vs_engine.py --predict-only                   # profiles and plan only
+    python benchmarks/plan_vs_engine.py --report out.json                # an earlier --json again
 
 Run it on a quiet machine (on a shared one, under a lock that keeps other heavy jobs off the
 cores: the real side measures the machine, the predicted side does not). For each deployment
@@ -30,7 +31,9 @@ thread each, so both use 2 cores) of SmolLM2-135M on the CPU engine, the script
    predicted goodput x (``--spread`` s);
 4. prints per (deployment, policy) the predicted and measured goodput, the error (predicted /
    measured - 1) and both ranks, how many pairs of rows the prediction orders as measured, and
-   the load average before and after (a shared machine moves the real side).
+   the load average before and after (a shared machine moves the real side); then every real
+   probe beside its simulated twin (the same requests at the same rate on the profile): real
+   and simulated P90 TTFT and TPOT and both verdicts, which shows where the error comes from.
 
 Steady-state goodput (the planner's default) needs minutes of arrivals per probe and a
 confirmation on 12,000 requests; on real runs that is impractical, so both sides use fixed runs of
@@ -442,7 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     add("--work-dir", type=Path, default=Path("runs/plan_vs_engine"), help="measured profiles go here")
     add("--bench-jsonl", type=Path, help="append every bench run's JSON line here")
     add("--json", type=Path, help="write everything here")
+    add("--report", type=Path, help="print the tables of an earlier --json file (adds simulated probes)")
     args = ap.parse_args(argv)
+    if args.report:
+        out = json.loads(args.report.read_text())
+        if any("simulated" not in p for r in out["rows"] for p in (r.get("real") or {}).get("probes", [])):
+            add_simulated_probes(out)
+        print(report(out))
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     try:
         deps = parse_deployments(args.deployments)
         args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -494,37 +506,119 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     load_after = os.getloadavg()
-    print()
-    print("\n".join(table_rows(rows)))
     agree, total = pair_agreement([r["predicted"] for r in rows], [r["measured"] for r in rows])
+    out = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"},
+        "protocol": "fixed runs (fastpp plan --no-steady -n N), P90 TTFT and P90 TPOT",
+        "profiles": {f"pp{k}": v for k, v in profiles.items()},
+        "load_average_before": list(load_before),
+        "load_average_after": list(load_after),
+        "rows": [{**r, "error": relative_error(r["predicted"], r["measured"])} for r in rows],
+        "ranks": {
+            "predicted": ranks([r["predicted"] for r in rows]),
+            "measured": ranks([r["measured"] for r in rows]),
+            "pairs_agreeing": agree,
+            "pairs": total,
+        },
+        "wall_s": time.monotonic() - started,
+    }
+    out = finite(out)
+    if not args.predict_only:
+        add_simulated_probes(out)
     print()
-    if total:
-        print(f"ranking: the prediction orders {agree} of {total} pairs as measured")
-    print(
-        "goodput: req/s (+ the bracket the search ended on); error = predicted / measured - 1; "
-        f"load average before {load_before[0]:.2f} / {load_before[1]:.2f} (1 / 5 min), "
-        f"after {load_after[0]:.2f} / {load_after[1]:.2f}; {time.monotonic() - started:.0f} s"
-    )
+    print(report(out))
     if args.json:
-        out = {
-            "config": {
-                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"
-            },
-            "protocol": "fixed runs (fastpp plan --no-steady -n N), P90 TTFT and P90 TPOT",
-            "profiles": {f"pp{k}": v for k, v in profiles.items()},
-            "load_average_before": list(load_before),
-            "load_average_after": list(load_after),
-            "rows": [{**r, "error": relative_error(r["predicted"], r["measured"])} for r in rows],
-            "ranks": {
-                "predicted": ranks([r["predicted"] for r in rows]),
-                "measured": ranks([r["measured"] for r in rows]),
-                "pairs_agreeing": agree,
-                "pairs": total,
-            },
-            "wall_s": time.monotonic() - started,
-        }
-        args.json.write_text(json.dumps(finite(out), indent=2) + "\n")
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
+
+
+def simulate_probe(profile: str, policy: str, rate: float, config: dict) -> dict:
+    """The planner's verdict on a simulated fixed run at ``rate``: the same requests (workload,
+    seeds, N) on the profile, with serve's chunk candidates."""
+    from fastpp.backends.torch.engine_config import CPU_CHUNK_CANDIDATES
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+
+    slo = SLO(config["slo_ttft_ms"] / 1e3, config["slo_tpot_ms"] / 1e3)
+    dep = DeploymentConfig(
+        profile_path=profile, policy=policy, slo=slo, chunk_candidates=CPU_CHUNK_CANDIDATES
+    )
+    runs = [
+        open_simulation(
+            WorkloadConfig(
+                name=config["workload"], rate=rate, num_requests=config["num_requests"], seed=seed
+            ),
+            dep,
+            record_iterations=False,
+        )
+        .run()
+        .records
+        for seed in config["seeds"]
+    ]
+    verdict = judge_records(runs, slo, rate=rate, require_steady=False)
+    return {
+        "ok": verdict.ok,
+        "p90_ttft_ms": verdict.metrics["p90_ttft_ms"],
+        "p90_tpot_ms": verdict.metrics["p90_tpot_ms"],
+    }
+
+
+def add_simulated_probes(out: dict) -> None:
+    """Each real probe's simulated twin (``simulated`` key of the probe), in place."""
+    for row in out["rows"]:
+        for probe in (row.get("real") or {}).get("probes", []):
+            probe["simulated"] = finite(
+                simulate_probe(row["profile"], row["policy"], probe["rate"], out["config"])
+            )
+
+
+def _ms(value: float | None) -> str:
+    return "inf" if value is None else f"{value:.0f}"  # None: infinite in the JSON (finite())
+
+
+def report(out: dict) -> str:
+    """The tables of a run's JSON (what ``--json`` writes; ``--report`` prints them again)."""
+    rows, cfg = out["rows"], out["config"]
+    lines = [
+        f"SmolLM2-135M, CPU engine, {cfg['workload']}, P90 TTFT <= {cfg['slo_ttft_ms']:g} ms, "
+        f"P90 TPOT <= {cfg['slo_tpot_ms']:g} ms; fixed runs of {cfg['num_requests']} requests "
+        f"(seeds {','.join(map(str, cfg['seeds']))}) on both sides",
+        "",
+        *table_rows(rows),
+        "",
+    ]
+    ranks_ = out.get("ranks", {})
+    if ranks_.get("pairs"):
+        agree, pairs = ranks_["pairs_agreeing"], ranks_["pairs"]
+        lines.append(f"ranking: the prediction orders {agree} of {pairs} pairs as measured")
+    before, after = out["load_average_before"], out["load_average_after"]
+    lines.append(
+        "goodput: req/s (+ the bracket the search ended on); error = predicted / measured - 1; "
+        f"load average before {before[0]:.2f} / {before[1]:.2f} (1 / 5 min), "
+        f"after {after[0]:.2f} / {after[1]:.2f}; {out['wall_s']:.0f} s"
+    )
+    probe_lines = []
+    for row in rows:
+        for p in sorted((row.get("real") or {}).get("probes", []), key=lambda p: p["rate"]):
+            sim = p.get("simulated")
+            if sim is None:
+                continue
+            probe_lines.append(
+                f"| {row['deployment']} | {row['policy']} | {p['rate']:.2f} | "
+                f"{_ms(p['p90_ttft_ms'])} / {_ms(sim['p90_ttft_ms'])} | "
+                f"{_ms(p['p90_tpot_ms'])} / {_ms(sim['p90_tpot_ms'])} | "
+                f"{'pass' if p['ok'] else 'fail'} / {'pass' if sim['ok'] else 'fail'} | "
+                f"{p['load_average_after']:.2f} |"
+            )
+    if probe_lines:
+        lines += [
+            "",
+            "every real probe and its simulated twin (the same requests), real / simulated:",
+            "",
+            "| deployment | policy | rate | P90 TTFT ms | P90 TPOT ms | verdict | load average |",
+            "|---|---|---|---|---|---|---|",
+            *probe_lines,
+        ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -152,3 +152,48 @@ def test_finite_makes_strict_json(pve):
         "b": [None],
         "c": "x",
     }
+
+
+def test_simulated_twin_is_the_planners_probe(pve):
+    """The twin of a real probe judges what the plan judged: at the plan's goodput it passes, at
+    the lowest rate the plan saw fail (goodput + margin) it fails."""
+    import argparse
+
+    config = {"workload": "random:64:16:0.5", "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0}
+    config |= {"num_requests": 40, "seeds": [0]}
+    args = argparse.Namespace(policies=["static:256"], precision=0.5, **config)
+    predicted = pve.predict(pve.CpuDeployment(2, 1), "cpu_smollm2-135m_pp2", args)["static:256"]
+    assert predicted["goodput"] > 0
+    at = pve.simulate_probe("cpu_smollm2-135m_pp2", "static:256", predicted["goodput"], config)
+    above = pve.simulate_probe(
+        "cpu_smollm2-135m_pp2", "static:256", predicted["goodput"] + predicted["margin"], config
+    )
+    assert at["ok"] and not above["ok"]
+
+
+def test_report_renders_rows_and_probes(pve):
+    probe = {"rate": 2.0, "ok": False, "p90_ttft_ms": None, "p90_tpot_ms": 150.0, "load_average_after": 1.5}
+    probe["simulated"] = {"ok": True, "p90_ttft_ms": 400.0, "p90_tpot_ms": 120.0}
+    out = {
+        "config": {"workload": "random:64:16:0.5", "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0},
+        "rows": [
+            {
+                "deployment": "pp2/t1",
+                "policy": "static:256",
+                "predicted": 2.5,
+                "measured": 1.0,
+                "predicted_margin": 0.1,
+                "measured_margin": 0.2,
+                "real": {"probes": [probe]},
+            },
+        ],
+        "ranks": {"pairs": 0, "pairs_agreeing": 0},
+        "load_average_before": [1.0, 1.1, 1.2],
+        "load_average_after": [1.5, 1.4, 1.3],
+        "wall_s": 12.0,
+    }
+    out["config"] |= {"num_requests": 40, "seeds": [0]}
+    text = pve.report(out)
+    assert "| pp2/t1 | static:256 | 2.50 (+0.10) | 1.00 (+0.20) | +150% | 1 | 1 |" in text
+    assert "| pp2/t1 | static:256 | 2.00 | inf / 400 | 150 / 120 | fail / pass | 1.50 |" in text
+    assert "before 1.00 / 1.10" in text and "after 1.50 / 1.40" in text
