@@ -217,23 +217,36 @@ def plan_deployment(
     )
 
 
+POOLING_TOLERANCE = 0.05  # layouts whose bounds differ by less than this share are "close"
+
+
 def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
-    """The order candidates are searched in: layouts by their highest bound; within a layout
-    the dynamic policies (which reach the larger share of a bound when the chunk matters), then
-    static chunks by bound; a ``+ds`` candidate just before its twin without it, whose search
-    it may stand in for. Any order gives the same pruning verdicts (a candidate is pruned only
-    when its bound is below a goodput found); a good first goodput makes the challenges that
-    follow cheap."""
+    """The order candidates are searched in: layouts by their highest bound, except that among
+    layouts whose bounds are within ``POOLING_TOLERANCE`` of the highest of them, fewer
+    replicas go first: at the same capacity one queue over all the GPUs waits less than dp
+    queues of a random router's split streams (the pooling effect), so it is the likelier
+    winner. Within a layout the dynamic policies (which reach the larger share of a bound when
+    the chunk matters), then static chunks by bound; a ``+ds`` candidate just before its twin
+    without it, whose search it may stand in for. Any order gives the same pruning verdicts (a
+    candidate is pruned only when its bound is below a goodput found); a good first goodput
+    makes the challenges that follow cheap."""
     layout_bound: dict[Layout, float] = {}
     for j in jobs:
         layout = j.candidate.layout
         layout_bound[layout] = max(layout_bound.get(layout, 0.0), j.bound.rate)
+    rank: dict[Layout, int] = {}
+    by_bound = sorted(layout_bound, key=lambda lay: (-layout_bound[lay], lay))
+    while by_bound:
+        head = layout_bound[by_bound[0]]
+        close = [lay for lay in by_bound if layout_bound[lay] >= (1 - POOLING_TOLERANCE) * head]
+        for lay in sorted(close, key=lambda lay: (lay.dp, -layout_bound[lay], lay)):
+            rank[lay] = len(rank)
+        by_bound = [lay for lay in by_bound if lay not in rank]
 
     def key(j: CandidateJob) -> tuple:
         chunk_part, _, balancer = j.candidate.policy.partition("+")
         return (
-            -layout_bound[j.candidate.layout],
-            j.candidate.layout,
+            rank[j.candidate.layout],
             static_chunk(chunk_part) is not None,
             -j.bound.rate,
             chunk_part,

@@ -309,3 +309,21 @@ def test_a_search_stops_once_it_fails_at_or_below_a_goodput_found_elsewhere():
     cut = stopped["pp2 static:512+ds"]
     assert cut.status == "beaten" and cut.goodput is None and cut.binding
     assert ref.goodput < cut.below and 1 <= cut.num_probes < ref.num_probes
+
+
+def test_among_layouts_with_close_bounds_fewer_replicas_are_searched_first():
+    from fastpp.sim.plan_bound import CapacityBound
+    from fastpp.sim.plan_job import CandidateJob, SearchSettings
+    from fastpp.sim.planner import POOLING_TOLERANCE, search_order
+
+    def job(layout: Layout, rate: float) -> CandidateJob:
+        bound = CapacityBound(rate, layout.dp, "stage 0", {"stage 0": rate / layout.dp})
+        cand = DeploymentCandidate(layout, "predictive")
+        return CandidateJob(cand.label, cand, WorkloadConfig(), DeploymentConfig(), bound, SearchSettings())
+
+    pp8, dp2, dp8, tp8 = Layout(1, 1, 8), Layout(2, 1, 4), Layout(8, 1, 1), Layout(1, 8, 1)
+    close = 1 - POOLING_TOLERANCE / 2
+    jobs = [job(dp8, 44.0), job(dp2, 44.0 * close), job(pp8, 44.0 * close**2), job(tp8, 30.0)]
+    assert [j.candidate.layout for j in search_order(jobs)] == [pp8, dp2, dp8, tp8]
+    apart = [job(dp8, 44.0), job(pp8, 44.0 * (1 - 2 * POOLING_TOLERANCE))]
+    assert [j.candidate.layout for j in search_order(apart)] == [dp8, pp8]
