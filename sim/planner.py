@@ -385,7 +385,7 @@ def _search(
         rows[job.job_id] = row
         if result.goodput is not None and result.goodput > best:
             best = result.goodput
-            if runner is not None:
+            if runner is not None and config.prune:  # an exhaustive plan searches every candidate fully
                 runner.publish(best)
 
     def twin_row(job: CandidateJob) -> dict[str, Any] | None:

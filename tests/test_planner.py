@@ -327,3 +327,31 @@ def test_among_layouts_with_close_bounds_fewer_replicas_are_searched_first():
     assert [j.candidate.layout for j in search_order(jobs)] == [pp8, dp2, dp8, tp8]
     apart = [job(dp8, 44.0), job(pp8, 44.0 * (1 - 2 * POOLING_TOLERANCE))]
     assert [j.candidate.layout for j in search_order(apart)] == [dp8, pp8]
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_the_best_goodput_is_published_to_running_searches_only_when_pruning(monkeypatch, prune):
+    """An exhaustive plan (--exhaustive) must search every candidate fully: no live best."""
+    import fastpp.sim.planner as planner
+    from fastpp.sim.plan_exec import SerialRunner
+
+    published: list[float] = []
+
+    class Recording(SerialRunner):
+        def publish(self, best: float) -> None:
+            published.append(best)
+
+    from fastpp.sim.plan_job import SearchSettings
+
+    monkeypatch.setattr(planner, "make_runner", lambda *a, **k: Recording())
+    config = planner.PlanConfig(
+        model="Qwen2.5-14B",
+        num_gpus=2,
+        layouts=("pp2",),
+        policies="static:512,no-ds",
+        settings=SearchSettings(seeds=(1,), num_requests=400, require_steady=False, precision=2.0),
+        prune=prune,
+    )
+    plan = planner.plan_deployment(config, executor="serial")
+    assert plan.best is not None
+    assert published == ([plan.best.goodput] if prune else [])
