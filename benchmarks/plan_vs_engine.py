@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastpp.run_files import json_safe as finite  # NaN and infinities to None: strict JSON
 from fastpp.sim.goodput import ProbeResult, find_goodput, judge_records
 from fastpp.types import SLO
 
@@ -247,17 +248,6 @@ def table_rows(rows: Sequence[dict]) -> list[str]:
             f"{pr or '-'} | {mr or '-'} |"
         )
     return out
-
-
-def finite(value):
-    """``value`` with every infinite or NaN float replaced by None (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
 
 
 # ---- the two sides ------------------------------------------------------------------------------
