@@ -148,3 +148,44 @@ def test_bad_config_is_named():
         SlackConfig(bank_quantile=1.0)
     with pytest.raises(ValueError, match="catchup_tpot_ratio"):
         SlackConfig(catchup_tpot_ratio=0.5)
+
+
+def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():
+    """With an SLO TPOT no round comes near, no parked request is ever due: every restore is
+    for room, and room stops at an even share of running and parked decodes over the slots
+    (without that cap the first slot to launch below its boundary took a tile of parked
+    requests, and that slot's decodes came to set every beat)."""
+
+    class Recording(SlackPolicy):
+        def plan(self, view, slot):
+            before, even = view.num_running(slot), self._even_share(view)
+            got = super().plan(view, slot)
+            if got.restore_ids:
+                self.restores.append((before, len(got.restore_ids), even))
+            return got
+
+    policy = Recording.from_profile(make_profile(pp=2), SlackConfig(), CANDS)
+    policy.restores = []
+    clock = FakeClock()
+    sched = make_scheduler(
+        clock,
+        policy,
+        policy,
+        num_slots=2,
+        kv_capacity_tokens=100_000,
+        chunk_candidates=CANDS,
+        token_step=16,
+        default_chunk=512,
+        max_context=4096,
+        slo=SLO(2.0, 50.0),
+    )
+    for i in range(60):  # outputs of 40..334 tokens: the slots shrink unevenly as they finish
+        sched.add_request(Request(i, 0.0, 8, 40 + (i * 37) % 295))
+    for _ in range(400):
+        for slot in range(2):
+            plan = sched.schedule(slot)
+            if plan is not None:
+                clock.t += 0.01
+                sched.update(plan)
+    assert policy.num_parks > 0 and len(policy.restores) > 0
+    assert all(before + n <= even for before, n, even in policy.restores), policy.restores

@@ -28,7 +28,10 @@ Decode membership (the balancer). A decode-only microbatch just above a tile bou
 more; its excess requests with the most banked slack (at least ``min_park_bank_rounds`` slot
 rounds) sit out: they are parked. Parked requests come back, into the launching slot, as soon
 as their banked slack falls under that many rounds, after ``max_park_slo_ratio`` x SLO TPOT
-parked, or when the slot has room below its tile boundary. Nothing is parked while prompts
+parked, or when the slot has room below its tile boundary and below an even share of all
+decodes (running and parked over the D_p slots; without that cap the first slot to launch
+with room took up to a tile of parked requests and the slots drifted apart, until one slot's
+decodes set every beat). Nothing is parked while prompts
 wait with KV to admit them: then the chunk budget, not the decode count, sets the
 microbatch's size.
 """
@@ -224,7 +227,9 @@ class SlackPolicy(PredictiveChunkPolicy):
         restore: list[int] = []
         if view.num_parked:
             deadline = view.now - scfg.max_park_slo_ratio * view.slo.tpot_s
-            room = (-running) % unit if running else unit  # up to the next tile boundary
+            # up to the next tile boundary, and no further than an even share of all decodes
+            to_boundary = (-running) % unit if running else unit
+            room = min(to_boundary, max(0, self._even_share(view) - running))
             for r in view.iter_parked():  # longest parked first
                 due = (r.parked_at is not None and r.parked_at <= deadline) or self._bank_of(
                     view, r.req_id, r.num_generated
@@ -247,6 +252,12 @@ class SlackPolicy(PredictiveChunkPolicy):
         self.num_parks += len(park)
         self.num_restores += len(restore)
         return BalancePlan(tuple(park), tuple(restore), f"slack: park {len(park)}, restore {len(restore)}")
+
+    @staticmethod
+    def _even_share(view: PolicyView) -> int:
+        """Decodes per slot if every running and parked request were spread evenly."""
+        total = view.num_parked + sum(view.num_running(s) for s in range(view.num_slots))
+        return -(-total // view.num_slots)
 
     def _round_estimate(self, view: PolicyView) -> float:
         """The last slot round (a token gap sample), else the SLO TPOT."""
