@@ -41,6 +41,9 @@ from fastpp import _native
 from fastpp.sim import experiments as ex
 from fastpp.sim import plots
 from fastpp.sim.goodput_fixed import PRESETS
+from fastpp.sim.plan_bound import RequestLengths, capacity_bound
+from fastpp.sim.plan_candidates import DeploymentCandidate, Layout
+from fastpp.sim.planner import sample_lengths
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig
 from fastpp.sim.sweep import SweepGrid, SweepPoint, evaluate_point, execute_plans, plan_sweep
 from fastpp.sim.sweep_table import RESULTS_JSONL, read_rows, rewrite_rows
@@ -354,6 +357,32 @@ def static_table(model: str, f_by_w: dict[str, dict]) -> str:
     )
 
 
+def bound_of(model: str, workload: str, system: str) -> float:
+    """The planner's bubble-free capacity bound (fastpp.sim.plan_bound, req/s) of ``system``
+    (``pp4@static:384``) on ``workload``: the same profile, lengths sample and chunk ceiling."""
+    deploy, _, policy = system.partition("@")
+    pp, tp = (int(deploy[2:]), 1) if deploy.startswith("pp") else (1, int(deploy[2:]))
+    profile = DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy).load_profile()
+    lengths = RequestLengths.of(sample_lengths(WorkloadConfig(name=workload)))
+    ceiling = DeploymentCandidate(Layout(dp=1, tp=tp, pp=pp), policy).max_tokens()
+    return capacity_bound(profile, lengths, ceiling).rate
+
+
+def bound_share_table(model: str, f_by_w: dict[str, dict]) -> str:
+    """Per workload and system: the share of its capacity bound the goodput reaches, and the
+    bound (req/s)."""
+    keys = ("tp4@static:2048", "pp4@static:2048", "best_goodput", *(f"pp4@{p}" for p in DYNAMIC))
+    rows = []
+    for w, f in f_by_w.items():
+        row: list[object] = [w]
+        for key in keys:
+            system = f"pp4@static:{f['best']}" if key == "best_goodput" else key
+            bound = bound_of(model, w, system)
+            row.append(f"{f[key] / bound:.0%} of {bound:.2f}")
+        rows.append(row)
+    return table(HEADERS, rows)
+
+
 def goodput_section(rep: Report, sweeps: SweepsInBackground) -> dict:
     """The paper's Figure 9 in steady state: goodput per workload and system, for 32B and 14B."""
     found: dict = {}
@@ -375,6 +404,11 @@ def goodput_section(rep: Report, sweeps: SweepsInBackground) -> dict:
             + rep.image(name, model)
             + f"\n\nEvery static chunk ({model}, req/s; the best in bold):\n\n"
             + static_table(model, f_by_w)
+            + f"\n\nShare of the bubble-free capacity bound reached ({model}): goodput / bound, "
+            "and the bound in req/s. The bound is the planner's (`fastpp.sim.plan_bound`, "
+            "docs/PLANNER.md): the rate at which the busiest resource (a stage, the host loop "
+            "or the KV pool) would be 100% busy, with no bubbles, queueing or SLO; a dynamic "
+            "policy's chunk ceiling is its largest candidate.\n\n" + bound_share_table(model, f_by_w)
         )
     grids = {STATIC[m] for m in MODELS}
     grid_words = (
@@ -698,9 +732,46 @@ def replay_section(rep: Report) -> dict:
         + "\n\n"
         + replay_words(wl, runs, label, rows)
         + "\n\n"
-        + " ".join(rep.image(n, n) for n in ("replay_cdf_ttft", "replay_cdf_tpot", "replay_chunk")),
+        + " ".join(rep.image(n, n) for n in ("replay_cdf_ttft", "replay_cdf_tpot", "replay_chunk"))
+        + "\n\n"
+        + overload_replay(),
     )
     return dict(zip(label, rows, strict=True))
+
+
+OVERLOAD_SPEED = 1.2
+OVERLOAD_POLICIES = ("static:384", "static:512", "greedy", "predictive", "predictive+ds", "slack")
+
+
+def overload_replay() -> str:
+    """The same window replayed faster than PP=4 sustains at its busiest: what each policy
+    saves when some requests must miss."""
+    wl = WorkloadConfig(replay="azure-conv", replay_window_s=900, replay_speed=OVERLOAD_SPEED)
+    runs = ex.run_rows(wl, [DeploymentConfig(policy=p) for p in OVERLOAD_POLICIES])
+    rows = [ex.latency_row(r) for r in runs]
+    by = {p: r for p, r in zip(OVERLOAD_POLICIES, rows, strict=True)}
+    best = max(OVERLOAD_POLICIES, key=lambda p: by[p]["slo_attainment"])
+    statics = [p for p in OVERLOAD_POLICIES if p.startswith("static:")]
+    best_static = max(statics, key=lambda p: by[p]["slo_attainment"])
+    return (
+        f"At {OVERLOAD_SPEED:g}x ({rows[0]['num_requests']} requests), more than PP=4 sustains "
+        "in the trace's busiest minutes:\n\n"
+        + table(
+            ["system", "attainment", "P90 TTFT (ms)", "P90 TPOT (ms)", "mean E2E (s)"],
+            [
+                [
+                    f"pp4 {p}",
+                    f"{r['slo_attainment']:.1%}",
+                    r["p90_ttft_ms"],
+                    r["p90_tpot_ms"],
+                    r["mean_e2e_latency_ms"] / 1e3,
+                ]
+                for p, r in by.items()
+            ],
+        )
+        + f"\n\nHighest attainment: pp4 {best} ({by[best]['slo_attainment']:.1%}); the best static "
+        f"chunk pp4 {best_static} {by[best_static]['slo_attainment']:.1%}."
+    )
 
 
 def replay_words(wl: WorkloadConfig, runs: list, label: list[str], rows: list[dict]) -> str:
