@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
-from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
+from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, RetractionOpt
 
 
 def goodput(
@@ -106,6 +106,8 @@ def goodput(
         ),
     ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
+    admission: AdmissionOpt = None,
+    retraction: RetractionOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
@@ -131,6 +133,8 @@ def goodput(
                 policy=policy,
                 profile_path=profile,
                 host_loop=host_loop,
+                admission_reserve=admission,
+                retraction=retraction,
                 chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
             ),
             slo=slo,
@@ -212,6 +216,8 @@ def goodput(
                 "slo_ttft_ms": slo.ttft_s * 1e3,
                 "slo_tpot_ms": slo.tpot_s * 1e3,
                 "protocol": protocol,
+                "admission": dep.admission_reserve,
+                "retraction": dep.retraction,
                 **res.to_dict(),
             }
         )

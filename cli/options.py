@@ -38,3 +38,17 @@ ChunkCandidatesOpt = Annotated[
         help="Chunk sizes dynamic policies choose from: START:STOP:STEP or a comma list. [default: 128:2048:128; serve: 32:1024:32]"
     ),
 ]
+AdmissionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--admission",
+        help="Whose remaining output the admission reserve counts: all (every admitted request, running, in flight or parked) or slot (the launching slot's decodes only, as the paper's reference: more admissions, more retractions). [default: all]",
+    ),
+]
+RetractionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--retraction",
+        help="Which request a KV shortage retracts: newest_front (the slot's newest, back to the front of the queue) or fewest_output_back (fewest generated tokens, to the back, as SGLang). [default: newest_front]",
+    ),
+]

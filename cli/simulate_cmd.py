@@ -13,6 +13,7 @@ import typer
 
 from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
 from fastpp.cli.options import (
+    AdmissionOpt,
     ArrivalOpt,
     ChunkCandidatesOpt,
     CvOpt,
@@ -21,6 +22,7 @@ from fastpp.cli.options import (
     ReplaySpeedOpt,
     ReplayStartOpt,
     ReplayWindowOpt,
+    RetractionOpt,
     WorkloadOpt,
 )
 from fastpp.cli.profile_conflict import check_profile_against
@@ -69,6 +71,8 @@ def simulate(
     ] = None,
     chunk: Annotated[int | None, typer.Option(help="Shortcut for --policy static:CHUNK.")] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
+    admission: AdmissionOpt = None,
+    retraction: RetractionOpt = None,
     host_loop: Annotated[
         str | None,
         typer.Option(
@@ -144,6 +148,8 @@ def simulate(
                 policy=f"static:{chunk}" if chunk is not None else policy,
                 chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
                 host_loop=host_loop,
+                admission_reserve=admission,
+                retraction=retraction,
             ),
             slo=slo,
         )

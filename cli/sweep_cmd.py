@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 
 from fastpp.cli.common import console, err_console, fail
-from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
+from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, RetractionOpt
 
 if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
     from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
@@ -178,6 +178,8 @@ def sweep(
         ),
     ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
+    admission: AdmissionOpt = None,
+    retraction: RetractionOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
@@ -211,6 +213,8 @@ def sweep(
                     "slo_tpot_ms": slo_tpot_ms,
                     "profile": profile,
                     "host_loop": host_loop,
+                    "admission": admission,
+                    "retraction": retraction,
                     "chunk_candidates": chunk_candidates,
                     "data_dir": data_dir,
                 }.items()

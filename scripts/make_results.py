@@ -84,6 +84,11 @@ PRECISION = {"Qwen2.5-32B": 0.25, "Qwen2.5-14B": 0.5}
 FIXED = {"azure-conv": "azure", "cnn-reversed-synthetic": "cnn-reversed"}
 FIXED_MODELS = ("Qwen2.5-32B",)
 FIXED_SEEDS = (0, 1, 2)
+# Section 8's admission and retraction variants on CNN-Reversed (SchedulerConfig's options; the
+# section's main grid runs the defaults, all / newest_front): the reference's admission check
+# counts only the launching slot's decodes and it retracts the fewest-output request to the back.
+ADMISSION_VARIANTS = (("slot", "newest_front"), ("slot", "fewest_output_back"), ("all", "fewest_output_back"))
+ADMISSION_POLICIES = ("predictive", "predictive+ds", "slack")
 SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
 NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
@@ -146,6 +151,17 @@ def sweep_grids() -> dict[str, SweepGrid]:
                 deployments=systems(model),
                 protocol=preset,
             )
+        for admission, retraction in ADMISSION_VARIANTS:
+            grids[admission_grid_name(model, admission, retraction)] = goodput_grid(
+                PRECISION[model],
+                seeds=FIXED_SEEDS,
+                workloads=("cnn-reversed-synthetic",),
+                models=(model,),
+                deployments=tuple(f"pp4@{p}" for p in ADMISSION_POLICIES),
+                protocol="cnn-reversed",
+                admission_reserve=admission,
+                retraction=retraction,
+            )
     for model in MODELS[1:]:
         grids[f"goodput-{model}"] = goodput_grid(
             PRECISION[model], workloads=WORKLOADS, models=(model,), deployments=systems(model)
@@ -163,6 +179,10 @@ def sweep_grids() -> dict[str, SweepGrid]:
         workloads=("azure-conv",), deployments=("pp4@predictive", "pp4@predictive:tokens")
     )
     return grids
+
+
+def admission_grid_name(model: str, admission: str, retraction: str) -> str:
+    return f"fixed-cnn-reversed-{model}-{admission}-{retraction}"
 
 
 def timed_point(point: SweepPoint) -> tuple[dict, float]:
@@ -442,7 +462,7 @@ def fmt_grid(grid: Sequence[int]) -> str:
 def fixed_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict) -> dict:
     """Section 1's systems under the paper's protocol (fastpp.sim.goodput_fixed presets), with
     retractions, parks and P99 TPOT of the CNN-Reversed fixed runs at each policy's goodput."""
-    paper: dict = {"goodput": {}, "at_rate": {}}
+    paper: dict = {"goodput": {}, "at_rate": {}, "admission": {}}
     body = []
     for model in FIXED_MODELS:
         f_by_w = {}
@@ -493,6 +513,9 @@ def fixed_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict)
                 ["policy", "rate (req/s)", "P90 TPOT (ms)", "P99 TPOT (ms)", "retractions", "parks"], at_rate
             )
         )
+        variants = admission_variants(model, sweeps, f_by_w[cnnr])
+        paper["admission"][model] = variants
+        body.append(admission_words(model, n, variants))
     presets = "; ".join(
         f"{w}: `--protocol {p}`, {PRESETS[p].num_requests:,} prompts per rate" for w, p in FIXED.items()
     )
@@ -516,6 +539,80 @@ def fixed_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict)
         "sustain; compare fixed-run numbers only at the same N.\n\n" + "\n\n".join(body),
     )
     return paper
+
+
+def admission_variants(model: str, sweeps: SweepsInBackground, default: dict) -> dict:
+    """CNN-Reversed fixed-run goodput per (admission, retraction) and policy, with retractions
+    and P99 TPOT of the pooled fixed runs at that goodput: {(adm, ret): {policy: dict}}."""
+    cnnr = "cnn-reversed-synthetic"
+    n = PRESETS[FIXED[cnnr]].num_requests
+    out: dict = {}
+    for admission, retraction in (("all", "newest_front"), *ADMISSION_VARIANTS):
+        if (admission, retraction) == ("all", "newest_front"):
+            found = {p: (default[f"pp4@{p}"], f"pp4@{p}" in default["at_least"]) for p in ADMISSION_POLICIES}
+        else:
+            rows = sweeps.rows(admission_grid_name(model, admission, retraction))
+            found = {r["policy"]: (r["goodput"], r["margin"] is None) for r in rows}
+        cells = {}
+        for policy, (rate, open_top) in found.items():
+            s = {}
+            if rate > 0:
+                s = ex.pooled_summary(
+                    WorkloadConfig(name=cnnr, rate=rate, num_requests=n),
+                    DeploymentConfig(
+                        model=model, policy=policy, admission_reserve=admission, retraction=retraction
+                    ),
+                    FIXED_SEEDS,
+                )
+            cells[policy] = {"goodput": rate, "open_top": open_top, **s}
+        out[(admission, retraction)] = cells
+    return out
+
+
+def admission_words(model: str, n: int, variants: dict) -> str:
+    """Section 8's admission/retraction table and the rule it supports."""
+
+    def g(c: dict) -> str:
+        return (">= " if c["open_top"] else "") + f"{c['goodput']:.2f}"
+
+    rows = []
+    for (admission, retraction), cells in variants.items():
+        a, b = cells["predictive"], cells["predictive+ds"]
+        ratio = f"{b['goodput'] / a['goodput']:.2f}x" if a["goodput"] > 0 else "n/a"
+        rows.append(
+            [
+                f"{admission} / {retraction}",
+                g(a),
+                g(b),
+                ratio,
+                f"{a.get('num_retractions', 0)} / {b.get('num_retractions', 0)}",
+                f"{a.get('p99_tpot_ms', 0):.0f} / {b.get('p99_tpot_ms', 0):.0f}",
+                g(cells["slack"]),
+            ]
+        )
+    return (
+        f"Admission and retraction (CNN-Reversed fixed runs, {model}, {n:,} prompts, seeds "
+        f"{', '.join(map(str, FIXED_SEEDS))} pooled). Admission `all` (the default) keeps free "
+        "a share of the remaining output of every admitted request, running, in flight or "
+        "parked; `slot` counts only the launching slot's decodes, as the reference's check "
+        "does. Retraction `newest_front` (the default) retracts the slot's newest request to "
+        "the front of the queue; `fewest_output_back` the one with the fewest generated tokens "
+        "to the back, as the reference. `fastpp goodput --protocol cnn-reversed --admission "
+        "slot --retraction fewest_output_back` runs a row. Retractions and P99 TPOT are those "
+        "of the pooled fixed runs at each policy's goodput rate (predictive / predictive+DS):\n\n"
+        + table(
+            [
+                "admission / retraction",
+                "predictive",
+                "predictive+DS",
+                "DS gain",
+                "retractions",
+                "P99 TPOT (ms)",
+                "slack",
+            ],
+            rows,
+        )
+    )
 
 
 def beat_section(rep: Report) -> dict:
@@ -950,6 +1047,18 @@ def findings(found: dict, tpot: dict, beat: dict, slo: dict, ds: dict, paper: di
                 f"; at each one's goodput rate, retractions {a['num_retractions']} vs "
                 f"{b['num_retractions']} and P99 TPOT {a['p99_tpot_ms']:.0f} vs {b['p99_tpot_ms']:.0f} ms "
                 "(predictive vs predictive+DS, section 8)"
+            )
+    for m, variants in paper["admission"].items():
+        for (adm, ret), cells in variants.items():
+            a, b = cells["predictive"], cells["predictive+ds"]
+            if adm != "slot" or a["goodput"] <= 0:
+                continue
+            line += (
+                f"; {m}, admission {adm} and retraction {ret} (the reference's check, section 8): "
+                f"{'>= ' if b['open_top'] else ''}{b['goodput']:.2f} vs {a['goodput']:.2f} = "
+                f"{'>= ' if b['open_top'] else ''}{b['goodput'] / a['goodput']:.2f}x, retractions "
+                f"{a.get('num_retractions', 0)} vs {b.get('num_retractions', 0)}, P99 TPOT "
+                f"{a.get('p99_tpot_ms', 0):.0f} vs {b.get('p99_tpot_ms', 0):.0f} ms"
             )
     lines.append(line + ". " + DS_WHY)
     for model, (a, b) in ds.items():

@@ -13,7 +13,13 @@ from fastpp.profile import Profile, load_profile
 from fastpp.profile_names import resolve_profile
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, MAX_CHUNK_CANDIDATES, SchedulerConfig
+from fastpp.scheduler_config import (
+    ADMISSION_RESERVES,
+    DEFAULT_CANDIDATES,
+    MAX_CHUNK_CANDIDATES,
+    RETRACTIONS,
+    SchedulerConfig,
+)
 from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimResult
 from fastpp.sim.limits import check_workload_extent
 from fastpp.types import SLO, Request
@@ -113,8 +119,21 @@ class DeploymentConfig:
     page_size: int | None = None  # default: the profile's
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
     host_loop: str = "free-slots"  # or batch-queue (vLLM), blocking-launch (sim/engine.py HOST_LOOPS)
+    # SchedulerConfig's admission reserve ("all" | "slot") and retraction order
+    # ("newest_front" | "fewest_output_back"): fastpp/scheduler_config.py says what each does
+    admission_reserve: str = "all"
+    retraction: str = "newest_front"
 
     def __post_init__(self) -> None:
+        if self.admission_reserve not in ADMISSION_RESERVES:
+            raise ValueError(
+                f"admission reserve (--admission) must be one of {', '.join(ADMISSION_RESERVES)}, "
+                f"got {self.admission_reserve!r}"
+            )
+        if self.retraction not in RETRACTIONS:
+            raise ValueError(
+                f"retraction (--retraction) must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}"
+            )
         if self.chunk_candidates is not None and len(self.chunk_candidates) > MAX_CHUNK_CANDIDATES:
             raise ValueError(
                 f"chunk_candidates (--chunk-candidates): {len(self.chunk_candidates):,} "
@@ -198,6 +217,8 @@ def scheduler_config(profile: Profile, deployment: DeploymentConfig) -> Schedule
         slo=deployment.slo,
         token_step=profile.token_step,
         chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
+        admission_reserve=deployment.admission_reserve,
+        retraction=deployment.retraction,
     )
 
 
@@ -278,6 +299,8 @@ def run_simulation(
         tp=profile.tp,
         policy=deployment.policy,
         host_loop=deployment.host_loop,
+        admission_reserve=deployment.admission_reserve,
+        retraction=deployment.retraction,
         workload=workload.describe(),
         kv_capacity_tokens=profile.kv_capacity_tokens,
         num_microbatches=result.num_microbatches,

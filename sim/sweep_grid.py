@@ -36,7 +36,7 @@ from typing import Any
 from fastpp.policies import BALANCERS, POLICIES
 from fastpp.profile import load_profile
 from fastpp.profile_names import resolve_profile
-from fastpp.scheduler_config import parse_chunk_candidates
+from fastpp.scheduler_config import ADMISSION_RESERVES, RETRACTIONS, parse_chunk_candidates
 from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.goodput_fixed import parse_protocol
@@ -100,6 +100,8 @@ class SweepPoint:
     chunk_candidates: tuple[int, ...] | None = None
     data_dir: str | None = None
     protocol: str | None = None  # goodput under a fixed-run protocol (goodput_fixed), else steady
+    admission_reserve: str = "all"  # SchedulerConfig's (fastpp/scheduler_config.py)
+    retraction: str = "newest_front"
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -154,6 +156,9 @@ class SweepPoint:
         }
         if self.protocol is not None:  # steady-state rows (and ids) as before the field
             row["protocol"] = self.protocol
+        for name in ("admission_reserve", "retraction"):  # likewise: only where not the default
+            if getattr(self, name) != _SIMULATE_OPTIONS[name]:
+                row[name] = getattr(self, name)
         if not with_id:
             del row["point_id"]
         return row
@@ -181,6 +186,8 @@ class SweepPoint:
             profile_path=self.profile,
             host_loop=self.host_loop,
             chunk_candidates=self.chunk_candidates,
+            admission_reserve=self.admission_reserve,
+            retraction=self.retraction,
         )
 
     def describe(self) -> str:
@@ -242,6 +249,8 @@ class SweepGrid:
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies choose from
     data_dir: str | None = None  # folder with the real traces
     protocol: str | None = None  # goodput: a fixed-run protocol (goodput_fixed) instead of steady
+    admission_reserve: str = "all"  # SchedulerConfig's admission reserve: all | slot
+    retraction: str = "newest_front"  # SchedulerConfig's retraction order
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -290,6 +299,13 @@ class SweepGrid:
             _check_protocol(self.protocol, kind, self.steady)
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
+        if self.admission_reserve not in ADMISSION_RESERVES:
+            raise ValueError(
+                f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
+                f"got {self.admission_reserve!r}"
+            )
+        if self.retraction not in RETRACTIONS:
+            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}")
         if self.profile is not None and (self.models is not None or self.gpus is not None):
             raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:
@@ -344,6 +360,8 @@ class SweepGrid:
             "chunk_candidates": self.chunk_candidates,
             "data_dir": self.data_dir,
             "protocol": self.protocol,
+            "admission_reserve": self.admission_reserve,
+            "retraction": self.retraction,
         }
 
         points: list[SweepPoint] = []
@@ -387,7 +405,14 @@ class SweepGrid:
 
 
 # SweepPoint's simulate options and their defaults (a default stays out of the point's id).
-_SIMULATE_OPTIONS = {"profile": None, "host_loop": "free-slots", "chunk_candidates": None, "data_dir": None}
+_SIMULATE_OPTIONS = {
+    "profile": None,
+    "host_loop": "free-slots",
+    "chunk_candidates": None,
+    "data_dir": None,
+    "admission_reserve": "all",
+    "retraction": "newest_front",
+}
 
 _AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates", "slo_scales", "seeds")
 
@@ -413,6 +438,8 @@ GRID_KEYS = {
     "host_loop": "host_loop",
     "chunk_candidates": "chunk_candidates",
     "data_dir": "data_dir",
+    "admission": "admission_reserve",
+    "retraction": "retraction",
 }
 
 

@@ -92,3 +92,39 @@ def test_bad_options_are_named():
         SchedulerConfig(num_slots=1, kv_capacity_tokens=10, admission_reserve="some")
     with pytest.raises(ValueError, match="retraction"):
         SchedulerConfig(num_slots=1, kv_capacity_tokens=10, retraction="oldest")
+
+
+def test_a_deployment_carries_both_options_to_its_scheduler_summary_and_sweep_point():
+    from dataclasses import replace
+
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, build_scheduler, run_simulation
+    from fastpp.sim.sweep_grid import SweepGrid, grid_from_mapping
+
+    base = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="predictive+ds")
+    slot = replace(base, admission_reserve="slot", retraction="fewest_output_back")
+    config = build_scheduler(slot.load_profile(), slot).config
+    assert (config.admission_reserve, config.retraction) == ("slot", "fewest_output_back")
+    run = run_simulation(WorkloadConfig(name="cnn-reversed-synthetic", rate=4.0, num_requests=20), slot)
+    assert (run.summary["admission_reserve"], run.summary["retraction"]) == ("slot", "fewest_output_back")
+    assert run.summary["completed"] == 20
+    # a sweep point: the defaults keep the id points had before the options; slot is another
+    plain = SweepGrid(metric="simulate", rates=(1.0,)).expand()[0][0]
+    same = SweepGrid(metric="simulate", rates=(1.0,), admission_reserve="all").expand()[0][0]
+    other = grid_from_mapping({"admission": "slot", "rate": [1.0]}).expand()[0][0]
+    assert plain.point_id == same.point_id != other.point_id
+    assert other.deployment_config().admission_reserve == "slot"
+    assert other.axes()["admission_reserve"] == "slot" and "admission_reserve" not in plain.axes()
+    with pytest.raises(ValueError, match="--admission"):
+        DeploymentConfig(admission_reserve="lazy")
+    with pytest.raises(ValueError, match="retraction must be one of"):
+        SweepGrid(metric="simulate", retraction="oldest")
+
+
+def test_the_cli_names_a_bad_admission_or_retraction():
+    from typer.testing import CliRunner
+
+    from fastpp.cli.app import app
+
+    for flag, value in (("--admission", "lazy"), ("--retraction", "oldest")):
+        bad = CliRunner().invoke(app, ["simulate", "-n", "5", flag, value])
+        assert bad.exit_code != 0 and value in bad.output and flag.lstrip("-") in bad.output
