@@ -17,10 +17,10 @@ load ``--reps`` times; repetition r of a load sends the same requests to every d
 Deployments are labels: ``stock`` (vLLM's own scheduler), or a policy spec for ours (``static``,
 ``greedy``, ``greedy+ds``, ``static+ds``, ``predictive``...). Balancers run with
 ``--token-step`` (default 1: a CPU has no tile step, so the delay scheduler's tier is one
-request and it evens decode counts across the two microbatches). ``predictive`` gets
-``--profile`` (default: the torch engine's SmolLM2 pp 2 profile, which it corrects online from
-vLLM's measured stage times; a profile of vLLM itself comes from a recorded run with ``fastpp
-profile --from-records RUN_DIR``).
+request and it evens decode counts across the two microbatches). ``predictive`` and ``slack``
+(and their ``+ds`` forms) get ``--profile`` (default: the torch engine's SmolLM2 pp 2 profile,
+which they correct online from vLLM's measured stage times; a profile of vLLM itself comes from
+a recorded run with ``fastpp profile --from-records RUN_DIR``).
 
 Prints, per load and deployment, the mean and the spread (min..max over reps) of output
 throughput, TTFT P50/P90, TPOT P50/P90 and goodput: requests per second that met both SLOs
@@ -76,7 +76,7 @@ def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) ->
         return out
     if "+" in label:
         out += ["--token-step", str(args.token_step)]
-    if label.startswith("predictive"):
+    if label.startswith(("predictive", "slack")):
         out += ["--profile", args.profile]
     if record_dir is not None:
         out += ["--record-dir", str(record_dir / label.replace("+", "_").replace(":", "_"))]
