@@ -354,7 +354,7 @@ class SweepGrid:
             prof = load_profile(resolve_profile(self.profile))
             models, gpus, default_deploy = (prof.model.name,), (prof.gpu,), f"pp{prof.pp}tp{prof.tp}"
             names = lambda model, gpu: (model, gpu)  # noqa: E731
-        extra = {
+        extra: dict[str, Any] = {
             "profile": self.profile,
             "host_loop": self.host_loop,
             "chunk_candidates": self.chunk_candidates,
