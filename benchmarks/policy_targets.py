@@ -17,12 +17,13 @@ missing; ``report`` prints every table from it.
 * fixed: ``fastpp.sim.goodput_fixed`` (docs/GOODPUT.md), the presets ``azure`` (400 prompts) and
   ``cnn-reversed`` (1,000), rates 1..11 refined to ``--precision``; seeds 0..2 pooled. On
   CNN-Reversed also retractions and P99 TPOT at the goodput rate, and the admission and
-  retraction options of SchedulerConfig (``+adm=slot``, ``+ret=back``).
+  retraction options (``@adm=slot``, ``@ret=back``).
 * replay: the Azure conversation trace, first 900 s, at 0.9x and 1.2x its arrival rate:
   per-request attainment (both SLOs met), P90 TTFT, P90 TPOT, mean E2E.
 
 Policies are specs as ``fastpp policies`` lists them; a suffix ``@adm=slot`` or ``@ret=back``
-sets SchedulerConfig.admission_reserve="slot" / retraction="fewest_output_back" for that run.
+sets DeploymentConfig.admission_reserve="slot" / retraction="fewest_output_back" for that run
+(``fastpp goodput --admission slot --retraction fewest_output_back``).
 Work runs in a process pool of ``--workers`` (default 2) processes.
 """
 
@@ -43,7 +44,7 @@ OPTIONS = {"adm=slot": ("admission_reserve", "slot"), "ret=back": ("retraction",
 
 
 def _split(spec: str) -> tuple[str, dict[str, str]]:
-    """``predictive+ds@adm=slot@ret=back`` -> (policy, SchedulerConfig overrides)."""
+    """``predictive+ds@adm=slot@ret=back`` -> (policy, DeploymentConfig overrides)."""
     policy, *opts = spec.split("@")
     overrides = {}
     for o in opts:
@@ -54,25 +55,13 @@ def _split(spec: str) -> tuple[str, dict[str, str]]:
     return policy, overrides
 
 
-def _with_options(overrides: dict[str, str]) -> None:
-    """The simulator's schedulers take ``overrides`` (this process only)."""
-    import fastpp.sim.run as run
-    from fastpp.scheduler_config import SchedulerConfig
-
-    if overrides:
-        run.SchedulerConfig = lambda **kw: SchedulerConfig(**{**kw, **overrides})  # type: ignore[assignment]
-    else:
-        run.SchedulerConfig = SchedulerConfig  # type: ignore[assignment]
-
-
 def _deployment(model: str, spec: str):
     from fastpp.sim.run import DeploymentConfig
 
     policy, overrides = _split(spec)
-    _with_options(overrides)
     if policy.startswith("tp:"):
-        return DeploymentConfig(model=model, pp=1, tp=4, policy=policy[3:])
-    return DeploymentConfig(model=model, pp=4, tp=1, policy=policy)
+        return DeploymentConfig(model=model, pp=1, tp=4, policy=policy[3:], **overrides)
+    return DeploymentConfig(model=model, pp=4, tp=1, policy=policy, **overrides)
 
 
 def measure(job: tuple) -> tuple[str, dict]:
