@@ -620,8 +620,9 @@ def admission_words(model: str, n: int, variants: dict) -> str:
     steps = max(slot[p]["steady"] - base[p]["steady"] for p in ADMISSION_POLICIES) / step(model)
     gain = max(back[p]["goodput"] - slot[p]["goodput"] for p in ADMISSION_POLICIES)
     admission = ("The default stays `all`" if steps <= 1 else "Slot admission wins in steady state too") + (
-        f": in steady state slot admission moves goodput by at most {steps:+.0f} search step(s) "
-        f"({step(model):g} req/s); at the fixed runs' goodput rates it retracts {total(slot)} "
+        f": in steady state slot admission gains at most {steps:.0f} search "
+        f"step{'' if steps == 1 else 's'} ({step(model):g} req/s each); at the fixed runs' "
+        f"goodput rates it retracts {total(slot)} "
         f"requests (work a real engine recomputes) where `all` retracts {total(base)}, with P99 "
         f"TPOT {p99s(slot)} ms against {p99s(base)} ms. The fixed runs credit it because a "
         "finite run ends before the requests admitted beyond the cache's room have all been "
