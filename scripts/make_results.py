@@ -617,10 +617,10 @@ def admission_words(model: str, n: int, variants: dict) -> str:
         values = [v[p].get("p99_tpot_ms", 0) for p in ADMISSION_POLICIES]
         return f"{min(values):.0f}..{max(values):.0f}"
 
-    steps = max(slot[p]["steady"] - base[p]["steady"] for p in ADMISSION_POLICIES) / step(model)
+    steps = round(max(slot[p]["steady"] - base[p]["steady"] for p in ADMISSION_POLICIES) / step(model))
     gain = max(back[p]["goodput"] - slot[p]["goodput"] for p in ADMISSION_POLICIES)
     admission = ("The default stays `all`" if steps <= 1 else "Slot admission wins in steady state too") + (
-        f": in steady state slot admission gains at most {steps:.0f} search "
+        f": in steady state slot admission gains at most {steps} search "
         f"step{'' if steps == 1 else 's'} ({step(model):g} req/s each); at the fixed runs' "
         f"goodput rates it retracts {total(slot)} "
         f"requests (work a real engine recomputes) where `all` retracts {total(base)}, with P99 "
