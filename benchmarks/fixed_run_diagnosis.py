@@ -76,7 +76,10 @@ def main() -> None:
         f"{args.model}, 4 x A100-40GB PCIe, PP=4; azure-conv, {args.num_requests} prompts per seed at "
         f"{args.rate:g} req/s, seeds {', '.join(map(str, SEEDS))} pooled\n"
     )
-    print("| policy | P90 TTFT (ms) | P90 TPOT (ms) | passes | attainment | prefill microbatches with the pool filling |")
+    print(
+        "| policy | P90 TTFT (ms) | P90 TPOT (ms) | passes | attainment "
+        "| prefill microbatches with the pool filling |"
+    )
     print("|---|---|---|---|---|---|")
     for label, policy, overrides in rows:
         s = measure(args.model, args.rate, args.num_requests, policy, overrides)
