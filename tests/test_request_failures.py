@@ -126,6 +126,21 @@ def test_requests_failed_by_a_dead_stage_are_in_the_recording():
     assert rec[running][0] == FinishReason.ABORTED and rec[running][1].startswith("error: ")
 
 
+def test_a_request_still_in_the_inbox_when_the_engine_fails_is_ended_and_recorded():
+    """Submitted (counted as received) but not yet taken in by the engine thread when the
+    engine fails: its caller gets the error end and the recording its record, so the records
+    match the requests received (the stopped-stage chaos test counts both)."""
+    engine = PipelineEngine(SOURCE, EngineConfig(num_stages=1, kv_blocks=16, block_size=4, record=True))
+    got = Collector()
+    rid = engine.submit([3] * 5, SamplingParams(max_tokens=4), got)  # no engine thread: it waits
+    engine._fail("stage 1 stopped responding: no heartbeat for 3.0 s")
+    assert got.ends[rid].finish_reason == "error"
+    assert engine.num_received == 1
+    assert recorded(engine) == {
+        rid: (FinishReason.ABORTED, "error: stage 1 stopped responding: no heartbeat for 3.0 s")
+    }
+
+
 def test_a_microbatch_a_stage_cannot_compute_fails_alone():
     spec = StageSpec(SOURCE, num_stages=1, kv_blocks=4, block_size=4)
     runner = StageRunner(spec, 0, WEIGHTS)

@@ -266,7 +266,10 @@ class PipelineEngine:
         with self._lock:
             self._submitted += 1
             rid = next(self._ids)
-        self._inbox.put(("add", rid, list(prompt_ids), params, on_event))
+            self._inbox.put(("add", rid, list(prompt_ids), params, on_event))
+            stranded = self._stopped.is_set() and self.error is not None
+        if stranded:  # the engine failed and stopped while this was queued: nobody drains it
+            self._fail_queued(self.error or "engine is shut down")
         return rid
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
@@ -369,8 +372,13 @@ class PipelineEngine:
                 log.debug("engine thread ended by the failure:\n%s", traceback.format_exc())
             self._fail(f"engine thread failed: {brief_error(exc)}")
         finally:
+            if self.error is not None:
+                self._fail_queued(self.error)
             self.snapshot = self._snapshot()
-            self._stopped.set()
+            with self._lock:  # a submit queues and checks under the lock: before this or after
+                self._stopped.set()
+            if self.error is not None:  # one that queued before the set, after the drain above
+                self._fail_queued(self.error)
 
     def _loop(self) -> None:
         stop_sent = False
@@ -586,15 +594,25 @@ class PipelineEngine:
         self._report_failure(message)
 
     def _fail_queued(self, message: str) -> None:
-        """End with an error the requests submitted but not yet taken from the inbox."""
+        """End with an error the requests submitted but not yet taken from the inbox, each
+        recorded (when recording) as the scheduler records the ones it held: aborted, with
+        ``error: <message>`` as the detail, so every received request has its record."""
+        first_line = (message.strip().splitlines() or [""])[0]
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if item[0] == "add":
-                item[4](EngineEvent(item[1], (), "error", message))
+                _, rid, prompt, params, on_event = item
+                on_event(EngineEvent(rid, (), "error", message))
                 self.counters.count_end("error", None)
+                if self.config.record:
+                    now = self._clock()
+                    rec = RequestRecord(rid, now, len(prompt), params.max_tokens)
+                    rec.finished_at, rec.finish_reason = now, FinishReason.ABORTED
+                    rec.detail = f"error: {first_line}"
+                    self.recorded_requests.append(rec)
 
     def _report_failure(self, message: str) -> None:
         """Tell the failure callbacks, once, whichever thread finds the failure first."""
