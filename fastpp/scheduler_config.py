@@ -25,6 +25,23 @@ RETRACTIONS = ("newest_front", "fewest_output_back")
 MAX_CHUNK_CANDIDATES = 4096  # a policy looks at each candidate: more is memory and time, no use
 
 
+def check_queue_options(
+    admission_reserve: str,
+    retraction: str,
+    *,
+    admission_name: str = "admission_reserve",
+    retraction_name: str = "retraction",
+) -> None:
+    """``ValueError`` naming the option (as the caller calls it) unless ``admission_reserve``
+    is one of ADMISSION_RESERVES and ``retraction`` one of RETRACTIONS."""
+    if admission_reserve not in ADMISSION_RESERVES:
+        raise ValueError(
+            f"{admission_name} must be one of {', '.join(ADMISSION_RESERVES)}, got {admission_reserve!r}"
+        )
+    if retraction not in RETRACTIONS:
+        raise ValueError(f"{retraction_name} must be one of {', '.join(RETRACTIONS)}, got {retraction!r}")
+
+
 def parse_chunk_candidates(text: str) -> tuple[int, ...]:
     """``START:STOP:STEP`` (STOP included) or a comma list ``64,128,256``; ``ValueError`` otherwise."""
     try:
@@ -95,12 +112,6 @@ class SchedulerConfig:
             raise ValueError(f"default_chunk must be >= 1, got {self.default_chunk}")
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
-        if self.admission_reserve not in ADMISSION_RESERVES:
-            raise ValueError(
-                f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
-                f"got {self.admission_reserve!r}"
-            )
-        if self.retraction not in RETRACTIONS:
-            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}")
+        check_queue_options(self.admission_reserve, self.retraction)
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")

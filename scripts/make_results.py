@@ -24,6 +24,7 @@ what the whole page costs, and what this run took from the cache.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -44,7 +45,7 @@ from fastpp.sim.goodput_fixed import PRESETS
 from fastpp.sim.plan_bound import RequestLengths, capacity_bound
 from fastpp.sim.plan_candidates import DeploymentCandidate, Layout
 from fastpp.sim.planner import sample_lengths
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
 from fastpp.sim.sweep import SweepGrid, SweepPoint, evaluate_point, execute_plans, plan_sweep
 from fastpp.sim.sweep_table import RESULTS_JSONL, read_rows, rewrite_rows
 
@@ -89,6 +90,11 @@ FIXED_SEEDS = (0, 1, 2)
 # counts only the launching slot's decodes and it retracts the fewest-output request to the back.
 ADMISSION_VARIANTS = (("slot", "newest_front"), ("slot", "fewest_output_back"), ("all", "fewest_output_back"))
 ADMISSION_POLICIES = ("predictive", "predictive+ds", "slack")
+# ... each under the fixed runs and in steady state (goodput_grid arguments)
+ADMISSION_PROTOCOLS: dict[str, dict] = {
+    "fixed": {"seeds": FIXED_SEEDS, "protocol": "cnn-reversed"},
+    "steady": {},
+}
 SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
 NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
@@ -152,24 +158,16 @@ def sweep_grids() -> dict[str, SweepGrid]:
                 protocol=preset,
             )
         for admission, retraction in ADMISSION_VARIANTS:
-            grids[admission_grid_name("fixed", model, admission, retraction)] = goodput_grid(
-                PRECISION[model],
-                seeds=FIXED_SEEDS,
-                workloads=("cnn-reversed-synthetic",),
-                models=(model,),
-                deployments=tuple(f"pp4@{p}" for p in ADMISSION_POLICIES),
-                protocol="cnn-reversed",
-                admission_reserve=admission,
-                retraction=retraction,
-            )
-            grids[admission_grid_name("steady", model, admission, retraction)] = goodput_grid(
-                PRECISION[model],
-                workloads=("cnn-reversed-synthetic",),
-                models=(model,),
-                deployments=tuple(f"pp4@{p}" for p in ADMISSION_POLICIES),
-                admission_reserve=admission,
-                retraction=retraction,
-            )
+            for kind, protocol in ADMISSION_PROTOCOLS.items():
+                grids[admission_grid_name(kind, model, admission, retraction)] = goodput_grid(
+                    PRECISION[model],
+                    workloads=("cnn-reversed-synthetic",),
+                    models=(model,),
+                    deployments=tuple(f"pp4@{p}" for p in ADMISSION_POLICIES),
+                    admission_reserve=admission,
+                    retraction=retraction,
+                    **protocol,
+                )
     for model in MODELS[1:]:
         grids[f"goodput-{model}"] = goodput_grid(
             PRECISION[model], workloads=WORKLOADS, models=(model,), deployments=systems(model)
@@ -386,13 +384,19 @@ def static_table(model: str, f_by_w: dict[str, dict]) -> str:
     )
 
 
+@functools.cache
+def workload_lengths(workload: str) -> RequestLengths:
+    """The planner's lengths sample of ``workload`` (drawn once per page)."""
+    return RequestLengths.of(sample_lengths(WorkloadConfig(name=workload)))
+
+
 def bound_of(model: str, workload: str, system: str) -> float:
     """The planner's bubble-free capacity bound (fastpp.sim.plan_bound, req/s) of ``system``
     (``pp4@static:384``) on ``workload``: the same profile, lengths sample and chunk ceiling."""
-    deploy, _, policy = system.partition("@")
-    pp, tp = (int(deploy[2:]), 1) if deploy.startswith("pp") else (1, int(deploy[2:]))
+    pp, tp, policy = parse_deployment(system)
+    assert policy is not None, system
     profile = DeploymentConfig(model=model, pp=pp, tp=tp, policy=policy).load_profile()
-    lengths = RequestLengths.of(sample_lengths(WorkloadConfig(name=workload)))
+    lengths = workload_lengths(workload)
     ceiling = DeploymentCandidate(Layout(dp=1, tp=tp, pp=pp), policy).max_tokens()
     return capacity_bound(profile, lengths, ceiling).rate
 

@@ -14,11 +14,10 @@ from fastpp.profile_names import resolve_profile
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import (
-    ADMISSION_RESERVES,
     DEFAULT_CANDIDATES,
     MAX_CHUNK_CANDIDATES,
-    RETRACTIONS,
     SchedulerConfig,
+    check_queue_options,
 )
 from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimResult
 from fastpp.sim.limits import check_workload_extent
@@ -125,15 +124,12 @@ class DeploymentConfig:
     retraction: str = "newest_front"
 
     def __post_init__(self) -> None:
-        if self.admission_reserve not in ADMISSION_RESERVES:
-            raise ValueError(
-                f"admission reserve (--admission) must be one of {', '.join(ADMISSION_RESERVES)}, "
-                f"got {self.admission_reserve!r}"
-            )
-        if self.retraction not in RETRACTIONS:
-            raise ValueError(
-                f"retraction (--retraction) must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}"
-            )
+        check_queue_options(
+            self.admission_reserve,
+            self.retraction,
+            admission_name="admission reserve (--admission)",
+            retraction_name="retraction (--retraction)",
+        )
         if self.chunk_candidates is not None and len(self.chunk_candidates) > MAX_CHUNK_CANDIDATES:
             raise ValueError(
                 f"chunk_candidates (--chunk-candidates): {len(self.chunk_candidates):,} "

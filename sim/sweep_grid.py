@@ -36,7 +36,7 @@ from typing import Any
 from fastpp.policies import BALANCERS, POLICIES
 from fastpp.profile import load_profile
 from fastpp.profile_names import resolve_profile
-from fastpp.scheduler_config import ADMISSION_RESERVES, RETRACTIONS, parse_chunk_candidates
+from fastpp.scheduler_config import check_queue_options, parse_chunk_candidates
 from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.goodput_fixed import parse_protocol
@@ -299,13 +299,7 @@ class SweepGrid:
             _check_protocol(self.protocol, kind, self.steady)
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
-        if self.admission_reserve not in ADMISSION_RESERVES:
-            raise ValueError(
-                f"admission_reserve must be one of {', '.join(ADMISSION_RESERVES)}, "
-                f"got {self.admission_reserve!r}"
-            )
-        if self.retraction not in RETRACTIONS:
-            raise ValueError(f"retraction must be one of {', '.join(RETRACTIONS)}, got {self.retraction!r}")
+        check_queue_options(self.admission_reserve, self.retraction)
         if self.profile is not None and (self.models is not None or self.gpus is not None):
             raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:

@@ -40,6 +40,24 @@ def queued(policy, arrivals, prompt=200, slo=DEFAULT_SLO, kv=100_000, **cfg):
     return sched, clock
 
 
+def balancing(policy, **cfg):
+    """A two-slot scheduler with ``policy`` as chunk policy and balancer, KV to spare."""
+    clock = FakeClock()
+    sched = make_scheduler(
+        clock,
+        policy,
+        policy,
+        num_slots=2,
+        kv_capacity_tokens=100_000,
+        chunk_candidates=CANDS,
+        token_step=16,
+        default_chunk=512,
+        max_context=4096,
+        **cfg,
+    )
+    return sched, clock
+
+
 def test_the_registry_builds_one_object_for_both_roles():
     profile = make_profile(pp=2)
     cfg = SchedulerConfig(num_slots=2, kv_capacity_tokens=8192, token_step=16)
@@ -76,18 +94,7 @@ def test_deadlines_are_cumulative_fcfs_prompt_tokens_and_slack():
 
 def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_restores_them():
     policy = slack_for()
-    clock = FakeClock()
-    sched = make_scheduler(
-        clock,
-        policy,
-        policy,
-        num_slots=2,
-        kv_capacity_tokens=100_000,
-        chunk_candidates=CANDS,
-        token_step=16,
-        default_chunk=512,
-        max_context=4096,
-    )
+    sched, clock = balancing(policy)
     for i in range(36):  # 8-token prompts, 16 per 128-token microbatch: slots of 20 and 16
         sched.add_request(Request(i, 0.0, 8, 400))
     sizes = []
@@ -166,19 +173,7 @@ def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes(
 
     policy = Recording.from_profile(make_profile(pp=2), SlackConfig(), CANDS)
     policy.restores = []
-    clock = FakeClock()
-    sched = make_scheduler(
-        clock,
-        policy,
-        policy,
-        num_slots=2,
-        kv_capacity_tokens=100_000,
-        chunk_candidates=CANDS,
-        token_step=16,
-        default_chunk=512,
-        max_context=4096,
-        slo=SLO(2.0, 50.0),
-    )
+    sched, clock = balancing(policy, slo=SLO(2.0, 50.0))
     for i in range(60):  # outputs of 40..334 tokens: the slots shrink unevenly as they finish
         sched.add_request(Request(i, 0.0, 8, 40 + (i * 37) % 295))
     for _ in range(400):
