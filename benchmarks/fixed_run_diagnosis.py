@@ -15,6 +15,9 @@ Rows (PredictiveConfig fields; fastpp/policies/predictive.py explains each rule)
 * ``predictive, KV rule off, tpot_coeff 1.15``: and the per-round budget 15% above the SLO;
 * ``slack``: the slack policy as shipped.
 
+With ``--steady`` each row also gets section 1's steady-state goodput on azure-conv (the
+search of ``fastpp goodput``, to 0.25 req/s), which the relaxed rules cost.
+
 Columns: P90 TTFT and TPOT of the pooled records (the fixed-run test: both within the SLO,
 2 s / 200 ms), the share of requests meeting both, and the share of prefill microbatches whose
 chunk was chosen under the KV rule (reason ``kv-bound``). The predictive policy bounds every
@@ -28,9 +31,30 @@ import argparse
 from dataclasses import replace
 
 from fastpp.metrics import summarize
+from fastpp.sim.engine import PipelineSimulation
+from fastpp.sim.goodput import slo_goodput
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 
 SEEDS = (0, 1, 2)
+
+
+def configure(sim: PipelineSimulation, overrides: dict) -> None:
+    """Set ``overrides`` (PredictiveConfig fields) on the simulation's chunk policy."""
+    if overrides:
+        chunk = sim.scheduler.chunk_policy
+        chunk.config = replace(chunk.config, **overrides)
+
+
+def steady_goodput(model: str, policy: str, overrides: dict) -> float:
+    """Section 1's steady-state goodput (azure-conv, to 0.25 req/s) with ``overrides``."""
+    deployment = DeploymentConfig(model=model, policy=policy)
+    found = slo_goodput(
+        WorkloadConfig(name="azure-conv"),
+        deployment,
+        precision=0.25,
+        on_open=lambda sim: configure(sim, overrides),
+    )
+    return found.rate
 
 
 def measure(model: str, rate: float, n: int, policy: str, overrides: dict) -> dict:
@@ -40,9 +64,7 @@ def measure(model: str, rate: float, n: int, policy: str, overrides: dict) -> di
     for seed in SEEDS:
         workload = WorkloadConfig(name="azure-conv", rate=rate, num_requests=n, seed=seed)
         sim = open_simulation(workload, deployment, record_token_times=False)
-        if overrides:
-            chunk = sim.scheduler.chunk_policy
-            chunk.config = replace(chunk.config, **overrides)
+        configure(sim, overrides)
         result = sim.run()
         records += result.records
         for it in result.iterations:
@@ -60,6 +82,9 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=7.0, help="req/s (default: static:512's fixed-run goodput)")
     ap.add_argument("-n", "--num-requests", type=int, default=400, help="prompts per seed (the azure preset)")
     ap.add_argument("--static", type=int, default=512, help="the static chunk to compare with")
+    ap.add_argument(
+        "--steady", action="store_true", help="also each row's steady-state goodput (azure-conv, 0.25 req/s)"
+    )
     args = ap.parse_args()
     rows = (
         (f"static:{args.static}", f"static:{args.static}", {}),
@@ -69,24 +94,25 @@ def main() -> None:
             "predictive, KV rule off, tpot_coeff 1.15",
             "predictive",
             {"kv_bound_tpot_coeff": 1.15, "tpot_coeff": 1.15},
-        ),  # noqa: E501
+        ),
         ("slack", "slack", {}),
     )
     print(
         f"{args.model}, 4 x A100-40GB PCIe, PP=4; azure-conv, {args.num_requests} prompts per seed at "
         f"{args.rate:g} req/s, seeds {', '.join(map(str, SEEDS))} pooled\n"
     )
-    print(
-        "| policy | P90 TTFT (ms) | P90 TPOT (ms) | passes | attainment "
-        "| prefill microbatches with the pool filling |"
-    )
-    print("|---|---|---|---|---|---|")
+    columns = ["policy", "P90 TTFT (ms)", "P90 TPOT (ms)", "passes", "attainment"]
+    columns += ["prefill microbatches with the pool filling"]
+    columns += ["steady-state goodput (req/s)"] if args.steady else []
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for label, policy, overrides in rows:
         s = measure(args.model, args.rate, args.num_requests, policy, overrides)
         ok = s["p90_ttft_ms"] <= 2000 and s["p90_tpot_ms"] <= 200
+        steady = f" {steady_goodput(args.model, policy, overrides):.3f} |" if args.steady else ""
         print(
             f"| {label} | {s['p90_ttft_ms']:.0f} | {s['p90_tpot_ms']:.1f} | {'yes' if ok else 'no'} | "
-            f"{s['slo_attainment']:.1%} | {s['kv_bound_share']:.0%} |",
+            f"{s['slo_attainment']:.1%} | {s['kv_bound_share']:.0%} |{steady}",
             flush=True,
         )
 
