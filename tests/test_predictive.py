@@ -70,7 +70,9 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
             if sched.is_slot_free(slot):
                 n_dec = sched.view.num_running(slot)
                 plan = sched.schedule(slot)
-                if plan is not None:
+                if plan is not None and plan.reason.startswith("tile-cap"):
+                    assert plan.chunk_budget == n_dec and not plan.prefill  # decode only
+                elif plan is not None:
                     assert plan.chunk_budget in CANDS
                     if n_dec < CANDS[-1]:
                         assert plan.chunk_budget > n_dec
@@ -78,7 +80,8 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
         if in_flight and rng.random() < 0.7:
             clock.t += 0.01
             sched.update(in_flight.pop(0))
-    assert set(policy.reasons) <= {"optimal", "best-effort", "infeasible", "kv-pressure", "idle", "guard"}
+    reasons = {"optimal", "best-effort", "infeasible", "kv-pressure", "idle", "guard", "tile-cap"}
+    assert set(policy.reasons) <= reasons
 
 
 def loaded_scheduler(policy, slo=None, n_waiting=40, prompt=200):
@@ -299,3 +302,116 @@ def test_kv_aware_rule_switches_the_catch_up_tpot_budget():
     assert filling < roomy
     for p, coeff in ((p1, p1.config.tpot_coeff), (p2, p2.config.kv_bound_tpot_coeff)):
         assert 2 * p.last.beat_s + p.config.round_overhead_s <= coeff * slo.tpot_s
+
+
+class _CapView:
+    """The view fields ``rules.decode_tile_cap`` reads: D_p slots of equal decodes, a pool."""
+
+    def __init__(self, decodes_per_slot, kv_total, kv_used, ctx=100, num_slots=4, parked=0):
+        self.num_slots, self.token_step, self.num_parked, self.chunked = num_slots, 128, parked, None
+        self._dec, self._ctx = decodes_per_slot, ctx
+        self.kv_total_tokens, self.kv_free_tokens = kv_total, kv_total - kv_used
+
+    def num_running(self, slot):
+        return self._dec
+
+    def sum_decode_ctx(self, slot):
+        return self._dec * self._ctx
+
+
+def _tiles(fixed):
+    """A decode microbatch's time: ``fixed`` plus one unit per started 128-token tile."""
+    return lambda n, ctx: fixed + -(-n // 128)
+
+
+def test_tile_cap_stops_at_the_boundary_a_pool_cannot_fill_past():
+    from fastpp.policies.rules import decode_tile_cap
+
+    # 100 decodes per slot use 40% of the pool: it holds 250 per slot
+    roomy = _CapView(100, kv_total=100_000, kv_used=40_000)
+    # ... and 130 per slot when 100 use 77%: just past the 128 boundary
+    tight = _CapView(100, kv_total=100_000, kv_used=77_000)
+    # without a per-microbatch cost, a partial second tile never pays: both stop at 128
+    assert decode_tile_cap(roomy, _tiles(0.0), 0.0) == 128
+    assert decode_tile_cap(tight, _tiles(0.0), 0.0) == 128
+    # with one (a launch costing a tile), 250 decodes on two tiles beat 128 on one; 130 do not
+    assert decode_tile_cap(roomy, _tiles(1.0), 0.0) == 256
+    assert decode_tile_cap(tight, _tiles(1.0), 0.0) == 128
+    # a pool that holds fewer than a tile per slot (50) caps at the first boundary
+    assert decode_tile_cap(_CapView(20, kv_total=100_000, kv_used=40_000), _tiles(1.0), 0.0) == 128
+    # parked requests hold KV too: 240 running + 160 parked in 40% of the pool is 250 per slot
+    # (counting the running ones alone, 150: past 128, too few to pay for the second tile)
+    parked = _CapView(60, kv_total=100_000, kv_used=40_000, parked=160)
+    assert decode_tile_cap(parked, _tiles(1.0), 0.0) == 256
+    # nothing resident: nothing measured, no cap below the pool's size
+    assert decode_tile_cap(_CapView(0, kv_total=100_000, kv_used=0), _tiles(1.0), 0.0) == 100_000
+
+
+def test_the_tile_cap_holds_kv_bound_slots_at_the_boundary():
+    """CNN-Reversed on Qwen2.5-32B above its goodput: the pool holds about 125 decodes per slot.
+    With the tile cap no microbatch carries more than 128 decodes (some launch decode only, the
+    budget their decode count); without it about a tenth do, each paying for a second tile."""
+    from dataclasses import replace
+
+    from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
+
+    over_128 = {}
+    for cap in (True, False):
+        wl = WorkloadConfig(name="cnn-reversed-synthetic", rate=6.0, num_requests=2500, seed=0)
+        sim = open_simulation(wl, DeploymentConfig(model="Qwen2.5-32B", policy="predictive"))
+        policy = sim.scheduler.chunk_policy
+        policy.config = replace(policy.config, tile_cap=cap)
+        sim.run()
+        stage0 = [r for r in sim.driver.iterations if r.stage == 0]
+        over_128[cap] = sum(r.num_decode_reqs > 128 for r in stage0) / len(stage0)
+        capped = [r for r in stage0 if r.reason.startswith("tile-cap")]
+        assert bool(capped) == cap
+        assert all(r.chunk_budget == r.num_decode_reqs and r.num_prefill_tokens == 0 for r in capped)
+    assert over_128[True] < over_128[False] / 2, over_128
+
+
+class _Waiting:
+    def __init__(self, tokens):
+        self.remaining_prefill, self.num_computed = tokens, 0
+
+
+class _ScanView:
+    """Two slots, decodes in slot 1 only, a deep queue: what ``_scan`` reads."""
+
+    slot, num_slots, chunked = 0, 2, None
+
+    def num_running(self, slot):
+        return 100 * slot
+
+    def sum_decode_ctx(self, slot):
+        return 100 * slot * 1000
+
+    def iter_waiting(self):
+        return iter([_Waiting(200) for _ in range(40)])
+
+
+def test_the_round_is_the_sum_of_its_microbatches_not_d_p_times_the_slowest():
+    """A stage runs the D_p microbatches one after another: the round is the sum of their
+    times. With unequal slots D_p x the slowest overstates it, and a chunk whose round fits the
+    TPOT budget would be refused (``bottleneck_round=True``, PAPER.md 3.2's D_p x T_iter)."""
+    view = _ScanView()
+    probe = policy_for()
+    predict = probe.predictor.predict_one
+    k = CANDS.index(256)
+    t = []
+    stream = probe._stream(view, 2 * 256)
+    for pos, slot in ((0, 0), (256, 1)):  # slot 0: 256 prompt tokens; slot 1: 100 decodes + 156
+        dec = view.num_running(slot)
+        spp, sps = stream.features(pos, pos + 256 - dec)
+        t.append(predict(256, spp, sps, view.sum_decode_ctx(slot)))
+    assert t[1] > t[0]
+    budget = (sum(t) + 2 * max(t)) / 2  # between the sum and D_p x the slowest
+
+    def never(capacity, round_s):
+        return False
+
+    chosen = {}
+    for bottleneck in (False, True):
+        policy = policy_for(bottleneck_round=bottleneck)
+        chosen[bottleneck] = policy._scan(view, CANDS, 0, len(CANDS), never, budget)[0]
+    assert chosen[False] == k and chosen[True] < k

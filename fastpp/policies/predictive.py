@@ -8,14 +8,18 @@ For each candidate C, in ascending order (lazily: stop as soon as the answer is 
   FCFS; where the queue runs dry the rest of the budget is filled with a fresh prompt standing
   for future arrivals, so the prediction is of a full microbatch (conservative, and monotone
   in C, which justifies stopping at the first TPOT violation);
-* beat(C) = the predicted time of the BOTTLENECK microbatch of those D_p (the beat is set by
-  the slowest one, and the online update learns from the slowest stage of each microbatch:
-  the two use the same quantity, unlike the reference's mean-vs-max);
-* TPOT bound: D_p * beat(C) + round_overhead_s <= coeff * SLO TPOT, with coeff = tpot_coeff
+* round(C) = the sum of the D_p microbatches' predicted times: a stage runs the D_p
+  microbatches one after another, so a request's token comes back once per round of all of
+  them (the online update learns from the slowest stage of each microbatch, the stage that
+  sets it). PAPER.md 3.2 writes D_p x T_iter(C); with unequal slots, D_p x the slowest
+  microbatch overstates the round and holds the chunk below what TPOT allows
+  (``bottleneck_round=True`` restores it);
+* TPOT bound: round(C) + round_overhead_s <= coeff * SLO TPOT, with coeff = tpot_coeff
   while the KV pool has room and kv_bound_tpot_coeff while it is filling (below);
-* capacity(C) = sum over the D_p microbatches of (C - their decodes) / (D_p * beat(C) +
+* capacity(C) = sum over the D_p microbatches of (C - their decodes) / (round(C) +
   round_overhead_s): the prompt tokens per second the pipeline sustains in steady state with
-  chunk C, a slot round being D_p beats plus the round's host, token-return and link time;
+  chunk C, a slot round being the D_p microbatches plus the round's host, token-return and
+  link time;
 * required rate = (prompt tokens arrived in the last window_s) / window + (prompt tokens of
   requests waiting longer than stale_ratio * SLO TTFT) / (their remaining TTFT budget),
   infinite when that budget is under one SLO TPOT (catch up as fast as TPOT allows).
@@ -23,9 +27,10 @@ For each candidate C, in ascending order (lazily: stop as soon as the answer is 
 The answer: the smallest C meeting both ("optimal"); else the largest TPOT-safe C
 ("best-effort"); else the smallest candidate ("infeasible": no SLO guarantee). Under KV pressure
 the smallest candidate above every slot's decode count ("kv-pressure"). The chosen C is always a
-candidate above the launching slot's decode count (when such a candidate exists).
+candidate above the launching slot's decode count (when such a candidate exists), except at the
+tile cap, where it is that decode count itself ("tile-cap": decode only).
 
-Two rules beyond the paper's:
+Three rules beyond the paper's:
 
 * Tile floor: while more prompt tokens wait than the largest sub-tile candidate would carry in
   the next D_p microbatches, the scan starts at the efficient tile (``rules.
@@ -41,6 +46,13 @@ Two rules beyond the paper's:
   while the pool has room, and the tighter ``kv_bound_tpot_coeff`` once its used share,
   projected ``kv_horizon_s`` ahead on the trend measured over ``kv_trend_window_s``
   (``rules.KVTrend``), reaches ``kv_bound_share``. The reason then says ``kv-bound``.
+* Tile cap: a slot whose decodes reach ``rules.decode_tile_cap`` launches decode only (the
+  budget is its decode count). When the KV pool holds about a tile boundary's worth of decodes
+  per slot, or a little more (CNN-Reversed on Qwen2.5-32B, near the 128 boundary), a slot that
+  drifts past the boundary pays for a second tile it cannot fill: its round slows for every
+  request in it, residency and so KV use grow, admission stalls and the queue runs away. Capped
+  at the boundary, the slots stay on the cheaper tile (as a static chunk of 128 does by
+  construction: it admits nothing into a slot holding 128 decodes; docs/RESULTS.md section 1).
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ from itertools import islice
 from fastpp._mypyc import mypyc_attr
 from fastpp.policies.rules import (
     KVTrend,
+    decode_tile_cap,
     efficient_tile_index,
     first_above,
     kv_pressure_index,
@@ -87,6 +100,10 @@ class PredictiveConfig:
     kv_bound_share: float = 0.8  # ... i.e. its projected used share reaches this
     kv_horizon_s: float = 10.0  # projection horizon of the KV trend
     kv_trend_window_s: float = 5.0  # the trend is measured over this window
+    # the round as D_p x its slowest microbatch (PAPER.md 3.2) instead of the sum of the D_p
+    # microbatches' times: a stage runs them one after another, so the sum is the round
+    bottleneck_round: bool = False
+    tile_cap: bool = True  # no prefill into a slot holding the tile cap's decodes
 
     def __post_init__(self) -> None:
         for name in (
@@ -245,6 +262,8 @@ class PredictiveChunkPolicy:
             return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
+        if self.at_tile_cap(view, n_dec):
+            return self._done(n_dec, "tile-cap: decode only")
 
         required = self._required_rate(view) * cfg.throughput_coeff
         kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
@@ -265,6 +284,18 @@ class PredictiveChunkPolicy:
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, required)
+
+    def at_tile_cap(self, view: PolicyView, n_dec: int) -> bool:
+        """True when the launching slot's ``n_dec`` decodes reach the tile cap
+        (``rules.decode_tile_cap``, timed by the predictor): then it launches decode only."""
+        if not self.config.tile_cap:
+            return False
+        predict = self.predictor.predict_one
+
+        def decode_time(n: int, ctx: float) -> float:
+            return predict(n, 0, 0, int(n * ctx))
+
+        return n_dec >= decode_tile_cap(view, decode_time, self.config.round_overhead_s)
 
     def floor_index(self, view: PolicyView, cands: tuple[int, ...], first: int) -> int:
         """Where the scan starts: the efficient tile while more prompt tokens wait than a
@@ -302,8 +333,9 @@ class PredictiveChunkPolicy:
     ) -> tuple[int, float, float, bool]:
         """Candidates [start, stop) in ascending order: (index, capacity, beat, met) of the
         first whose (capacity, round time) ``meets`` the load, else of the largest TPOT-safe
-        one (met False), else (-1, 0, 0, False). The round time is D_p beats plus the round
-        overhead; TPOT-safe: D_p beats within ``tpot_budget``."""
+        one (met False), else (-1, 0, 0, False). The round time is round(C) (module docstring)
+        plus the round overhead; TPOT-safe: round(C) within ``tpot_budget``; the beat reported
+        is the slowest microbatch's."""
         cfg = self.config
         slot, d_p = view.slot, view.num_slots
         stream = self._stream(view, d_p * cands[stop - 1])
@@ -312,10 +344,12 @@ class PredictiveChunkPolicy:
         ctxs = [view.sum_decode_ctx(s) for s in slots]
         predict = self.predictor.predict_one
         overhead = cfg.round_overhead_s
+        sum_round = not cfg.bottleneck_round
         safe, safe_capacity, safe_beat = -1, 0.0, 0.0
         for k in range(start, stop):
             c = cands[k]
             beat = 0.0
+            total = 0.0
             prefill = 0
             pos = 0
             for dec, ctx in zip(decs, ctxs, strict=True):
@@ -324,13 +358,15 @@ class PredictiveChunkPolicy:
                 pos += n_pre
                 prefill += n_pre
                 t = predict(dec + n_pre, spp, sps, ctx)
+                total += t
                 if t > beat:
                     beat = t
-            if d_p * beat > tpot_budget:
+            busy = total if sum_round else d_p * beat
+            if busy > tpot_budget:
                 break  # larger chunks only take longer
-            capacity = prefill / (d_p * beat + overhead)
+            capacity = prefill / (busy + overhead)
             safe, safe_capacity, safe_beat = k, capacity, beat
-            if meets(capacity, d_p * beat + overhead):
+            if meets(capacity, busy + overhead):
                 return k, capacity, beat, True
         return safe, safe_capacity, safe_beat, False
 

@@ -14,6 +14,8 @@
 * The KV trend (``KVTrend``): the share of the KV pool in use and its rate of change, measured
   from the view at each decision over a sliding window; ``kv_bound`` says whether the pool is
   filling (its share projected over a horizon reaches a limit).
+* The tile cap (``decode_tile_cap``): the most decodes a slot should hold when the KV pool
+  cannot fill the tile above a boundary enough to pay for it.
 """
 
 from __future__ import annotations
@@ -104,3 +106,36 @@ class KVTrend:
     def kv_bound(self, limit: float, horizon_s: float) -> bool:
         """True when the pool is, or within ``horizon_s`` will be, at least ``limit`` full."""
         return self.projected(horizon_s) >= limit
+
+
+def decode_tile_cap(view: PolicyView, decode_time: Callable[[int, float], float], overhead_s: float) -> int:
+    """The most decodes a slot should hold (the tile cap): a multiple of the tile step.
+
+    The KV pool holds about ``n = kv_total / (used tokens per resident request) / D_p`` decodes
+    per slot. A decode-only slot costs a whole tile (``view.token_step`` tokens) whether it is
+    full or not, so when the pool cannot fill the tile above the last boundary under ``n``
+    enough to pay for it, the slots are better capped at that boundary: the decodes past it
+    would cost more GPU time than they add tokens, and the slower rounds keep every request
+    resident longer. The cap is that boundary when its decode throughput (decodes per round of
+    D_p microbatches plus ``overhead_s``, each microbatch timed by ``decode_time(decodes,
+    mean context)``) is at least that of ``n`` decodes; else the boundary above ``n``.
+    Without a measurable population (nothing resident) the cap is the pool's whole size.
+    """
+    d_p = view.num_slots
+    step = view.token_step if view.token_step > 0 else 128
+    running = sum(view.num_running(s) for s in range(d_p))
+    resident = running + view.num_parked + (1 if view.chunked is not None else 0)
+    used = view.kv_total_tokens - view.kv_free_tokens
+    if resident == 0 or used <= 0 or running == 0:
+        return max(step, view.kv_total_tokens)
+    per_slot = view.kv_total_tokens * resident / used / d_p
+    ctx = sum(view.sum_decode_ctx(s) for s in range(d_p)) / running
+    high = step * max(1, -(-int(per_slot) // step))
+    low = high - step
+    if low < step:
+        return high
+
+    def throughput(n: float) -> float:
+        return d_p * n / (d_p * decode_time(int(n), ctx) + overhead_s)
+
+    return low if throughput(low) >= throughput(per_slot) else high

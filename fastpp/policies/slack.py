@@ -8,11 +8,11 @@ changes is what the load and the TPOT budget are measured against.
 
 TTFT slack (the chunk's lower bound). A waiting request i has slack s_i = arrival_i + SLO TTFT
 - now and, FCFS, A_i prompt tokens at or ahead of it (the continuing chunk included). A chunk C
-whose slot round takes R(C) (D_p beats + the round overhead) and prefills K(C) tokens per second
-meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets the deadline of every
-request that can still make it (s_i > R(C); a request already past that point misses whatever C
-is, so it does not drive the chunk up) and K(C) covers the prompt-token inflow. The first
-``max_walk`` waiting requests are checked.
+whose slot round takes R(C) (its D_p microbatches + the round overhead) and prefills K(C)
+tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
+the deadline of every request that can still make it (s_i > R(C); a request already past that
+point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
+inflow. The first ``max_walk`` waiting requests are checked.
 
 TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
 (``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
@@ -33,7 +33,8 @@ decodes (running and parked over the D_p slots; without that cap the first slot 
 with room took up to a tile of parked requests and the slots drifted apart, until one slot's
 decodes set every beat). Nothing is parked while prompts
 wait with KV to admit them: then the chunk budget, not the decode count, sets the
-microbatch's size.
+microbatch's size. The tile cap is the predictive controller's: a slot holding its decodes
+launches decode only.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
+        n_dec = view.num_running(view.slot)
+        if self.at_tile_cap(view, n_dec):
+            return self._done(n_dec, "tile-cap: decode only")
 
         inflow = self._inflow(view, view.now) * cfg.throughput_coeff
         deadlines = self._deadlines(view)
