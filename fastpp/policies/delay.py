@@ -34,12 +34,11 @@ from itertools import islice
 from typing import TYPE_CHECKING, ClassVar
 
 from fastpp.plan import NO_BALANCE, BalancePlan
+from fastpp.policies.rules import tile_step
 from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
     from fastpp.view import PolicyView
-
-DEFAULT_UNIT = 128  # requests per decode microbatch when the profile knows no tile step
 
 
 class BalanceMode(StrEnum):
@@ -160,7 +159,7 @@ class DelayScheduler:
         n_total = num_parked
         for s in range(num_slots):
             n_total += view.num_running(s)
-        unit = cfg.base_unit or (view.token_step if view.token_step > 0 else DEFAULT_UNIT)
+        unit = cfg.base_unit or tile_step(view)
         tier = unit * num_slots
         share = n_total // tier * unit  # th / D_p: this slot's part of the tier below n_total
         pressure = self._has_prefill_pressure(view)

@@ -70,6 +70,7 @@ from fastpp.policies.rules import (
     efficient_tile_index,
     first_above,
     kv_pressure_index,
+    tile_step,
     under_kv_pressure,
 )
 from fastpp.predictor import ALPPredictor, LatencyPredictor
@@ -291,8 +292,8 @@ class PredictiveChunkPolicy:
     def at_tile_cap(self, view: PolicyView, n_dec: int) -> bool:
         """True when the launching slot's ``n_dec`` decodes reach the tile cap
         (``rules.decode_tile_cap``, timed by the predictor): then it launches decode only."""
-        if not self.config.tile_cap:
-            return False
+        if not self.config.tile_cap or n_dec < tile_step(view):
+            return False  # the cap is never below one tile step: nothing to measure
         predict = self.predictor.predict_one
 
         def decode_time(n: int, ctx: float) -> float:

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from fastpp.view import PolicyView
 
 
+DEFAULT_TILE_STEP = 128  # tokens per tile when the profile knows no tile step
+
+
+def tile_step(view: PolicyView) -> int:
+    """The view's tile step in tokens, ``DEFAULT_TILE_STEP`` when it knows none."""
+    return view.token_step if view.token_step > 0 else DEFAULT_TILE_STEP
+
+
 def first_above(candidates: tuple[int, ...], n: int) -> int | None:
     """Index of the smallest candidate strictly above ``n``; None if none is."""
     i = bisect_right(candidates, n)
@@ -119,21 +127,22 @@ def decode_tile_cap(view: PolicyView, decode_time: Callable[[int, float], float]
     resident longer. The cap is that boundary when its decode throughput (decodes per round of
     D_p microbatches plus ``overhead_s``, each microbatch timed by ``decode_time(decodes,
     mean context)``) is at least that of ``n`` decodes; else the boundary above ``n``.
-    Without a measurable population (nothing resident) the cap is the pool's whole size.
+    Without a measurable population (nothing resident) the cap is the pool's whole size. The
+    cap is never below one tile step.
     """
     d_p = view.num_slots
-    step = view.token_step if view.token_step > 0 else 128
+    step = tile_step(view)
     running = sum(view.num_running(s) for s in range(d_p))
     resident = running + view.num_parked + (1 if view.chunked is not None else 0)
     used = view.kv_total_tokens - view.kv_free_tokens
     if resident == 0 or used <= 0 or running == 0:
         return max(step, view.kv_total_tokens)
     per_slot = view.kv_total_tokens * resident / used / d_p
-    ctx = sum(view.sum_decode_ctx(s) for s in range(d_p)) / running
     high = step * max(1, -(-int(per_slot) // step))
     low = high - step
     if low < step:
         return high
+    ctx = sum(view.sum_decode_ctx(s) for s in range(d_p)) / running
 
     def throughput(n: float) -> float:
         return d_p * n / (d_p * decode_time(int(n), ctx) + overhead_s)

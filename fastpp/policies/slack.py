@@ -46,7 +46,7 @@ from typing import ClassVar
 
 from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
-from fastpp.policies.rules import first_above, kv_pressure_index, under_kv_pressure
+from fastpp.policies.rules import first_above, kv_pressure_index, tile_step, under_kv_pressure
 from fastpp.predictor import LatencyPredictor
 from fastpp.profile import Profile
 from fastpp.types import IterationRecord
@@ -122,7 +122,8 @@ class SlackPolicy(PredictiveChunkPolicy):
         cfg, scfg = self.config, self.slack
         cands = self.candidates or view.chunk_candidates
         self._num_stages = self._num_stages or view.num_slots
-        first = first_above(cands, view.num_running(view.slot))
+        n_dec = view.num_running(view.slot)
+        first = first_above(cands, n_dec)
         if first is None:
             return self._done(cands[-1], "guard: decodes exceed every candidate")
         self._track(view)
@@ -131,7 +132,6 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
-        n_dec = view.num_running(view.slot)
         if self.at_tile_cap(view, n_dec):
             return self._done(n_dec, "tile-cap: decode only")
 
@@ -225,7 +225,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         scfg = self.slack
         self._track(view)
         running = view.num_running(slot)
-        unit = view.token_step if view.token_step > 0 else 128
+        unit = tile_step(view)
         round_s = self._round_estimate(view)
         need = scfg.min_park_bank_rounds * round_s
         restore: list[int] = []
