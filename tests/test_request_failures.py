@@ -106,6 +106,33 @@ def test_a_stop_string_end_is_counted_and_recorded_as_stop():
     assert engine.snapshot.counters.ended == {"stop": 1}
 
 
+def test_a_stop_string_in_the_last_token_relabels_a_length_end_as_stop():
+    """The server finds the stop string only after the engine ended the request by length (the
+    match is in its last token): the response says ``stop``, so must the counters and record."""
+    engine = PipelineEngine(
+        SOURCE, EngineConfig(num_stages=1, kv_blocks=128, block_size=4, record=True)
+    ).start()
+    try:
+        got = Collector()
+        with_stops = SamplingParams(max_tokens=3, ignore_eos=True, text_stops=True)
+        rid = engine.submit([9] * 8, with_stops, got)
+        plain = engine.submit([9] * 8, SamplingParams(max_tokens=3, ignore_eos=True), got)
+        got.wait(2)
+        assert got.ends[rid].finish_reason == "length"
+        engine.stop(rid)
+        engine.stop(plain)  # no text stops: a length end stays a length end
+        deadline = time.monotonic() + 10
+        while engine.snapshot.counters.ended.get("stop", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        engine.stop(rid)  # relabelled once only
+    finally:
+        engine.shutdown()
+    check_no_leak(engine)
+    assert engine.snapshot.counters.ended == {"stop": 1, "length": 1}
+    assert recorded(engine)[rid] == (FinishReason.STOP, "stop string")
+    assert recorded(engine)[plain] == (FinishReason.LENGTH, "")
+
+
 def test_requests_failed_by_a_dead_stage_are_in_the_recording():
     engine = PipelineEngine(
         SOURCE, EngineConfig(num_stages=2, kv_blocks=64, block_size=4, record=True)

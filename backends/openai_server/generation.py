@@ -1,8 +1,9 @@
 """One generation on the engine, as an async stream of text deltas (engine thread -> event loop).
 
 Stop strings are matched on the detokenized text: the text is cut before the match, the engine
-request is ended at once (freeing its KV; counted and recorded as ``stop``) and the finish reason
-is ``stop``. While streaming, the last
+request is ended at once (freeing its KV; counted and recorded as ``stop``; a match in the last
+token of a request that ended by length relabels it ``stop``) and the finish reason is ``stop``.
+While streaming, the last
 ``len(longest stop) - 1`` characters are held back, so a stop string split across tokens never
 leaks out.
 """
@@ -70,6 +71,7 @@ class Generation:
             seed=req.seed,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
+            text_stops=bool(req.stop),
         )
         self.detok = tokenizer.stream_decoder()
         self.is_disconnected = is_disconnected
@@ -89,8 +91,9 @@ class Generation:
         )
 
     def _stop(self) -> None:
-        """End the request in the engine as stopped by a stop string (unless it already ended)."""
-        if self.req_id is not None and not self._done:
+        """End the request in the engine as stopped by a stop string (the engine relabels a
+        request that ended by length with the stop string in its last token)."""
+        if self.req_id is not None:
             self._done = True
             self.engine.stop(self.req_id)
 

@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -56,6 +57,10 @@ from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 
 log = logging.getLogger(__name__)
+
+# length ends the engine keeps for a late stop-string relabel (the caller asks within moments of
+# the last event; the bound only keeps callers that never ask from growing the table)
+MAX_RELABELLABLE = 4096
 
 __all__ = ["EngineConfig", "EngineDeadError", "PipelineEngine"]
 
@@ -138,6 +143,9 @@ class PipelineEngine:
         # requests ended through an abort that are to be reported otherwise: req id -> (the
         # event's finish reason, the record's, detail); a stop string, or a failure of its own
         self._end_as: dict[int, tuple[str, FinishReason, str]] = {}
+        # requests with text stops that ended by length, newest last: req id -> record (or None
+        # when not recording); a stop string in their last token's text relabels them ``stop``
+        self._length_ends: OrderedDict[int, RequestRecord | None] = OrderedDict()
         self._submitted = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
@@ -300,7 +308,9 @@ class PipelineEngine:
 
     def stop(self, req_id: int) -> None:
         """End ``req_id`` as finished by a stop string the caller found in its text: as ``abort``,
-        but counted and recorded as ``stop`` (no-op if it already ended)."""
+        but counted and recorded as ``stop``. A request submitted with ``text_stops`` that already
+        ended by length (the stop string in its last token) is relabelled ``stop``; any other
+        request that already ended is left as it ended."""
         self._inbox.put(("stop_string", req_id))
 
     def output_room(self, prompt_len: int) -> int:
@@ -453,6 +463,8 @@ class PipelineEngine:
             if item[1] in self._active:
                 self._end_as[item[1]] = ("stop", FinishReason.STOP, "stop string")
                 self._abort(item[1], "stop string")
+            elif item[1] in self._length_ends:
+                self._relabel_as_stop(item[1])
         elif kind == "result":
             self._complete(item[1])
         else:
@@ -560,10 +572,21 @@ class PipelineEngine:
             reason, end.record.finish_reason, detail = override
             end.record.detail = f"error: {detail}" if reason == "error" else detail
         self.counters.count_end(reason, end.record)
+        if reason == "length" and a.params.text_stops:
+            self._length_ends[end.req_id] = end.record if self.config.record else None
+            while len(self._length_ends) > MAX_RELABELLABLE:
+                self._length_ends.popitem(last=False)
         a.on_event(EngineEvent(end.req_id, tuple(a.unsent), reason, detail))
         self.scheduler.forget(end.req_id)  # the scheduler keeps no record of ended requests
         if self.config.record:
             self.recorded_requests.append(end.record)
+
+    def _relabel_as_stop(self, rid: int) -> None:
+        """A request counted and recorded as ended by length ended by a stop string instead."""
+        rec = self._length_ends.pop(rid)
+        self.counters.relabel_end("length", "stop")
+        if rec is not None:
+            rec.finish_reason, rec.detail = FinishReason.STOP, "stop string"
 
     def _send_stop(self) -> None:
         assert self._stage0 is not None

@@ -177,6 +177,11 @@ class EngineCounters:
         if rec.scheduled_at is not None:
             self.queue.add(rec.scheduled_at - rec.arrived_at)
 
+    def relabel_end(self, was: str, now: str) -> None:
+        """One request counted as ended for ``was`` ended for ``now`` instead."""
+        self.ended[was] -= 1
+        self.ended[now] = self.ended.get(now, 0) + 1
+
     def copy(self) -> EngineCounters:
         """An independent copy (the engine thread publishes one; readers never see it change)."""
         return EngineCounters(

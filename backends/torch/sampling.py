@@ -43,6 +43,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS (unless ignore_eos)
     ignore_eos: bool = False
+    # the caller checks stop strings in the text: a stop string found in the last token's text of
+    # a request that ended by length still ends it as ``stop`` (``PipelineEngine.stop``)
+    text_stops: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
