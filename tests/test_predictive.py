@@ -278,10 +278,12 @@ def test_kv_trend_measures_share_and_slope_over_its_window():
 def test_kv_aware_rule_switches_the_catch_up_tpot_budget():
     """A late backlog takes the largest TPOT-safe chunk; while the KV pool fills (projected
     share over kv_bound_share) the TPOT budget is kv_bound_tpot_coeff x SLO instead of
-    tpot_coeff x SLO, so the catch-up chunk is smaller and the reason says kv-bound."""
+    tpot_coeff x SLO, so the catch-up chunk is smaller and the reason says kv-bound; unless the
+    queue's head has waited kv_lift_wait_ratio x SLO TTFT while the pool is under
+    kv_lift_max_share full (the lift), when the budget is tpot_coeff's again."""
 
-    def late_choice(used_shares, slo):
-        policy = policy_for()
+    def late_choice(used_shares, slo, **cfg):
+        policy = policy_for(**cfg)
         sched, clock = loaded_scheduler(policy, slo=slo)
         pool = sched._kv.pool
         for t, share in used_shares:  # fill the pool by hand, as admitted requests would
@@ -293,15 +295,36 @@ def test_kv_aware_rule_switches_the_catch_up_tpot_budget():
     top, p0 = late_choice([(1.95, 0.0)], SLO(2.0, 0.2))  # loose: the largest candidate
     assert top == CANDS[-1]
     # an SLO TPOT at which the largest candidate's round takes exactly 1.0 x SLO: inside the
-    # roomy budget (1.05 x SLO), outside the KV-bound one (0.9 x SLO)
+    # roomy budget (1.05 x SLO), outside the KV-bound one (0.8 x SLO)
     slo = SLO(2.0, 2 * p0.last.beat_s + p0.config.round_overhead_s)
+    rising = [(1.0, 0.5), (1.95, 0.7)]  # 0.21/s: projected full within the horizon
     roomy, p1 = late_choice([(1.0, 0.5), (1.95, 0.5)], slo)  # half full, flat: room
-    filling, p2 = late_choice([(1.0, 0.5), (1.95, 0.7)], slo)  # rising 0.21/s: bound
-    assert roomy == CANDS[-1]
-    assert p1.last.reason == "best-effort" and p2.last.reason == "best-effort: kv-bound"
-    assert filling < roomy
+    filling, p2 = late_choice(rising, slo, kv_lift_wait_ratio=0.0)  # no lift: bound
+    lifted, p3 = late_choice(rising, slo)  # the head waited 1.95 s >= 0.4 x 2 s, pool 70% full
+    full, p4 = late_choice([(1.0, 0.72), (1.95, 0.92)], slo)  # as late, but 92% >= 90% full
+    assert roomy == lifted == CANDS[-1]
+    assert p1.last.reason == p3.last.reason == "best-effort"
+    assert p2.last.reason == p4.last.reason == "best-effort: kv-bound"
+    assert filling < roomy and full < roomy
     for p, coeff in ((p1, p1.config.tpot_coeff), (p2, p2.config.kv_bound_tpot_coeff)):
         assert 2 * p.last.beat_s + p.config.round_overhead_s <= coeff * slo.tpot_s
+    # a fresh backlog (the head waited 0.5 s < 0.8 s) is not lifted
+    _, p5 = late_choice([(0.0, 0.5), (0.5, 0.7)], slo)
+    assert "kv-bound" in p5.last.reason
+
+
+def test_backlog_waits_reads_the_head_of_the_waiting_queue():
+    from fastpp.policies.rules import backlog_waits
+
+    policy = policy_for()
+    sched, clock = loaded_scheduler(policy, n_waiting=2)
+    sched.view.now = 0.79
+    assert not backlog_waits(sched.view, 0.8)
+    sched.view.now = 0.8
+    assert backlog_waits(sched.view, 0.8)
+    empty, _ = loaded_scheduler(policy, n_waiting=0)
+    empty.view.now = 100.0
+    assert not backlog_waits(empty.view, 0.8)
 
 
 class _CapView:

@@ -116,7 +116,8 @@ def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_resto
 def test_catch_up_spends_banked_slack_only_while_the_kv_pool_has_room():
     """A backlog that no TPOT-safe chunk clears in time, with every running request far ahead
     of its pace: catch-up may stretch the round (a larger chunk than the TPOT-safe one); once
-    the pool is filling, it may not."""
+    the pool is filling, it may not (the backlog here is old enough for the lift of the KV
+    bound, which restores the TPOT budget but never stretches it)."""
 
     def late_backlog(filling):
         policy = slack_for(catchup_tpot_ratio=3.0, bank_quantile=0.0)
@@ -136,7 +137,7 @@ def test_catch_up_spends_banked_slack_only_while_the_kv_pool_has_room():
     roomy, why = late_backlog(filling=False)
     assert roomy > safe and "catch-up on banked slack" in why
     bound, why = late_backlog(filling=True)
-    assert bound <= safe and "kv-bound" in why
+    assert bound <= safe and "catch-up" not in why
 
 
 def test_observe_learns_once_though_the_record_comes_twice():

@@ -45,7 +45,13 @@ Three rules beyond the paper's:
   ends in KV pressure and retractions. So the budget is ``tpot_coeff`` (the reference's 1.05)
   while the pool has room, and the tighter ``kv_bound_tpot_coeff`` once its used share,
   projected ``kv_horizon_s`` ahead on the trend measured over ``kv_trend_window_s``
-  (``rules.KVTrend``), reaches ``kv_bound_share``. The reason then says ``kv-bound``.
+  (``rules.KVTrend``), reaches ``kv_bound_share``. The reason then says ``kv-bound``. The
+  tighter budget trades TTFT now for KV room later, a trade that loses while the pool still has
+  room and the queue's head has already waited ``kv_lift_wait_ratio`` x SLO TTFT
+  (``rules.backlog_waits``): the bound is then lifted until the used share reaches
+  ``kv_lift_max_share``. A finite burst (the paper's fixed runs of 400 prompts fill the pool to
+  about 80%) then keeps the whole budget; sustained load, which fills the pool past 90%, keeps
+  the tighter one (docs/POLICIES.md).
 * Tile cap: a slot whose decodes reach ``rules.decode_tile_cap`` launches decode only (the
   budget is its decode count). When the KV pool holds about a tile boundary's worth of decodes
   per slot, or a little more (CNN-Reversed on Qwen2.5-32B, near the 128 boundary), a slot that
@@ -66,6 +72,7 @@ from itertools import islice
 from fastpp._mypyc import mypyc_attr
 from fastpp.policies.rules import (
     KVTrend,
+    backlog_waits,
     decode_tile_cap,
     efficient_tile_index,
     first_above,
@@ -108,6 +115,10 @@ class PredictiveConfig:
     # microbatches' times: a stage runs them one after another, so the sum is the round
     bottleneck_round: bool = False
     tile_cap: bool = True  # no prefill into a slot holding the tile cap's decodes
+    # the KV bound is lifted while the oldest waiting prompt has waited this share of the SLO
+    # TTFT and the pool's used share is below kv_lift_max_share (0 turns the lift off)
+    kv_lift_wait_ratio: float = 0.4
+    kv_lift_max_share: float = 0.9
 
     def __post_init__(self) -> None:
         for name in (
@@ -119,11 +130,15 @@ class PredictiveConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("stale_ratio", "kv_free_watermark"):
+        for name in ("stale_ratio", "kv_free_watermark", "kv_lift_wait_ratio"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if not self.tile_tolerance >= 1:
             raise ValueError(f"tile_tolerance must be >= 1, got {self.tile_tolerance!r}")
+        if not 0 < self.kv_lift_max_share <= 1:
+            raise ValueError(f"kv_lift_max_share must be in (0, 1], got {self.kv_lift_max_share!r}")
+        if not 0 < self.kv_lift_max_share <= 1:
+            raise ValueError(f"kv_lift_max_share must be in (0, 1], got {self.kv_lift_max_share!r}")
         if not 0 < self.kv_bound_share <= 1:
             raise ValueError(f"kv_bound_share must be in (0, 1], got {self.kv_bound_share!r}")
         if self.kv_horizon_s < 0:
@@ -270,7 +285,7 @@ class PredictiveChunkPolicy:
             return self._done(n_dec, "tile-cap: decode only")
 
         required = self._required_rate(view) * cfg.throughput_coeff
-        kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        kv_bound = self.kv_bound(view)
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
@@ -288,6 +303,17 @@ class PredictiveChunkPolicy:
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, required)
+
+    def kv_bound(self, view: PolicyView) -> bool:
+        """True when the round's TPOT budget is ``kv_bound_tpot_coeff``'s: the KV pool is
+        projected to fill (``rules.KVTrend.kv_bound``) and the backlog is not already waiting
+        long while the pool still has room (``rules.backlog_waits``; module docstring)."""
+        cfg = self.config
+        if not self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s):
+            return False
+        if cfg.kv_lift_wait_ratio > 0 and self.kv.share < cfg.kv_lift_max_share:
+            return not backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
+        return True
 
     def at_tile_cap(self, view: PolicyView, n_dec: int) -> bool:
         """True when the launching slot's ``n_dec`` decodes reach the tile cap

@@ -116,6 +116,13 @@ class KVTrend:
         return self.projected(horizon_s) >= limit
 
 
+def backlog_waits(view: PolicyView, wait_s: float) -> bool:
+    """True when the head of the waiting queue (FCFS: its oldest prompt not yet started) has
+    waited at least ``wait_s``."""
+    head = next(iter(view.iter_waiting()), None)
+    return head is not None and view.now - head.arrived_at >= wait_s
+
+
 def decode_tile_cap(view: PolicyView, decode_time: Callable[[int, float], float], overhead_s: float) -> int:
     """The most decodes a slot should hold (the tile cap): a multiple of the tile step.
 

@@ -147,7 +147,7 @@ class SlackPolicy(PredictiveChunkPolicy):
                     return False
             return True
 
-        kv_bound = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        kv_bound = self.kv_bound(view)
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         budget = coeff * slo_tpot - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
@@ -155,7 +155,8 @@ class SlackPolicy(PredictiveChunkPolicy):
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
-        if not found[3] and found[0] >= 0 and not kv_bound:
+        filling = kv_bound or self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        if not found[3] and found[0] >= 0 and not filling:  # the lift restores, never stretches
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
