@@ -438,3 +438,21 @@ def test_the_round_is_the_sum_of_its_microbatches_not_d_p_times_the_slowest():
         policy = policy_for(bottleneck_round=bottleneck)
         chosen[bottleneck] = policy._scan(view, CANDS, 0, len(CANDS), never, budget)[0]
     assert chosen[False] == k and chosen[True] < k
+
+
+def test_bad_config_values_are_refused_by_name():
+    import pytest
+
+    for bad in (
+        {"kv_lift_wait_ratio": 1.0},
+        {"kv_lift_wait_ratio": -0.1},
+        {"kv_lift_max_share": 0.0},
+        {"kv_lift_max_share": 1.5},
+        {"kv_bound_share": 0.0},
+        {"tile_tolerance": 0.5},
+        {"kv_horizon_s": -1.0},
+    ):
+        (name,) = bad
+        with pytest.raises(ValueError, match=name):
+            PredictiveConfig(**bad)
+    PredictiveConfig(kv_lift_wait_ratio=0.0, kv_lift_max_share=1.0)  # the lift off; a full pool

@@ -14,6 +14,8 @@
 * The KV trend (``KVTrend``): the share of the KV pool in use and its rate of change, measured
   from the view at each decision over a sliding window; ``kv_bound`` says whether the pool is
   filling (its share projected over a horizon reaches a limit).
+* The backlog wait (``backlog_waits``): whether the head of the waiting queue has waited a
+  given time (the predictive policy lifts its KV bound for an old backlog).
 * The tile cap (``decode_tile_cap``): the most decodes a slot should hold when the KV pool
   cannot fill the tile above a boundary enough to pay for it.
 """

@@ -155,8 +155,9 @@ class SlackPolicy(PredictiveChunkPolicy):
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
-        filling = kv_bound or self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
-        if not found[3] and found[0] >= 0 and not filling:  # the lift restores, never stretches
+        # only while the pool is not projected to fill: the lift restores the budget, never stretches
+        filling = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        if not found[3] and found[0] >= 0 and not filling:
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
