@@ -1,7 +1,7 @@
-"""Why the predictive policy trails the best static chunk under the paper's fixed runs on
-azure-conv: the same fixed runs (400 prompts per seed, seeds 0..2 pooled, Poisson at
-``--rate``) for the static chunk, the shipped predictive policy, and predictive with each of
-its two TPOT rules relaxed.
+"""How the predictive policy's TPOT rules act under the paper's fixed runs on azure-conv: the
+same fixed runs (400 prompts per seed, seeds 0..2 pooled, Poisson at ``--rate``) for the static
+chunk, the shipped predictive policy, and predictive with its KV rule's lift turned off or with
+its TPOT rules relaxed.
 
     python benchmarks/fixed_run_diagnosis.py                 # Qwen2.5-32B, 7.0 req/s
     python benchmarks/fixed_run_diagnosis.py --rate 6.5 --model Qwen2.5-14B
@@ -10,6 +10,8 @@ Rows (PredictiveConfig fields; fastpp/policies/predictive.py explains each rule)
 
 * ``static:N``: the best static chunk of docs/RESULTS.md section 8 (``--static``);
 * ``predictive``: as shipped;
+* ``predictive, no lift``: ``kv_lift_wait_ratio = 0`` (the KV rule's tighter budget holds
+  however long the backlog has waited);
 * ``predictive, KV rule off``: ``kv_bound_tpot_coeff = tpot_coeff`` (the round's TPOT budget
   is not tightened while the KV pool is projected to fill);
 * ``predictive, KV rule off, tpot_coeff 1.15``: and the per-round budget 15% above the SLO;
@@ -89,6 +91,7 @@ def main() -> None:
     rows = (
         (f"static:{args.static}", f"static:{args.static}", {}),
         ("predictive", "predictive", {}),
+        ("predictive, no lift", "predictive", {"kv_lift_wait_ratio": 0.0}),
         ("predictive, KV rule off", "predictive", {"kv_bound_tpot_coeff": 1.05}),
         (
             "predictive, KV rule off, tpot_coeff 1.15",
