@@ -143,9 +143,9 @@ class PipelineEngine:
         # requests ended through an abort that are to be reported otherwise: req id -> (the
         # event's finish reason, the record's, detail); a stop string, or a failure of its own
         self._end_as: dict[int, tuple[str, FinishReason, str]] = {}
-        # requests with text stops that ended by length, newest last: req id -> record (or None
-        # when not recording); a stop string in their last token's text relabels them ``stop``
-        self._length_ends: OrderedDict[int, RequestRecord | None] = OrderedDict()
+        # requests with text stops that ended by length, newest last: req id -> its record; a
+        # stop string in their last token's text relabels them ``stop``
+        self._length_ends: OrderedDict[int, RequestRecord] = OrderedDict()
         self._submitted = 0
         self._lock = threading.Lock()
         self._procs: StageProcesses | None = None
@@ -573,7 +573,7 @@ class PipelineEngine:
             end.record.detail = f"error: {detail}" if reason == "error" else detail
         self.counters.count_end(reason, end.record)
         if reason == "length" and a.params.text_stops:
-            self._length_ends[end.req_id] = end.record if self.config.record else None
+            self._length_ends[end.req_id] = end.record
             while len(self._length_ends) > MAX_RELABELLABLE:
                 self._length_ends.popitem(last=False)
         a.on_event(EngineEvent(end.req_id, tuple(a.unsent), reason, detail))
@@ -585,8 +585,7 @@ class PipelineEngine:
         """A request counted and recorded as ended by length ended by a stop string instead."""
         rec = self._length_ends.pop(rid)
         self.counters.relabel_end("length", "stop")
-        if rec is not None:
-            rec.finish_reason, rec.detail = FinishReason.STOP, "stop string"
+        rec.finish_reason, rec.detail = FinishReason.STOP, "stop string"
 
     def _send_stop(self) -> None:
         assert self._stage0 is not None

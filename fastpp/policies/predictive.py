@@ -308,11 +308,17 @@ class PredictiveChunkPolicy:
         projected to fill (``rules.KVTrend.kv_bound``) and the backlog is not already waiting
         long while the pool still has room (``rules.backlog_waits``; module docstring)."""
         cfg = self.config
-        if not self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s):
-            return False
-        if cfg.kv_lift_wait_ratio > 0 and self.kv.share < cfg.kv_lift_max_share:
-            return not backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
-        return True
+        return self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s) and not self.kv_lifted(view)
+
+    def kv_lifted(self, view: PolicyView) -> bool:
+        """True when the lift applies: the queue's head has waited ``kv_lift_wait_ratio`` x SLO
+        TTFT while the pool is under ``kv_lift_max_share`` full (module docstring)."""
+        cfg = self.config
+        return (
+            cfg.kv_lift_wait_ratio > 0
+            and self.kv.share < cfg.kv_lift_max_share
+            and backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
+        )
 
     def at_tile_cap(self, view: PolicyView, n_dec: int) -> bool:
         """True when the launching slot's ``n_dec`` decodes reach the tile cap

@@ -147,7 +147,8 @@ class SlackPolicy(PredictiveChunkPolicy):
                     return False
             return True
 
-        kv_bound = self.kv_bound(view)
+        filling = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
+        kv_bound = filling and not self.kv_lifted(view)  # as self.kv_bound(view), the trend read once
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         budget = coeff * slo_tpot - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
@@ -156,7 +157,6 @@ class SlackPolicy(PredictiveChunkPolicy):
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
         # only while the pool is not projected to fill: the lift restores the budget, never stretches
-        filling = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
         if not found[3] and found[0] >= 0 and not filling:
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
