@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
-from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, RetractionOpt
+from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, QueueOrderOpt, RetractionOpt
 
 
 def goodput(
@@ -108,6 +108,7 @@ def goodput(
     chunk_candidates: ChunkCandidatesOpt = None,
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
+    queue_order: QueueOrderOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
@@ -135,6 +136,7 @@ def goodput(
                 host_loop=host_loop,
                 admission_reserve=admission,
                 retraction=retraction,
+                queue_order=queue_order,
                 chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
             ),
             slo=slo,
@@ -218,6 +220,7 @@ def goodput(
                 "protocol": protocol,
                 "admission": dep.admission_reserve,
                 "retraction": dep.retraction,
+                "queue_order": dep.queue_order,
                 **res.to_dict(),
             }
         )

@@ -45,6 +45,13 @@ AdmissionOpt = Annotated[
         help="Whose remaining output the admission reserve counts: all (every admitted request, running, in flight or parked) or slot (the launching slot's decodes only, as the paper's reference: more admissions, more retractions). [default: all]",
     ),
 ]
+QueueOrderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--queue-order",
+        help="Which waiting request is admitted next: fcfs (arrival order) or late_last (a request that has waited past the SLO TTFT without its first token waits behind those that can still meet it, until it has waited 10 x the SLO TTFT). [default: fcfs]",
+    ),
+]
 RetractionOpt = Annotated[
     str | None,
     typer.Option(

@@ -18,6 +18,7 @@ from fastpp.cli.options import (
     ChunkCandidatesOpt,
     CvOpt,
     DataDirOpt,
+    QueueOrderOpt,
     ReplayOpt,
     ReplaySpeedOpt,
     ReplayStartOpt,
@@ -73,6 +74,7 @@ def simulate(
     chunk_candidates: ChunkCandidatesOpt = None,
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
+    queue_order: QueueOrderOpt = None,
     host_loop: Annotated[
         str | None,
         typer.Option(
@@ -150,6 +152,7 @@ def simulate(
                 host_loop=host_loop,
                 admission_reserve=admission,
                 retraction=retraction,
+                queue_order=queue_order,
             ),
             slo=slo,
         )

@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 
 from fastpp.cli.common import console, err_console, fail
-from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, RetractionOpt
+from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, QueueOrderOpt, RetractionOpt
 
 if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
     from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
@@ -180,6 +180,7 @@ def sweep(
     chunk_candidates: ChunkCandidatesOpt = None,
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
+    queue_order: QueueOrderOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
@@ -215,6 +216,7 @@ def sweep(
                     "host_loop": host_loop,
                     "admission": admission,
                     "retraction": retraction,
+                    "queue_order": queue_order,
                     "chunk_candidates": chunk_candidates,
                     "data_dir": data_dir,
                 }.items()

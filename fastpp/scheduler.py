@@ -1,6 +1,7 @@
-"""Engine-neutral pipeline-parallel scheduler: FCFS queue, D_p microbatch slots, chunked
-prefill, KV accounting and retraction. Executors drive it through the contract of
-``fastpp.plan`` (docs/ARCHITECTURE.md, "The executor contract")::
+"""Engine-neutral pipeline-parallel scheduler: the waiting queue (FCFS, or late-last:
+SchedulerConfig.queue_order), D_p microbatch slots, chunked prefill, KV accounting and
+retraction. Executors drive it through the contract of ``fastpp.plan`` (docs/ARCHITECTURE.md,
+"The executor contract")::
 
     plan = scheduler.schedule(slot)      # form the microbatch of a free slot (or None)
     out = scheduler.update(plan)         # fold in its sampled tokens when it returns
@@ -23,7 +24,7 @@ from fastpp.plan import NO_OUTPUT, MicroBatchPlan, PrefillChunk, RequestEnd, Sch
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, StaticChunkPolicy
 from fastpp.policy_host import BatchFeatures, HostCounters, PolicyHost
 from fastpp.policy_host_records import RequestLog
-from fastpp.scheduler_config import SchedulerConfig
+from fastpp.scheduler_config import SchedulerConfig, late_thresholds
 from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 from fastpp.view import SchedulerView
 from fastpp.waiting_queue import WaitingQueue
@@ -49,7 +50,7 @@ class Scheduler:
         self.clock = clock
         n = config.num_slots
         self._kv = KVLedger(config.kv_capacity_tokens, config.page_size)
-        self._queue = WaitingQueue()
+        self._queue = WaitingQueue(*late_thresholds(config))
         self._in_flight: list[MicroBatchPlan | None] = [None] * n
         self._slots = DecodeSlots(n, self._any_in_flight)
         # the policies, their failure counts, the signals, the records and the decision step:
@@ -141,7 +142,8 @@ class Scheduler:
 
         Token model: C (the policy's budget) counts every token of the microbatch. The slot's
         decodes go first, one token each; what is left of C goes to the continuing chunked
-        request, then to new requests in FCFS order while their prompt fits in free KV.
+        request, then to new requests in queue order (SchedulerConfig.queue_order) while their
+        prompt fits in free KV.
         Each request's counters (num_computed, kv_tokens) advance here, at schedule time.
         The decision itself (balance, liveness, C, the decodes that ride) is the host's
         ``begin_step``, as in every executor.
@@ -201,6 +203,7 @@ class Scheduler:
         if budget <= 0:
             return chunks
         queue, ledger = self._queue, self._kv
+        queue.defer_late(self.view.now)
         kv = ledger.pool
         r = queue.chunked
         if r is not None:
@@ -222,7 +225,7 @@ class Scheduler:
             if every:
                 reserve = ledger.admission_reserve(cfg.new_token_ratio)
             if need > kv.free - reserve and (need > kv.free or self._has_admitted()):
-                break  # FCFS: the head waits for memory, nobody overtakes it
+                break  # the head waits for memory, nobody overtakes it
             queue.pop_head()
             ledger.admit(r, need)
             r.admit_seq = self._next_admit_seq

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import inf
 
 from fastpp.types import SLO
 
@@ -22,24 +23,33 @@ def static_chunk(chunk: int | None = None, *, limit: int | None = None) -> int:
 
 ADMISSION_RESERVES = ("all", "slot")
 RETRACTIONS = ("newest_front", "fewest_output_back")
+QUEUE_ORDERS = ("fcfs", "late_last")
+# late_last: a request late for its first token (waited over the SLO TTFT) waits behind the ones
+# that can still meet theirs, until it has waited this many x SLO TTFT: then it goes first again.
+LATE_REQUEUE_SLO_RATIO = 10.0
 MAX_CHUNK_CANDIDATES = 4096  # a policy looks at each candidate: more is memory and time, no use
 
 
 def check_queue_options(
     admission_reserve: str,
     retraction: str,
+    queue_order: str = "fcfs",
     *,
     admission_name: str = "admission_reserve",
     retraction_name: str = "retraction",
+    queue_order_name: str = "queue_order",
 ) -> None:
     """``ValueError`` naming the option (as the caller calls it) unless ``admission_reserve``
-    is one of ADMISSION_RESERVES and ``retraction`` one of RETRACTIONS."""
+    is one of ADMISSION_RESERVES, ``retraction`` one of RETRACTIONS and ``queue_order`` one of
+    QUEUE_ORDERS."""
     if admission_reserve not in ADMISSION_RESERVES:
         raise ValueError(
             f"{admission_name} must be one of {', '.join(ADMISSION_RESERVES)}, got {admission_reserve!r}"
         )
     if retraction not in RETRACTIONS:
         raise ValueError(f"{retraction_name} must be one of {', '.join(RETRACTIONS)}, got {retraction!r}")
+    if queue_order not in QUEUE_ORDERS:
+        raise ValueError(f"{queue_order_name} must be one of {', '.join(QUEUE_ORDERS)}, got {queue_order!r}")
 
 
 def parse_chunk_candidates(text: str) -> tuple[int, ...]:
@@ -92,6 +102,11 @@ class SchedulerConfig:
     retraction: str = "newest_front"
     token_step: int = 128  # hardware tile step in tokens (from the profile); 0 = none known
     slo: SLO = field(default_factory=SLO)
+    # Which waiting request is admitted next: "fcfs" = arrival order (retracted ones first);
+    # "late_last" = a request that has waited longer than the SLO TTFT without its first token
+    # (it has missed its TTFT whatever happens next) steps behind the ones that can still meet
+    # theirs, until it has waited LATE_REQUEUE_SLO_RATIO x SLO TTFT (so none starves).
+    queue_order: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
@@ -112,6 +127,15 @@ class SchedulerConfig:
             raise ValueError(f"default_chunk must be >= 1, got {self.default_chunk}")
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise ValueError(f"new_token_ratio must be in [0, 1], got {self.new_token_ratio}")
-        check_queue_options(self.admission_reserve, self.retraction)
+        check_queue_options(self.admission_reserve, self.retraction, self.queue_order)
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+
+
+def late_thresholds(config: SchedulerConfig) -> tuple[float, float]:
+    """(wait after which a request is late, wait after which it goes first again) of the
+    configuration's queue order, in seconds; (inf, inf) under "fcfs"."""
+    if config.queue_order != "late_last":
+        return inf, inf
+    ttft = config.slo.ttft_s
+    return ttft, LATE_REQUEUE_SLO_RATIO * ttft

@@ -8,10 +8,13 @@ else: no scheduler attributes, no engine objects, no wall clock (time comes from
 
 Order guarantees, true of every implementation:
 
-* ``iter_waiting`` is FCFS: the order requests will be admitted in (arrival order, except that
+* ``iter_waiting`` is the order requests will be admitted in: FCFS (arrival order, except that
   a retracted request goes to the front: it was admitted before anyone waiting; or, with
-  ``SchedulerConfig.retraction="fewest_output_back"``, to the back). The partly prefilled
-  request is not in it; it is ``chunked``.
+  ``SchedulerConfig.retraction="fewest_output_back"``, to the back). With
+  ``SchedulerConfig.queue_order="late_last"`` (our scheduler only) a request that has waited
+  past the SLO TTFT without its first token comes after the others until it has waited 10 x
+  the SLO TTFT (fastpp/waiting_queue.py). The partly prefilled request is not in it; it is
+  ``chunked``.
 * ``iter_running(slot)`` is join order: the request that joined that slot longest ago first.
   A request joins a slot when its last prefill chunk returns there or when it is restored from
   the parked set; nothing else reorders a slot (a decode that sits out a round keeps its place).
@@ -149,11 +152,11 @@ class PolicyView(Protocol):
         ...
 
     def iter_waiting(self) -> Iterator[RequestView]:
-        """Waiting requests in FCFS order."""
+        """Waiting requests in admission order (FCFS unless the queue order is late_last)."""
         ...
 
     def iter_waiting_newest_first(self) -> Iterator[RequestView]:
-        """Waiting requests, last in FCFS order first (a policy can stop early)."""
+        """Waiting requests, latest arrivals first (a policy can stop early)."""
         ...
 
     # -- running decodes and parked requests

@@ -1,43 +1,103 @@
-"""The requests waiting for (re)prefill: an FCFS queue plus the one partly prefilled request,
-with the running sums the policies read in O(1)."""
+"""The requests waiting for (re)prefill, in the order they will be admitted, plus the one partly
+prefilled request, with the running sums the policies read in O(1)."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from itertools import chain, islice
+from math import inf
 
 from fastpp.live_request import LiveRequest
 
 
 class WaitingQueue:
-    """FCFS queue of requests whose prefill has not started, and ``chunked``: the request whose
+    """The queue of requests whose prefill has not started, and ``chunked``: the request whose
     prefill started and continues in the next microbatch (at most one).
 
+    Order. FCFS by default (``late_after`` = inf): arrival order, except that retracted requests
+    go to the front. With a finite ``late_after`` (SchedulerConfig.queue_order "late_last") a
+    request that has waited longer than ``late_after`` s without a first token is late: it has
+    missed its TTFT whatever happens next, so it steps behind the requests that can still meet
+    theirs, into a second queue (``defer_late``, called with the clock before each admission).
+    A late request goes first again once it has waited ``late_max_wait`` s, or when nobody else
+    waits: under sustained overload every request ends up waiting that long, so a rate above
+    capacity still shows as a growing queue. Retracted requests (they have their first token)
+    are never late. Both queues stay in arrival order, so each check looks at a head only.
+
     Invariants (kept by every method here, and only here): ``prefill_tokens`` is the sum of
-    ``remaining_prefill`` over the queue, ``chunked`` and a request taken from the head whose
+    ``remaining_prefill`` over both queues, ``chunked`` and a request taken from a head whose
     first chunk has not been scheduled yet; ``arrival_sum`` is the sum of ``arrived_at`` over
-    the queue. Queue order is arrival order, except that retracted requests go to the front.
+    both queues.
     """
 
-    __slots__ = ("_queue", "chunked", "prefill_tokens", "arrival_sum")
+    __slots__ = (
+        "_queue",
+        "_late",
+        "late_after",
+        "late_max_wait",
+        "now",
+        "chunked",
+        "prefill_tokens",
+        "arrival_sum",
+    )
 
-    def __init__(self) -> None:
-        self._queue: deque[LiveRequest] = deque()
+    def __init__(self, late_after: float = inf, late_max_wait: float = inf) -> None:
+        if not 0 < late_after <= late_max_wait:
+            raise ValueError(f"need 0 < late_after <= late_max_wait, got {late_after!r}, {late_max_wait!r}")
+        self._queue: deque[LiveRequest] = deque()  # on time (FCFS: everyone)
+        self._late: deque[LiveRequest] = deque()  # late for their first token, by arrival
+        self.late_after = late_after
+        self.late_max_wait = late_max_wait
+        self.now = 0.0  # the clock at the last ``defer_late``
         self.chunked: LiveRequest | None = None
         self.prefill_tokens = 0
         self.arrival_sum = 0.0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._late)
 
     def __iter__(self) -> Iterator[LiveRequest]:
-        return iter(self._queue)
+        """Admission order: late requests due again, the on-time queue, the other late ones."""
+        if not self._late:
+            return iter(self._queue)
+        due = self._num_due()
+        return chain(islice(self._late, due), self._queue, islice(self._late, due, None))
 
     def newest_first(self) -> Iterator[LiveRequest]:
-        return reversed(self._queue)
+        """Latest arrivals first (the on-time queue from its tail, then the late queue)."""
+        return chain(reversed(self._queue), reversed(self._late))
+
+    @property
+    def num_late(self) -> int:
+        return len(self._late)
+
+    def _num_due(self) -> int:
+        """Late requests that have waited ``late_max_wait`` (a prefix: arrival order)."""
+        due_before = self.now - self.late_max_wait
+        n = 0
+        for r in self._late:
+            if r.arrived_at > due_before:
+                break
+            n += 1
+        return n
+
+    def defer_late(self, now: float) -> None:
+        """Move the requests that became late by ``now`` behind the on-time ones."""
+        self.now = now
+        queue, late = self._queue, self._late
+        before = now - self.late_after
+        while queue and queue[0].arrived_at < before and queue[0].num_generated == 0:
+            late.append(queue.popleft())
+
+    def _late_first(self) -> bool:
+        late = self._late
+        return bool(late) and (not self._queue or late[0].arrived_at <= self.now - self.late_max_wait)
 
     @property
     def head(self) -> LiveRequest | None:
+        if self._late_first():
+            return self._late[0]
         return self._queue[0] if self._queue else None
 
     def push(self, r: LiveRequest) -> None:
@@ -54,7 +114,7 @@ class WaitingQueue:
 
     def pop_head(self) -> LiveRequest:
         """Take the head for admission; its tokens count as pending until ``advance``."""
-        r = self._queue.popleft()
+        r = self._late.popleft() if self._late_first() else self._queue.popleft()
         self.arrival_sum -= r.arrived_at
         return r
 
@@ -69,15 +129,17 @@ class WaitingQueue:
             self.chunked = None
 
     def remove(self, r: LiveRequest) -> bool:
-        """Take ``r`` out (queued or chunked); False if it is neither."""
+        """Take ``r`` out (queued, late or chunked); False if it is none of these."""
         if r is self.chunked:
             self.chunked = None
             self.prefill_tokens -= r.remaining_prefill
             return True
-        try:
-            self._queue.remove(r)
-        except ValueError:
-            return False
-        self.arrival_sum -= r.arrived_at
-        self.prefill_tokens -= r.remaining_prefill
-        return True
+        for queue in (self._queue, self._late):
+            try:
+                queue.remove(r)
+            except ValueError:
+                continue
+            self.arrival_sum -= r.arrived_at
+            self.prefill_tokens -= r.remaining_prefill
+            return True
+        return False

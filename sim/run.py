@@ -122,13 +122,16 @@ class DeploymentConfig:
     # ("newest_front" | "fewest_output_back"): fastpp/scheduler_config.py says what each does
     admission_reserve: str = "all"
     retraction: str = "newest_front"
+    queue_order: str = "fcfs"  # SchedulerConfig's: "fcfs" | "late_last"
 
     def __post_init__(self) -> None:
         check_queue_options(
             self.admission_reserve,
             self.retraction,
+            self.queue_order,
             admission_name="admission reserve (--admission)",
             retraction_name="retraction (--retraction)",
+            queue_order_name="queue order (--queue-order)",
         )
         if self.chunk_candidates is not None and len(self.chunk_candidates) > MAX_CHUNK_CANDIDATES:
             raise ValueError(
@@ -215,6 +218,7 @@ def scheduler_config(profile: Profile, deployment: DeploymentConfig) -> Schedule
         chunk_candidates=deployment.chunk_candidates or DEFAULT_CANDIDATES,
         admission_reserve=deployment.admission_reserve,
         retraction=deployment.retraction,
+        queue_order=deployment.queue_order,
     )
 
 
@@ -297,6 +301,7 @@ def run_simulation(
         host_loop=deployment.host_loop,
         admission_reserve=deployment.admission_reserve,
         retraction=deployment.retraction,
+        queue_order=deployment.queue_order,
         workload=workload.describe(),
         kv_capacity_tokens=profile.kv_capacity_tokens,
         num_microbatches=result.num_microbatches,

@@ -102,6 +102,7 @@ class SweepPoint:
     protocol: str | None = None  # goodput under a fixed-run protocol (goodput_fixed), else steady
     admission_reserve: str = "all"  # SchedulerConfig's (fastpp/scheduler_config.py)
     retraction: str = "newest_front"
+    queue_order: str = "fcfs"
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -156,7 +157,8 @@ class SweepPoint:
         }
         if self.protocol is not None:  # steady-state rows (and ids) as before the field
             row["protocol"] = self.protocol
-        for name in ("admission_reserve", "retraction"):  # likewise: only where not the default
+        # likewise: only where not the default
+        for name in ("admission_reserve", "retraction", "queue_order"):
             if getattr(self, name) != _SIMULATE_OPTIONS[name]:
                 row[name] = getattr(self, name)
         if not with_id:
@@ -188,6 +190,7 @@ class SweepPoint:
             chunk_candidates=self.chunk_candidates,
             admission_reserve=self.admission_reserve,
             retraction=self.retraction,
+            queue_order=self.queue_order,
         )
 
     def describe(self) -> str:
@@ -251,6 +254,7 @@ class SweepGrid:
     protocol: str | None = None  # goodput: a fixed-run protocol (goodput_fixed) instead of steady
     admission_reserve: str = "all"  # SchedulerConfig's admission reserve: all | slot
     retraction: str = "newest_front"  # SchedulerConfig's retraction order
+    queue_order: str = "fcfs"  # SchedulerConfig's queue order: fcfs | late_last
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -299,7 +303,7 @@ class SweepGrid:
             _check_protocol(self.protocol, kind, self.steady)
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
-        check_queue_options(self.admission_reserve, self.retraction)
+        check_queue_options(self.admission_reserve, self.retraction, self.queue_order)
         if self.profile is not None and (self.models is not None or self.gpus is not None):
             raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:
@@ -356,6 +360,7 @@ class SweepGrid:
             "protocol": self.protocol,
             "admission_reserve": self.admission_reserve,
             "retraction": self.retraction,
+            "queue_order": self.queue_order,
         }
 
         points: list[SweepPoint] = []
@@ -406,6 +411,7 @@ _SIMULATE_OPTIONS = {
     "data_dir": None,
     "admission_reserve": "all",
     "retraction": "newest_front",
+    "queue_order": "fcfs",
 }
 
 _AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates", "slo_scales", "seeds")
@@ -434,6 +440,7 @@ GRID_KEYS = {
     "data_dir": "data_dir",
     "admission": "admission_reserve",
     "retraction": "retraction",
+    "queue_order": "queue_order",
 }
 
 

@@ -1,6 +1,7 @@
 """Golden runs: a seeded simulation's summary and its per-request records must not drift
 silently. The cases pin the static chunk on PP and TP and every adaptive policy of the paper
-(greedy, predictive, predictive + delay scheduling) plus upstream dynamic chunking. After a
+(greedy, predictive, predictive + delay scheduling) plus upstream dynamic chunking, our slack
+policy, and the late-last queue order on a burst over capacity. After a
 deliberate change to the model or a policy, regenerate with
 ``FASTPP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and say in the commit which
 goldens moved and why."""
@@ -43,6 +44,10 @@ CNN_REVERSED_BURST = WorkloadConfig(name="cnn-reversed-synthetic", rate=40.0, nu
 # the scheduler retracts (and recomputes) requests, so the pin covers retraction too.
 CNN_REVERSED_ALL_AT_ONCE = WorkloadConfig(name="cnn-reversed-synthetic", rate=None, num_requests=700, seed=5)
 
+# Three times what PP=4 sustains, for 300 requests: many wait past the TTFT SLO, so the
+# late-last queue order moves them behind the others and brings them back after 10 x the SLO.
+AZURE_BURST = WorkloadConfig(rate=12.0, num_requests=300, seed=1)
+
 CASES = {
     "pp4_azure_conv": (AZURE, DeploymentConfig(pp=4, tp=1, policy="static:512")),
     "tp4_azure_conv": (AZURE, DeploymentConfig(pp=1, tp=4, policy="static:2048")),
@@ -50,6 +55,11 @@ CASES = {
     "pp4_azure_conv_greedy_p90": (AZURE, DeploymentConfig(pp=4, tp=1, policy="greedy:p90")),
     "pp4_azure_conv_predictive": (AZURE, DeploymentConfig(pp=4, tp=1, policy="predictive")),
     "pp4_azure_conv_upstream": (AZURE, DeploymentConfig(pp=4, tp=1, policy="upstream:2048")),
+    "pp4_azure_conv_slack": (AZURE, DeploymentConfig(pp=4, tp=1, policy="slack")),
+    "pp4_azure_burst_late_last": (
+        AZURE_BURST,
+        DeploymentConfig(pp=4, tp=1, policy="static:384", queue_order="late_last"),
+    ),
     "pp4_cnnr_all_at_once_greedy": (CNN_REVERSED_ALL_AT_ONCE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
     "pp4_14b_cnnr_predictive_ds": (
         CNN_REVERSED_BURST,

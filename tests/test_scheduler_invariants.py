@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.plan import BalancePlan
 from fastpp.sim.engine import PipelineSimulation
-from fastpp.types import FinishReason, Request
+from fastpp.types import SLO, FinishReason, Request
 
 
 class RandomChunks:
@@ -89,8 +89,9 @@ workloads = st.lists(
     page=st.sampled_from([1, 4, 16]),
     seed=st.integers(0, 10_000),
     balance=st.booleans(),
+    late_last=st.booleans(),
 )
-def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, balance):
+def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, balance, late_last):
     rng = random.Random(seed)
     clock = FakeClock()
     candidates = [8, 32, 64, 128, 256]
@@ -102,6 +103,8 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
         kv_capacity_tokens=kv,
         page_size=page,
         max_context=1024,
+        # a TTFT SLO of a few steps: requests turn late, and wait their 10 x SLO, mid-run
+        **({"queue_order": "late_last", "slo": SLO(0.002, 0.2)} if late_last else {}),
     )
     pending = deque(Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs))
     in_flight: deque = deque()

@@ -6,8 +6,10 @@ it for both). It builds on the predictive controller (fastpp/policies/predictive
 ALP predictor, packing the next D_p microbatches, the tile floor and the KV trend; what it
 changes is what the load and the TPOT budget are measured against.
 
-TTFT slack (the chunk's lower bound). A waiting request i has slack s_i = arrival_i + SLO TTFT
-- now and, FCFS, A_i prompt tokens at or ahead of it (the continuing chunk included). A chunk C
+TTFT slack (the chunk's lower bound). A waiting request i has slack s_i = arrival_i +
+``deadline_ratio`` (0.9) x SLO TTFT - now and, in admission order, A_i prompt tokens at or
+ahead of it (the continuing chunk included). The 10% margin covers what the prediction leaves
+out (the pipeline's other slots, the first token's trip back). A chunk C
 whose slot round takes R(C) (its D_p microbatches + the round overhead) and prefills K(C)
 tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
 the deadline of every request that can still make it (s_i > R(C); a request already past that
@@ -61,6 +63,8 @@ class SlackConfig:
 
     predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
     max_walk: int = 64  # waiting requests whose TTFT deadlines are checked
+    # a waiting request's deadline: arrival + this x SLO TTFT (a margin for the prediction)
+    deadline_ratio: float = 0.9
     bank_quantile: float = 0.5  # catch-up stretches the round to this quantile of b_j ...
     catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
     park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
@@ -70,6 +74,8 @@ class SlackConfig:
     def __post_init__(self) -> None:
         if self.max_walk < 1:
             raise ValueError(f"max_walk must be >= 1, got {self.max_walk!r}")
+        if not 0 < self.deadline_ratio <= 1:
+            raise ValueError(f"deadline_ratio must be in (0, 1], got {self.deadline_ratio!r}")
         if not 0 <= self.bank_quantile < 1:
             raise ValueError(f"bank_quantile must be in [0, 1), got {self.bank_quantile!r}")
         if not self.catchup_tpot_ratio >= 1:
@@ -175,7 +181,7 @@ class SlackPolicy(PredictiveChunkPolicy):
     def _deadlines(self, view: PolicyView) -> list[tuple[int, float]]:
         """(prompt tokens at or ahead of it, TTFT slack in s) of the first ``max_walk`` waiting
         requests, FCFS, the continuing chunk first."""
-        now, ttft = view.now, view.slo.ttft_s
+        now, ttft = view.now, self.slack.deadline_ratio * view.slo.ttft_s
         out: list[tuple[int, float]] = []
         ahead = 0
         chunked = view.chunked
