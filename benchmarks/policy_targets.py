@@ -21,9 +21,11 @@ missing; ``report`` prints every table from it.
 * replay: the Azure conversation trace, first 900 s, at 0.9x and 1.2x its arrival rate:
   per-request attainment (both SLOs met), P90 TTFT, P90 TPOT, mean E2E.
 
-Policies are specs as ``fastpp policies`` lists them; a suffix ``@adm=slot`` or ``@ret=back``
-sets DeploymentConfig.admission_reserve="slot" / retraction="fewest_output_back" for that run
-(``fastpp goodput --admission slot --retraction fewest_output_back``).
+Policies are specs as ``fastpp policies`` lists them; a suffix ``@adm=slot``, ``@ret=back`` or
+``@q=late`` sets DeploymentConfig.admission_reserve="slot" / retraction="fewest_output_back" /
+queue_order="late_last" for that run (``fastpp goodput --admission slot --retraction
+fewest_output_back --queue-order late_last``); the replays run each policy under both queue
+orders.
 Work runs in a process pool of ``--workers`` (default 2) processes.
 """
 
@@ -40,7 +42,11 @@ FINE_GRID = (*range(128, 1025, 128), 1536, 2048)
 WORKLOADS = ("azure-conv", "sharegpt-synthetic", "cnn-dailymail-synthetic", "cnn-reversed-synthetic")
 DYNAMIC = ("predictive", "slack")
 CACHE = Path(__file__).parent / "out" / "policy_targets.json"
-OPTIONS = {"adm=slot": ("admission_reserve", "slot"), "ret=back": ("retraction", "fewest_output_back")}
+OPTIONS = {
+    "adm=slot": ("admission_reserve", "slot"),
+    "ret=back": ("retraction", "fewest_output_back"),
+    "q=late": ("queue_order", "late_last"),
+}
 
 
 def _split(spec: str) -> tuple[str, dict[str, str]]:
@@ -160,6 +166,7 @@ def fixed_jobs(models, precision) -> list[tuple]:
 
 def replay_jobs(models) -> list[tuple]:
     policies = ("static:384", "static:512", "greedy", "predictive", "predictive+ds", "slack")
+    policies += tuple(f"{p}@q=late" for p in policies)  # and each under the late-last queue order
     return [("replay", m, "azure-conv", p, speed) for m in models for speed in (0.9, 1.2) for p in policies]
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from fastpp.cli.common import fail, given, slo_from_flags
-from fastpp.cli.options import ChunkCandidatesOpt
+from fastpp.cli.options import ChunkCandidatesOpt, QueueOrderOpt
 
 BACKENDS = ("torch", "sglang", "vllm")
 
@@ -65,6 +65,7 @@ def serve(
     max_running_requests: Annotated[
         int | None, typer.Option(help="Cap on admitted requests. [default: KV-bound only]")
     ] = None,
+    queue_order: QueueOrderOpt = None,
     max_queue: Annotated[
         int, typer.Option(help="Answer 503 while this many requests wait for admission.")
     ] = 256,
@@ -176,6 +177,7 @@ def serve(
             "--seed": seed,
             "--max-running-requests": max_running_requests,
             "--pin-cores": pin_cores or None,
+            "--queue-order": queue_order,
         }
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
@@ -197,12 +199,17 @@ def serve(
             token_step=token_step,
         )
     if backend == "vllm":
-        torch_only = {"--kv-blocks": kv_blocks, "--threads": threads, "--pin-cores": pin_cores or None}
+        torch_only = {
+            "--kv-blocks": kv_blocks,
+            "--threads": threads,
+            "--pin-cores": pin_cores or None,
+            "--queue-order": queue_order,
+        }
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
+            kv_hint = " (vLLM sizes its KV cache itself: VLLM_CPU_KVCACHE_SPACE on CPU)"
             fail(
-                f"{', '.join(named)}: options of --backend torch (vLLM sizes its KV cache itself: "
-                "VLLM_CPU_KVCACHE_SPACE on CPU)"
+                f"{', '.join(named)}: options of --backend torch" + (kv_hint if kv_blocks is not None else "")
             )
         passed = {
             "--dtype": dtype,
@@ -289,6 +296,7 @@ def serve(
                 chunk_candidates=candidates,
                 profile=loaded,
                 max_running_requests=max_running_requests,
+                queue_order=queue_order,
                 dtype=dtype,
                 threads=threads,
                 seed=seed,

@@ -250,6 +250,12 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
         (["--model", "/no/such/dir"], "expected 'smollm2', 'random:<config>'"),
         (["--backend", "sglang", "--model", "/no/such/dir"], "not a model directory"),
         (["--backend", "sglang", "--kv-blocks", "8"], "--kv-blocks apply to --backend torch only"),
+        (
+            ["--backend", "sglang", "--queue-order", "late_last"],
+            "--queue-order apply to --backend torch only",
+        ),
+        (["--backend", "vllm", "--queue-order", "late_last"], "--queue-order: options of --backend torch"),
+        (["--model", "random:tiny", "--queue-order", "edf"], "queue_order must be one of fcfs, late_last"),
         (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "predictive"], "pass --profile FILE"),
         (
             ["--backend", "sglang", "--model", "/no/such/dir", "--policy", "nope"],

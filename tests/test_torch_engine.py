@@ -20,6 +20,7 @@ from fastpp.backends.torch.engine import EngineConfig, PipelineEngine  # noqa: E
 from fastpp.backends.torch.engine_state import EngineEvent  # noqa: E402
 from fastpp.backends.torch.sampling import SamplingParams  # noqa: E402
 from fastpp.backends.torch.weights_source import WeightsSource  # noqa: E402
+from fastpp.types import SLO  # noqa: E402
 
 SOURCE = WeightsSource.parse("random:tiny")
 WEIGHTS = random_weights("tiny")
@@ -86,6 +87,8 @@ CASES = {
     "static-32": dict(policy="static:32"),
     "greedy": dict(policy="greedy"),
     "predictive+ds": dict(policy="predictive+ds", profile=make_profile(pp=2)),
+    # a TTFT SLO of 10 ms: the later waves find requests already late, which wait behind them
+    "static-32-late-last": dict(policy="static:32", queue_order="late_last", slo=SLO(0.01, 0.2)),
 }
 
 

@@ -118,6 +118,7 @@ class PipelineEngine:
             chunk_candidates=config.chunk_candidates,  # (static: SchedulerConfig's one default)
             max_running_requests=config.max_running_requests,
             new_token_ratio=config.new_token_ratio,
+            queue_order=config.queue_order,
             token_step=config.profile.token_step if config.profile is not None else 0,
             slo=config.slo,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastpp.profile import Profile
+from fastpp.scheduler_config import QUEUE_ORDERS
 from fastpp.types import SLO
 
 CPU_CHUNK_CANDIDATES: tuple[int, ...] = tuple(range(32, 1025, 32))
@@ -27,6 +28,7 @@ class EngineConfig:
     chunk_candidates: tuple[int, ...] = CPU_CHUNK_CANDIDATES
     max_running_requests: int | None = None
     new_token_ratio: float = 0.1  # share of running requests' remaining output kept free at admission
+    queue_order: str = "fcfs"  # SchedulerConfig.queue_order: fcfs | late_last
     dtype: str = "float32"
     threads: int = 1  # intra-op threads per stage
     # each stage's computing thread on a core of its own (stage r on the r-th core this process
@@ -47,3 +49,6 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not self.stage_timeout_s > 0:
             raise ValueError(f"stage_timeout_s must be > 0, got {self.stage_timeout_s!r}")
+        if self.queue_order not in QUEUE_ORDERS:
+            known = ", ".join(QUEUE_ORDERS)
+            raise ValueError(f"queue_order must be one of {known}, got {self.queue_order!r}")
