@@ -2,9 +2,12 @@
 
     python benchmarks/serve_bench.py                       # the README table, ~10 min on 2 cores
     python benchmarks/serve_bench.py --rate 0.3 -n 20 --deployments pp2@static:256
+    python benchmarks/serve_bench.py --deployments pp2@static:64 pp2@static:64/late \
+        --arrival gamma --cv 4 --seeds 0 1 2      # the queue orders on bursts, three seeds
 
 Each deployment is ``ppP[@policy][/tTHREADS]``: P stage processes with THREADS intra-op threads
-each (default 1), the chunk policy [+ balancer]. ``pp1/t2`` is the single-process baseline that
+each (default 1), the chunk policy [+ balancer]; a suffix ``/late`` serves it with
+``--queue-order late_last`` (docs/POLICIES.md). ``pp1/t2`` is the single-process baseline that
 uses both cores inside each operator, the CPU analogue of tensor parallelism. Every deployment
 gets the same requests (``--workload``, Poisson ``--rate``, ``--seed``), sent as sglang's
 benchmark sends them (streamed, ``ignore_eos``, exact output lengths). Prints one row per
@@ -35,15 +38,15 @@ COLUMNS = (
 
 
 def parse_deployment(spec: str) -> tuple[int, str | None, int]:
-    """``pp2@predictive/t1`` -> (2, "predictive", 1)."""
-    head, _, threads = spec.partition("/t")
+    """``pp2@predictive/t1`` -> (2, "predictive", 1); a ``/late`` suffix is left out."""
+    head, _, threads = spec.removesuffix("/late").partition("/t")
     pp, _, policy = head.partition("@")
     if not pp.startswith("pp") or not pp[2:].isdigit():
         raise SystemExit(f"deployment {spec!r}: expected ppP[@policy][/tTHREADS]")
     return int(pp[2:]), policy or None, int(threads) if threads else 1
 
 
-def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
+def run_one(spec: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
     pp, policy, threads = parse_deployment(spec)
     serve = [
         "--model",
@@ -61,6 +64,8 @@ def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
     ]
     if policy:
         serve += ["--policy", policy]
+    if spec.endswith("/late"):
+        serve += ["--queue-order", "late_last"]
     if args.profile and policy and policy.startswith("predictive"):
         serve += ["--profile", args.profile]
     with ServerProcess(*serve) as srv:
@@ -76,7 +81,10 @@ def run_one(spec: str, args: argparse.Namespace, out: Path) -> dict:
             "-r",
             str(args.rate),
             "--seed",
-            str(args.seed),
+            str(seed),
+            "--arrival",
+            args.arrival,
+            *(["--cv", str(args.cv)] if args.cv is not None else []),
             "--slo-ttft-ms",
             str(args.slo_ttft_ms),
             "--slo-tpot-ms",
@@ -107,7 +115,9 @@ def main() -> None:
     ap.add_argument("--workload", "-w", default="random:256:64:0.5")
     ap.add_argument("--rate", "-r", type=float, default=0.5)
     ap.add_argument("--num-prompts", "-n", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per deployment and seed")
+    ap.add_argument("--arrival", default="poisson", help="poisson or gamma (bursty with --cv > 1)")
+    ap.add_argument("--cv", type=float, help="gamma arrivals' coefficient of variation")
     ap.add_argument("--slo-ttft-ms", type=float, default=5000.0)
     ap.add_argument("--slo-tpot-ms", type=float, default=500.0)
     ap.add_argument("--profile", help="profile JSON for predictive policies (fastpp profile --backend torch)")
@@ -115,12 +125,15 @@ def main() -> None:
     ap.add_argument("--output-file", "-o", help="append each run's JSON line here")
     args = ap.parse_args()
     print(
-        f"# {args.model}, {args.workload}, Poisson {args.rate} req/s, {args.num_prompts} requests, seed "
-        f"{args.seed}; SLO TTFT {args.slo_ttft_ms:.0f} ms / TPOT {args.slo_tpot_ms:.0f} ms",
+        f"# {args.model}, {args.workload}, {args.arrival} {args.rate} req/s"
+        + (f" (cv {args.cv:g})" if args.cv is not None else "")
+        + f", {args.num_prompts} requests, seeds {' '.join(map(str, args.seeds))}; "
+        f"SLO TTFT {args.slo_ttft_ms:.0f} ms / TPOT {args.slo_tpot_ms:.0f} ms",
         flush=True,
     )
     header = (
         "deployment",
+        "seed",
         "req/s",
         "out tok/s",
         "TTFT p50 ms",
@@ -135,21 +148,24 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     with tempfile.TemporaryDirectory() as tmp:
-        for spec in args.deployments:
-            t0 = time.perf_counter()
-            rec = run_one(spec, args, Path(tmp) / "run.jsonl")
-            wall = time.perf_counter() - t0
-            if args.output_file:
-                with open(args.output_file, "a") as f:
-                    f.write(json.dumps({"deployment": spec, **rec}) + "\n")
-            cells = [f"{rec[c]:.2f}" if c.endswith("throughput") else f"{rec[c]:.0f}" for c in COLUMNS[:-1]]
-            cells.append(f"{rec['mean_e2e_latency_ms'] / 1e3:.1f}")
-            cells.append(f"{rec['slo_attainment']:.0%}")
-            cells.append(rec["chunk_budgets"])
-            cells.append(f"{wall:.0f}")
-            if rec["completed"] != args.num_prompts:
-                cells[-1] += f" ({rec['completed']}/{args.num_prompts} completed)"
-            print(f"| {spec} | " + " | ".join(cells) + " |", flush=True)
+        for seed in args.seeds:
+            for spec in args.deployments:
+                t0 = time.perf_counter()
+                rec = run_one(spec, args, Path(tmp) / "run.jsonl", seed)
+                wall = time.perf_counter() - t0
+                if args.output_file:
+                    with open(args.output_file, "a") as f:
+                        f.write(json.dumps({"deployment": spec, "seed": seed, **rec}) + "\n")
+                cells = [
+                    f"{rec[c]:.2f}" if c.endswith("throughput") else f"{rec[c]:.0f}" for c in COLUMNS[:-1]
+                ]
+                cells.append(f"{rec['mean_e2e_latency_ms'] / 1e3:.1f}")
+                cells.append(f"{rec['slo_attainment']:.0%}")
+                cells.append(rec["chunk_budgets"])
+                cells.append(f"{wall:.0f}")
+                if rec["completed"] != args.num_prompts:
+                    cells[-1] += f" ({rec['completed']}/{args.num_prompts} completed)"
+                print(f"| {spec} | {seed} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
