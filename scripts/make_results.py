@@ -96,6 +96,11 @@ ADMISSION_PROTOCOLS: dict[str, dict] = {
     "fixed": {"seeds": FIXED_SEEDS, "protocol": "cnn-reversed"},
     "steady": {},
 }
+# ... and slot admission in steady state on every workload (its CNN-Reversed policy rows are the
+# steady slot / newest_front variant above): those policies and the static chunks where every
+# workload's best static chunk lies under the default admission (section 1)
+SLOT_STATIC = (128, 256, 384, 512)
+SLOT_SYSTEMS = (*(f"pp4@static:{c}" for c in SLOT_STATIC), *(f"pp4@{p}" for p in ADMISSION_POLICIES))
 SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
 NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
@@ -158,8 +163,17 @@ def sweep_grids() -> dict[str, SweepGrid]:
                 deployments=systems(model),
                 protocol=preset,
             )
+        grids[slot_grid_name(model)] = goodput_grid(
+            PRECISION[model],
+            workloads=WORKLOADS,
+            models=(model,),
+            deployments=SLOT_SYSTEMS,
+            admission_reserve="slot",
+        )
         for admission, retraction in ADMISSION_VARIANTS:
             for kind, protocol in ADMISSION_PROTOCOLS.items():
+                if (kind, admission, retraction) == ("steady", "slot", "newest_front"):
+                    continue  # in slot_grid_name's grid
                 grids[admission_grid_name(kind, model, admission, retraction)] = goodput_grid(
                     PRECISION[model],
                     workloads=("cnn-reversed-synthetic",),
@@ -230,6 +244,12 @@ def queue_order_steady(sweeps: SweepsInBackground) -> str:
 def admission_grid_name(kind: str, model: str, admission: str, retraction: str) -> str:
     """The cache folder of section 8's admission variant grids (``kind``: fixed or steady)."""
     return f"{kind}-cnn-reversed-{model}-{admission}-{retraction}"
+
+
+def slot_grid_name(model: str) -> str:
+    """The cache folder of section 8's steady-state grid under slot admission (SLOT_SYSTEMS on
+    every workload)."""
+    return f"steady-slot-{model}"
 
 
 def timed_point(point: SweepPoint) -> tuple[dict, float]:
@@ -571,6 +591,7 @@ def fixed_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict)
         variants = admission_variants(model, sweeps, f_by_w[cnnr], found[(model, cnnr)])
         paper["admission"][model] = variants
         body.append(admission_words(model, n, variants))
+        body.append(slot_words(model, sweeps, found, variants))
     presets = "; ".join(
         f"{w}: `--protocol {p}`, {PRESETS[p].num_requests:,} prompts per rate" for w, p in FIXED.items()
     )
@@ -606,8 +627,15 @@ def admission_variants(model: str, sweeps: SweepsInBackground, fixed: dict, stea
     def goodputs(kind: str, admission: str, retraction: str, default: dict) -> dict:
         if (admission, retraction) == ("all", "newest_front"):
             return {p: (default[f"pp4@{p}"], f"pp4@{p}" in default["at_least"]) for p in ADMISSION_POLICIES}
-        rows = sweeps.rows(admission_grid_name(kind, model, admission, retraction))
-        return {r["policy"]: (r["goodput"], r["margin"] is None) for r in rows}
+        if (kind, admission, retraction) == ("steady", "slot", "newest_front"):
+            rows = [r for r in sweeps.rows(slot_grid_name(model)) if r["workload"] == cnnr]
+        else:
+            rows = sweeps.rows(admission_grid_name(kind, model, admission, retraction))
+        return {
+            r["policy"]: (r["goodput"], r["margin"] is None)
+            for r in rows
+            if r["policy"] in ADMISSION_POLICIES
+        }
 
     out: dict = {}
     for admission, retraction in (("all", "newest_front"), *ADMISSION_VARIANTS):
@@ -652,32 +680,12 @@ def admission_words(model: str, n: int, variants: dict) -> str:
                 f"{a['steady']:.2f} / {b['steady']:.2f} / {c['steady']:.2f}",
             ]
         )
-    base, slot = variants[("all", "newest_front")], variants[("slot", "newest_front")]
-    back = variants[("slot", "fewest_output_back")]
-
-    def total(v: dict, key: str = "num_retractions") -> int:
-        return sum(v[p].get(key, 0) for p in ADMISSION_POLICIES)
-
-    def p99s(v: dict) -> str:
-        """The lowest and highest P99 TPOT of the three policies' fixed runs, ms."""
-        values = [v[p].get("p99_tpot_ms", 0) for p in ADMISSION_POLICIES]
-        return f"{min(values):.0f}..{max(values):.0f}"
-
-    steps = round(max(slot[p]["steady"] - base[p]["steady"] for p in ADMISSION_POLICIES) / step(model))
+    slot, back = variants[("slot", "newest_front")], variants[("slot", "fewest_output_back")]
     gain = max(back[p]["goodput"] - slot[p]["goodput"] for p in ADMISSION_POLICIES)
-    admission = ("The default stays `all`" if steps <= 1 else "Slot admission wins in steady state too") + (
-        f": in steady state slot admission gains at most {steps} search "
-        f"step{'' if steps == 1 else 's'} ({step(model):g} req/s each); at the fixed runs' "
-        f"goodput rates it retracts {total(slot)} "
-        f"requests (work a real engine recomputes) where `all` retracts {total(base)}, with P99 "
-        f"TPOT {p99s(slot)} ms against {p99s(base)} ms. The fixed runs credit it because a "
-        "finite run ends before the requests admitted beyond the cache's room have all been "
-        "retracted and recomputed."
-    )
     retraction = (
         "Retraction to the back, fewest output first (with slot admission), changes the "
         f"fixed-run goodput by at most {gain:+.2f} req/s and retracts "
-        f"{total(back) - total(slot):+d} requests over the three policies' runs"
+        f"{total_retractions(back) - total_retractions(slot):+d} requests over the three policies' runs"
         + (", so the default stays `newest_front`." if gain <= 0 else ".")
     )
     return (
@@ -704,7 +712,80 @@ def admission_words(model: str, n: int, variants: dict) -> str:
             ],
             rows,
         )
-        + f"\n\n{admission} {retraction}"
+        + f"\n\n{retraction}"
+    )
+
+
+def total_retractions(cells: dict) -> int:
+    """Retractions of ADMISSION_POLICIES' pooled fixed runs at their goodput rates (one
+    admission_variants cell)."""
+    return sum(cells[p].get("num_retractions", 0) for p in ADMISSION_POLICIES)
+
+
+def p99_tpot_span(cells: dict) -> str:
+    """The lowest and highest P99 TPOT of ADMISSION_POLICIES' fixed runs in one
+    admission_variants cell, ms."""
+    values = [cells[p].get("p99_tpot_ms", 0) for p in ADMISSION_POLICIES]
+    return f"{min(values):.0f}..{max(values):.0f}"
+
+
+def slot_words(model: str, sweeps: SweepsInBackground, found: dict, variants: dict) -> str:
+    """Section 8's steady state under slot admission on every workload beside the default's
+    (section 1), and what it says about the default admission."""
+    slot = {(r["workload"], system_of(r)): r["goodput"] for r in sweeps.rows(slot_grid_name(model))}
+    rows, changes = [], []
+    for w in WORKLOADS:
+        base = found[(model, w)]
+        static = {c: slot[(w, f"pp4@static:{c}")] for c in SLOT_STATIC}
+        best = max(SLOT_STATIC, key=lambda c: (static[c], -c))
+        row = [w, f"{base['best_goodput']:.2f} (C={base['best']}) / {static[best]:.2f} (C={best})"]
+        changes.append((f"best static on {w}", static[best] - base["best_goodput"]))
+        for p in ADMISSION_POLICIES:
+            before, after = base[f"pp4@{p}"], slot[(w, f"pp4@{p}")]
+            row.append(f"{before:.2f} / {after:.2f}")
+            changes.append((f"{p} on {w}", after - before))
+        rows.append(row)
+    outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in SLOT_STATIC]
+    steps = {name: round(d / step(model), 1) for name, d in changes}
+    lowered = [f"{name} ({v:+g} steps)" for name, v in steps.items() if v <= -1]
+    raised = [v for v in steps.values() if v >= 1]
+    base_cells, slot_cells = variants[("all", "newest_front")], variants[("slot", "newest_front")]
+    cost = (
+        f"at the CNN-Reversed fixed runs' goodput rates it retracts {total_retractions(slot_cells)} "
+        f"requests (work a real engine recomputes) where `all` retracts "
+        f"{total_retractions(base_cells)}, with P99 TPOT {p99_tpot_span(slot_cells)} ms against "
+        f"{p99_tpot_span(base_cells)} ms. The fixed runs credit slot admission more than the steady "
+        "state does because a finite run ends before the requests admitted beyond the cache's room "
+        "have all been retracted and recomputed"
+    )
+    if lowered:
+        verdict = (
+            f"The default stays `all`: slot admission costs at least a step on {', '.join(lowered)}; {cost}."
+        )
+    else:
+        verdict = (
+            f"Slot admission lowers none of these {len(steps)} goodputs by a step or more and raises "
+            f"{len(raised)} of them by one step or more (at most {max(steps.values()):g}); {cost}. "
+            "`all` is the default because it never admits beyond the cache's room, so no request "
+            "is retracted; `--admission slot` is the choice when goodput counts more than "
+            "recomputed work."
+        )
+    grid = "..".join(map(str, (SLOT_STATIC[0], SLOT_STATIC[-1])))
+    return (
+        f"Slot admission in steady state on every workload ({model}; section 1's method, "
+        f"`fastpp goodput -w W -d pp4@predictive --admission slot`), req/s as all / slot. The "
+        f"static column: section 1's best static chunk / the best of C = {grid} step 128 under slot"
+        + (
+            " (every workload's best static chunk under `all` is one of these)"
+            if not outside
+            else f" (the best static chunk under `all` lies outside it on {', '.join(outside)})"
+        )
+        + ":\n\n"
+        + table(
+            ["workload", "best static", *(DYNAMIC_LABEL[p] for p in ADMISSION_POLICIES)],
+            rows,
+        )
+        + f"\n\n{verdict}"
     )
 
 
