@@ -765,7 +765,7 @@ def slot_words(model: str, sweeps: SweepsInBackground, found: dict, variants: di
     else:
         verdict = (
             f"Slot admission lowers none of these {len(steps)} goodputs by a step or more and raises "
-            f"{len(raised)} of them by one step or more (at most {max(steps.values()):g}); {cost}. "
+            f"{len(raised)} of them by one step or more (at most {max(steps.values()):g} steps); {cost}. "
             "`all` is the default because it never admits beyond the cache's room, so no request "
             "is retracted; `--admission slot` is the choice when goodput counts more than "
             "recomputed work."
