@@ -165,7 +165,7 @@ def fixed_jobs(models, precision) -> list[tuple]:
 
 
 def replay_jobs(models) -> list[tuple]:
-    policies = ("static:384", "static:512", "greedy", "predictive", "predictive+ds", "slack")
+    policies = ("static:384", "static:512", "greedy", "greedy:tile", "predictive", "predictive+ds", "slack")
     policies += tuple(f"{p}@q=late" for p in policies)  # and each under the late-last queue order
     return [("replay", m, "azure-conv", p, speed) for m in models for speed in (0.9, 1.2) for p in policies]
 

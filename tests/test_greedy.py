@@ -79,6 +79,7 @@ def grown_to(steps, **config):
         ("tpot_safe_ratio", 1.2),
         ("statistic", "p50"),
         ("window_s", 0.0),
+        ("tile_floor", 0),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
@@ -94,6 +95,21 @@ def test_registry_builds_mean_by_default_and_p90_by_argument():
     assert p90.config.statistic is Statistic.P90
     with pytest.raises(ValueError, match="statistic"):
         make_policies("greedy:p50", cfg)
+
+
+def test_registry_builds_the_tile_floor_from_the_profile_as_predictive_does():
+    from fastpp.policies.predictive import PredictiveChunkPolicy
+    from fastpp.sim.analytic import analytic_profile
+
+    cfg = SchedulerConfig(num_slots=4, kv_capacity_tokens=1000)
+    profile = analytic_profile("Qwen2.5-32B", "A100-40GB-PCIe", pp=4, tp=1)
+    tile, _ = make_policies("greedy:tile", cfg, profile)
+    cands = cfg.chunk_candidates
+    expected = cands[PredictiveChunkPolicy.from_profile(profile).tile_index(cands)]
+    assert isinstance(tile, GreedyChunkPolicy) and tile.config.statistic is Statistic.MEAN
+    assert tile.config.tile_floor == expected > cands[0]  # a floor that binds: 256 on this GPU
+    with pytest.raises(ValueError, match="greedy:tile.*profile"):
+        make_policies("greedy:tile", cfg)
 
 
 # ---------------------------------------------------------------------- cadence
@@ -144,6 +160,18 @@ def test_kv_pressure_jumps_above_busiest_slot_then_restores_in_one_decision():
     view.kv_free_tokens = 500
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (1024, "restore")
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (1152, "grow")  # rule resumes
+
+
+def test_tile_floor_starts_there_and_stops_the_shrinks_but_not_kv_pressure():
+    policy, view = GreedyChunkPolicy(GreedyConfig(tile_floor=200)), FakeView()  # 200 -> 256
+    assert decide(policy, view, [IDLE_TTFT]) == (256, "shrink:idle")  # starts at the floor
+    assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (384, "grow")
+    assert decide(policy, view, [BUSY_TTFT], [BAD_GAP]) == (256, "shrink:tpot")
+    assert decide(policy, view, [BUSY_TTFT], [BAD_GAP]) == (256, "shrink:tpot")  # clamped
+    view.kv_free_tokens, view.running = 0, [100, 0, 0, 0]
+    assert decide(policy, view) == (128, "kv-pressure")  # memory first, below the floor
+    view.kv_free_tokens = 500
+    assert decide(policy, view, [IDLE_TTFT]) == (256, "restore")
 
 
 def test_kv_pressure_needs_no_new_ttft_sample():

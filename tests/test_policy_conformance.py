@@ -219,6 +219,7 @@ SPECS = [
     "static:96",
     "greedy",
     "greedy:p90",
+    "greedy:tile",
     "predictive",
     "predictive:tokens",
     "upstream:256",

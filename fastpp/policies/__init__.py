@@ -17,6 +17,7 @@ from fastpp.policies.base import ChunkPolicy, DecodeBalancer, NoBalancer, Static
 from fastpp.policies.delay import BalanceMode, DelayConfig, DelayScheduler
 from fastpp.policies.greedy import GreedyChunkPolicy, GreedyConfig, Statistic
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
+from fastpp.policies.rules import efficient_tile_index
 from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.policies.upstream import UpstreamChunkConfig, UpstreamChunkPolicy, build_upstream
 from fastpp.profile import Profile
@@ -86,6 +87,19 @@ def _predictive(arg: str | None, ctx: PolicyContext) -> object:
     return policy
 
 
+def _greedy(arg: str | None, ctx: PolicyContext) -> GreedyChunkPolicy:
+    if arg != "tile":
+        # the user's text as given: GreedyConfig coerces it to a Statistic, or names the choices
+        return GreedyChunkPolicy(GreedyConfig(statistic=cast(Statistic, arg or "mean")))
+    from fastpp.predictor import ALPPredictor
+
+    predict = ALPPredictor.from_profile(ctx.require_profile("greedy:tile")).predict_one
+    cands = ctx.config.chunk_candidates
+    tolerance = PredictiveConfig().tile_tolerance  # the same efficient tile as predictive's floor
+    tile = cands[efficient_tile_index(cands, lambda c: predict(c, 0, 0, 0), tolerance)]
+    return GreedyChunkPolicy(GreedyConfig(tile_floor=tile))
+
+
 POLICIES: dict[str, PolicyInfo] = {
     "static": PolicyInfo(
         _static,
@@ -93,10 +107,9 @@ POLICIES: dict[str, PolicyInfo] = {
         f"tokens (default {DEFAULT_STATIC_CHUNK} in every executor)",
     ),
     "greedy": PolicyInfo(
-        # the user's text as given: GreedyConfig coerces it to a Statistic, or names the choices
-        lambda arg, ctx: GreedyChunkPolicy(GreedyConfig(statistic=cast(Statistic, arg or "mean"))),
+        _greedy,
         "feedback controller (PAPER.md 3.1)",
-        "statistic: mean | p90",
+        "statistic: mean | p90; or tile (mean, never shrinking below the efficient tile)",
     ),
     "predictive": PolicyInfo(
         _predictive, "ALP predictor + smallest feasible chunk (PAPER.md 3.2)", "predictor: alp | tokens"

@@ -55,6 +55,9 @@ class GreedyConfig:
     tpot_safe_ratio: float = 0.85  # ... and TPOT < ratio * SLO TPOT
     statistic: Statistic = Statistic.MEAN
     window_s: float = 10.0  # P90 window (statistic="p90" only)
+    # Smallest C the shrink rules step down to (the efficient tile, ``greedy:tile``); the
+    # KV-pressure rule may still go below it. None = no floor (the paper's controller).
+    tile_floor: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -83,6 +86,8 @@ class GreedyConfig:
             )
         if not self.window_s > 0:
             raise ValueError(f"window_s must be > 0 seconds, got {self.window_s}")
+        if self.tile_floor is not None and self.tile_floor < 1:
+            raise ValueError(f"tile_floor must be >= 1 token, got {self.tile_floor}")
 
 
 @dataclass(slots=True)
@@ -107,6 +112,10 @@ class GreedyChunkPolicy:
        TTFT is the load signal; without it, growing or shrinking would be a guess.
     4. TPOT > ``tpot_violation_ratio`` * SLO, or TTFT < ``ttft_low_ratio`` * SLO: one step down
        ("shrink:tpot" / "shrink:idle"). At low load small chunks cost no TTFT and spare TPOT.
+       With a ``tile_floor`` the steps stop at the smallest candidate >= it (the controller
+       also starts there): a chunk below the efficient tile pays for tokens it does not
+       carry, and after an idle spell a burst would find the controller several feedback
+       rounds below the chunk it needs.
     5. TTFT > ``ttft_high_ratio`` * SLO and TPOT < ``tpot_safe_ratio`` * SLO: one step up.
     6. Otherwise hold. Steps clamp at both ends of the candidate list.
 
@@ -133,6 +142,7 @@ class GreedyChunkPolicy:
     num_decisions: int = field(default=0, init=False)
     _candidates: tuple[int, ...] = field(default=(), init=False, repr=False)
     _index: int = field(default=0, init=False, repr=False)  # current C = _candidates[_index]
+    _floor: int = field(default=0, init=False, repr=False)  # index the shrink rules stop at
     _restore_index: int | None = field(default=None, init=False, repr=False)
     _num_calls: int = field(default=0, init=False, repr=False)
     # mean statistic: the newest sample already consumed per signal, and the last TPOT mean
@@ -149,6 +159,10 @@ class GreedyChunkPolicy:
         """C for the microbatch about to launch in ``view.slot``."""
         if not self._candidates:
             self._candidates = self._make_candidates(view)
+            floor = self.config.tile_floor
+            if floor is not None:
+                self._floor = index_above(self._candidates, floor - 1)
+                self._index = self._floor
         if self._num_calls % view.num_slots == 0:
             self.last_reason = self._decide(view)
             self.num_decisions += 1
@@ -185,10 +199,10 @@ class GreedyChunkPolicy:
         slo = view.slo
         top = len(self._candidates) - 1
         if tpot is not None and tpot > cfg.tpot_violation_ratio * slo.tpot_s:
-            self._index = max(self._index - 1, 0)
+            self._index = max(self._index - 1, min(self._floor, self._index))
             return "shrink:tpot"
         if ttft < cfg.ttft_low_ratio * slo.ttft_s:
-            self._index = max(self._index - 1, 0)
+            self._index = max(self._index - 1, min(self._floor, self._index))
             return "shrink:idle"
         if ttft > cfg.ttft_high_ratio * slo.ttft_s and (
             tpot is None or tpot < cfg.tpot_safe_ratio * slo.tpot_s
