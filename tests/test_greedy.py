@@ -36,6 +36,7 @@ class FakeView:
         self.kv_total_tokens = 1000
         self.kv_free_tokens = int(kv_free * 1000)
         self.running = list(running or [0] * num_slots)
+        self.waiting_prefill_tokens = 0
         self.recent_ttft: deque[tuple[float, float]] = deque(maxlen=4096)
         self.recent_token_gap: deque[tuple[float, float]] = deque(maxlen=4096)
 
@@ -162,16 +163,29 @@ def test_kv_pressure_jumps_above_busiest_slot_then_restores_in_one_decision():
     assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (1152, "grow")  # rule resumes
 
 
-def test_tile_floor_starts_there_and_stops_the_shrinks_but_not_kv_pressure():
+def test_tile_floor_lifts_c_only_while_prompts_outrun_a_sub_tile_chunk():
     policy, view = GreedyChunkPolicy(GreedyConfig(tile_floor=200)), FakeView()  # 200 -> 256
-    assert decide(policy, view, [IDLE_TTFT]) == (256, "shrink:idle")  # starts at the floor
-    assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (384, "grow")
-    assert decide(policy, view, [BUSY_TTFT], [BAD_GAP]) == (256, "shrink:tpot")
-    assert decide(policy, view, [BUSY_TTFT], [BAD_GAP]) == (256, "shrink:tpot")  # clamped
-    view.kv_free_tokens, view.running = 0, [100, 0, 0, 0]
-    assert decide(policy, view) == (128, "kv-pressure")  # memory first, below the floor
-    view.kv_free_tokens = 500
-    assert decide(policy, view, [IDLE_TTFT]) == (256, "restore")
+    assert decide(policy, view, [IDLE_TTFT]) == (128, "shrink:idle")  # nothing waits
+    view.waiting_prefill_tokens = 4 * 128  # exactly what 128 carries in D_p = 4 microbatches
+    assert decide(policy, view, [MID_TTFT]) == (128, "hold")
+    view.waiting_prefill_tokens += 1
+    assert decide(policy, view, [MID_TTFT]) == (256, "tile-floor")  # the controller's C too
+    assert decide(policy, view, [BUSY_TTFT], [ROOM_GAP]) == (384, "grow")  # climbs from the tile
+    view.waiting_prefill_tokens = 0
+    for _ in range(2):
+        decide(policy, view, [IDLE_TTFT])
+    assert policy.chunk == 128  # the shrinks go below the tile once the queue is short
+    view.running = [100] * 4  # decodes fill most of a 128 chunk: 4 x 28 tokens of room
+    view.waiting_prefill_tokens = 4 * 28 + 1
+    assert decide(policy, view, [MID_TTFT]) == (256, "tile-floor")
+
+
+def test_tile_floor_lifts_the_kv_pressure_chunk_while_prompts_wait():
+    policy, view = GreedyChunkPolicy(GreedyConfig(tile_floor=256)), FakeView(running=[100, 0, 0, 0])
+    view.kv_free_tokens = 0
+    assert decide(policy, view) == (128, "kv-pressure")  # the cut stands while nothing waits
+    view.waiting_prefill_tokens = 10_000
+    assert decide(policy, view) == (256, "tile-floor")
 
 
 def test_kv_pressure_needs_no_new_ttft_sample():

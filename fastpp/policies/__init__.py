@@ -109,7 +109,7 @@ POLICIES: dict[str, PolicyInfo] = {
     "greedy": PolicyInfo(
         _greedy,
         "feedback controller (PAPER.md 3.1)",
-        "statistic: mean | p90; or tile (mean, never shrinking below the efficient tile)",
+        "statistic: mean | p90; or tile (mean, at least the efficient tile while prompts wait)",
     ),
     "predictive": PolicyInfo(
         _predictive, "ALP predictor + smallest feasible chunk (PAPER.md 3.2)", "predictor: alp | tokens"

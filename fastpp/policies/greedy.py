@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
-from fastpp.policies.rules import index_above, kv_pressure_index, under_kv_pressure
+from fastpp.policies.rules import index_above, kv_pressure_index, prompts_outrun, under_kv_pressure
 from fastpp.types import IterationRecord
 
 if TYPE_CHECKING:
@@ -55,8 +55,9 @@ class GreedyConfig:
     tpot_safe_ratio: float = 0.85  # ... and TPOT < ratio * SLO TPOT
     statistic: Statistic = Statistic.MEAN
     window_s: float = 10.0  # P90 window (statistic="p90" only)
-    # Smallest C the shrink rules step down to (the efficient tile, ``greedy:tile``); the
-    # KV-pressure rule may still go below it. None = no floor (the paper's controller).
+    # The efficient tile in tokens (``greedy:tile``): while more prompt tokens wait than a chunk
+    # below it carries in D_p microbatches, C is lifted to the smallest candidate >= it.
+    # None = no floor (the paper's controller).
     tile_floor: int | None = None
 
     def __post_init__(self) -> None:
@@ -112,10 +113,6 @@ class GreedyChunkPolicy:
        TTFT is the load signal; without it, growing or shrinking would be a guess.
     4. TPOT > ``tpot_violation_ratio`` * SLO, or TTFT < ``ttft_low_ratio`` * SLO: one step down
        ("shrink:tpot" / "shrink:idle"). At low load small chunks cost no TTFT and spare TPOT.
-       With a ``tile_floor`` the steps stop at the smallest candidate >= it (the controller
-       also starts there): a chunk below the efficient tile pays for tokens it does not
-       carry, and after an idle spell a burst would find the controller several feedback
-       rounds below the chunk it needs.
     5. TTFT > ``ttft_high_ratio`` * SLO and TPOT < ``tpot_safe_ratio`` * SLO: one step up.
     6. Otherwise hold. Steps clamp at both ends of the candidate list.
 
@@ -128,6 +125,16 @@ class GreedyChunkPolicy:
     decision, and a TPOT mean with no new sample keeps its previous value. ``p90`` takes the
     P90 of the last ``window_s`` seconds: the SLO is on P90s, and a mean hides the tail the
     SLO counts (reference notes, section 7 item 4).
+
+    Tile floor (every call, with ``tile_floor`` set): while more prompt tokens wait than the
+    candidate below the tile would carry beside the slots' decodes in the next D_p
+    microbatches (``rules.prompts_outrun``, the predictive policy's floor condition), a C
+    below the tile is lifted to it ("tile-floor"), the controller's C included, so a climb
+    goes on from there. After an idle spell the controller sits at the smallest candidate, and
+    a burst would otherwise find it several feedback rounds below the chunk it needs, paying
+    for tile time it does not fill. A short queue of short prompts (a decode-heavy load) keeps
+    the small chunk, which keeps KV residency low. The lift also applies after a KV-pressure
+    cut: admission, not the chunk, keeps KV from being over-committed.
 
     Safety guard (every call): the decode guard of ``fastpp.policies.rules``. It changes only
     what is returned, not the controller's C: other slots may hold fewer decodes.
@@ -142,7 +149,7 @@ class GreedyChunkPolicy:
     num_decisions: int = field(default=0, init=False)
     _candidates: tuple[int, ...] = field(default=(), init=False, repr=False)
     _index: int = field(default=0, init=False, repr=False)  # current C = _candidates[_index]
-    _floor: int = field(default=0, init=False, repr=False)  # index the shrink rules stop at
+    _floor: int = field(default=0, init=False, repr=False)  # index of the tile; 0 = no floor
     _restore_index: int | None = field(default=None, init=False, repr=False)
     _num_calls: int = field(default=0, init=False, repr=False)
     # mean statistic: the newest sample already consumed per signal, and the last TPOT mean
@@ -159,16 +166,17 @@ class GreedyChunkPolicy:
         """C for the microbatch about to launch in ``view.slot``."""
         if not self._candidates:
             self._candidates = self._make_candidates(view)
-            floor = self.config.tile_floor
-            if floor is not None:
-                self._floor = index_above(self._candidates, floor - 1)
-                self._index = self._floor
+            if self.config.tile_floor is not None:
+                self._floor = index_above(self._candidates, self.config.tile_floor - 1)
         if self._num_calls % view.num_slots == 0:
             self.last_reason = self._decide(view)
             self.num_decisions += 1
         else:
             self.last_reason = "hold"
         self._num_calls += 1
+        if self._index < self._floor and prompts_outrun(view, self._candidates[self._floor - 1]):
+            self._index = self._floor
+            self.last_reason = "tile-floor"
         chunk = self._candidates[self._index]
         num_decodes = view.num_running(view.slot)
         if chunk > num_decodes:
@@ -199,10 +207,10 @@ class GreedyChunkPolicy:
         slo = view.slo
         top = len(self._candidates) - 1
         if tpot is not None and tpot > cfg.tpot_violation_ratio * slo.tpot_s:
-            self._index = max(self._index - 1, min(self._floor, self._index))
+            self._index = max(self._index - 1, 0)
             return "shrink:tpot"
         if ttft < cfg.ttft_low_ratio * slo.ttft_s:
-            self._index = max(self._index - 1, min(self._floor, self._index))
+            self._index = max(self._index - 1, 0)
             return "shrink:idle"
         if ttft > cfg.ttft_high_ratio * slo.ttft_s and (
             tpot is None or tpot < cfg.tpot_safe_ratio * slo.tpot_s

@@ -77,6 +77,7 @@ from fastpp.policies.rules import (
     efficient_tile_index,
     first_above,
     kv_pressure_index,
+    prompts_outrun,
     tile_step,
     under_kv_pressure,
 )
@@ -340,13 +341,7 @@ class PredictiveChunkPolicy:
         tile = self.tile_index(cands)
         if tile <= first:
             return first
-        below = cands[tile - 1]
-        d_p, slot = view.num_slots, view.slot
-        carried = 0
-        for j in range(d_p):
-            dec = view.num_running((slot + j) % d_p)
-            carried += below - dec if below > dec else 0
-        return tile if view.waiting_prefill_tokens > carried else first
+        return tile if prompts_outrun(view, cands[tile - 1]) else first
 
     def tile_index(self, cands: tuple[int, ...]) -> int:
         """Index of the efficient tile among ``cands`` (computed once per candidate set, from

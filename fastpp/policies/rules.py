@@ -11,6 +11,8 @@
   tolerance of the largest candidate's (``efficient_tile_index``). On a GPU, 128 tokens cost
   about as much as 256 (tile and wave quantisation), so a chunk below that wastes pipeline time
   while prompts wait.
+  ``prompts_outrun`` is the condition for keeping to it: more prompt tokens wait than a
+  smaller chunk would carry in the next D_p microbatches.
 * The KV trend (``KVTrend``): the share of the KV pool in use and its rate of change, measured
   from the view at each decision over a sliding window; ``kv_bound`` says whether the pool is
   filling (its share projected over a horizon reaches a limit).
@@ -116,6 +118,17 @@ class KVTrend:
     def kv_bound(self, limit: float, horizon_s: float) -> bool:
         """True when the pool is, or within ``horizon_s`` will be, at least ``limit`` full."""
         return self.projected(horizon_s) >= limit
+
+
+def prompts_outrun(view: PolicyView, chunk: int) -> bool:
+    """True when more prompt tokens wait than microbatches of ``chunk`` tokens would carry
+    beside their decodes in the next D_p launches (the queue is more than a round deep)."""
+    d_p, slot = view.num_slots, view.slot
+    carried = 0
+    for j in range(d_p):
+        dec = view.num_running((slot + j) % d_p)
+        carried += chunk - dec if chunk > dec else 0
+    return view.waiting_prefill_tokens > carried
 
 
 def backlog_waits(view: PolicyView, wait_s: float) -> bool:
