@@ -1,7 +1,7 @@
 """Golden runs: a seeded simulation's summary and its per-request records must not drift
 silently. The cases pin the static chunk on PP and TP and every adaptive policy of the paper
 (greedy, predictive, predictive + delay scheduling) plus upstream dynamic chunking, our slack
-policy, and the late-last queue order on a burst over capacity. After a
+policy, greedy with the tile floor and the late-last queue order on a burst over capacity. After a
 deliberate change to the model or a policy, regenerate with
 ``FASTPP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and say in the commit which
 goldens moved and why."""
@@ -60,6 +60,8 @@ CASES = {
         AZURE_BURST,
         DeploymentConfig(pp=4, tp=1, policy="static:384", queue_order="late_last"),
     ),
+    # the burst keeps prompts waiting, so greedy:tile lifts a sub-tile C to the tile
+    "pp4_azure_burst_greedy_tile": (AZURE_BURST, DeploymentConfig(pp=4, tp=1, policy="greedy:tile")),
     "pp4_cnnr_all_at_once_greedy": (CNN_REVERSED_ALL_AT_ONCE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
     "pp4_14b_cnnr_predictive_ds": (
         CNN_REVERSED_BURST,
@@ -116,6 +118,13 @@ def test_delay_scheduling_golden_exercises_parking():
 def test_retraction_golden_exercises_retraction():
     want = json.loads((GOLDEN / "pp4_cnnr_all_at_once_greedy.json").read_text())
     assert want["num_retractions"] > 10
+
+
+def test_tile_floor_golden_exercises_the_lift():
+    """The greedy:tile pin is only worth its run time if the floor lifts C in it."""
+    workload, deployment = CASES["pp4_azure_burst_greedy_tile"]
+    run = run_simulation(workload, deployment, record_iterations=True)
+    assert any(it.reason == "tile-floor" for it in run.result.iterations)
 
 
 def test_same_seed_gives_identical_records():
