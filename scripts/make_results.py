@@ -56,9 +56,10 @@ WORKLOADS = ("azure-conv", "sharegpt-synthetic", "cnn-dailymail-synthetic", "cnn
 # then 1536 and 2048; "best static" (the paper's PP_static) is the best of it on a workload.
 FINE_GRID = (*range(128, 1025, 128), 1536, 2048)
 STATIC = {"Qwen2.5-32B": FINE_GRID, "Qwen2.5-14B": FINE_GRID}
-DYNAMIC = ("greedy", "predictive", "predictive+ds", "slack")
+DYNAMIC = ("greedy", "greedy:tile", "predictive", "predictive+ds", "slack")
 DYNAMIC_LABEL = {
     "greedy": "greedy",
+    "greedy:tile": "greedy:tile",
     "predictive": "predictive",
     "predictive+ds": "predictive+DS",
     "slack": "slack",
@@ -958,7 +959,7 @@ def ds_section(rep: Report) -> dict:
 
 def replay_section(rep: Report) -> dict:
     wl = WorkloadConfig(replay="azure-conv", replay_window_s=900, replay_speed=REPLAY_SPEED)
-    pols = ("static:2048", "static:512", "greedy", "predictive", "predictive+ds", "slack")
+    pols = ("static:2048", "static:512", "greedy", "greedy:tile", "predictive", "predictive+ds", "slack")
     deps = [DeploymentConfig(pp=1, tp=4)] + [DeploymentConfig(policy=p) for p in pols]
     runs = ex.run_rows(wl, deps, record_iterations=True)
     rows = [ex.latency_row(r) for r in runs]
@@ -1015,7 +1016,15 @@ def replay_section(rep: Report) -> dict:
 
 REPLAY_SPEED = 0.9
 OVERLOAD_SPEED = 1.2
-OVERLOAD_POLICIES = ("static:384", "static:512", "greedy", "predictive", "predictive+ds", "slack")
+OVERLOAD_POLICIES = (
+    "static:384",
+    "static:512",
+    "greedy",
+    "greedy:tile",
+    "predictive",
+    "predictive+ds",
+    "slack",
+)
 QUEUE_ORDER_SPEEDS = (REPLAY_SPEED, OVERLOAD_SPEED)
 ReplayCells = dict[tuple[str, float, str], Any]  # (policy, speed, queue order) -> SimulationRun
 
@@ -1124,6 +1133,21 @@ def replay_words(wl: WorkloadConfig, runs: list, label: list[str], rows: list[di
     )
     if parks is not None:
         words += f" Delay scheduling parks {parks} decodes over the replay."
+    ref = by.get("pp4 static:512")
+    if ref is not None:
+        dynamic = [lbl for lbl in by if lbl.startswith("pp4 ") and not lbl.startswith("pp4 static:")]
+        ahead = [
+            lbl
+            for lbl in dynamic
+            if by[lbl]["slo_attainment"] >= ref["slo_attainment"]
+            and by[lbl]["p90_tpot_ms"] < ref["p90_tpot_ms"]
+            and by[lbl]["mean_e2e_latency_ms"] < ref["mean_e2e_latency_ms"]
+        ]
+        behind = [lbl for lbl in dynamic if lbl not in ahead]
+        words += (
+            " At least static:512's attainment with a lower P90 TPOT and mean E2E: "
+            f"{', '.join(ahead) or 'none'}; not: {', '.join(behind) or 'none'}."
+        )
     return words
 
 
