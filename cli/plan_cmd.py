@@ -44,7 +44,7 @@ def plan(
         str | None,
         typer.Option(
             "--policies",
-            help="Narrow the policy grid: comma list of static (chunks 256,512,1024,2048), static:N, greedy, predictive, specs such as predictive+ds, and ds (only +ds) or no-ds. [default: all, each with and without +ds]",
+            help="Narrow or widen the policy grid: comma list of static (chunks 256,512,1024,2048), static:N, greedy, predictive, any other chunk policy of `fastpp policies` (slack, greedy:tile), specs such as predictive+ds, and ds (only +ds) or no-ds. [default: static, greedy and predictive, each with and without +ds]",
         ),
     ] = None,
     layouts: Annotated[

@@ -22,7 +22,7 @@ from fastpp.profile import ModelShape, Profile
 from fastpp.scheduler_config import DEFAULT_CANDIDATES
 from fastpp.sim.analytic import kv_capacity_per_stage, pp_layer_split
 from fastpp.sim.hardware import GpuSpec
-from fastpp.sim.sweep_grid import static_chunk
+from fastpp.sim.sweep_grid import check_policy_name, static_chunk
 
 GIB = 1024**3
 DEFAULT_STATIC_GRID: tuple[int, ...] = (256, 512, 1024, 2048)  # tokens
@@ -183,6 +183,16 @@ def _kv_short(capacity: int, needed: int) -> str:
     return f"KV pool of {capacity:,} tokens is smaller than the workload's P99 request ({needed:,} tokens)"
 
 
+def _registered(spec: str) -> bool:
+    """Whether ``spec``'s chunk policy name is registered (its argument is checked when the
+    candidate's scheduler is built)."""
+    try:
+        check_policy_name(spec)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyGrid:
     """The policies tried on every layout: ``static:N`` for N in ``statics``, the ``dynamic``
@@ -204,7 +214,8 @@ class PolicyGrid:
     @classmethod
     def parse(cls, text: str | None) -> PolicyGrid:
         """``--policies``: a comma list of ``static`` (the default chunk grid), ``static:N``,
-        ``greedy``, ``predictive``, full specs (``predictive+ds``), and ``ds`` (only the +ds
+        ``greedy``, ``predictive`` or any other chunk policy ``fastpp policies`` lists
+        (``slack``, ``greedy:tile``), full specs (``predictive+ds``), and ``ds`` (only the +ds
         variants) or ``no-ds`` (none). Without a chunk or dynamic entry, all of the default
         ones. ValueError naming an unknown entry."""
         if text is None or not text.strip():
@@ -228,10 +239,13 @@ class PolicyGrid:
                 ds = "only" if word == "ds" else "none"
             elif "+" in word:
                 exact.append(word)
+            elif _registered(word):
+                dynamic.append(word)  # another chunk policy (slack, greedy:tile): as greedy
             else:
                 raise ValueError(
-                    f"--policies: unknown entry {word!r}; use static, static:N, "
-                    "greedy, predictive, ds, no-ds or a spec such as predictive+ds"
+                    f"--policies: unknown entry {word!r}; use static, static:N, greedy, "
+                    "predictive, another chunk policy of `fastpp policies` (slack, greedy:tile), "
+                    "ds, no-ds or a spec such as predictive+ds"
                 )
         if not (statics or dynamic or exact or grid):
             return cls(ds=ds)

@@ -77,6 +77,14 @@ def test_the_policy_grid_and_its_narrowing():
     ]
     assert PolicyGrid.parse("static:512,predictive,no-ds").for_layout(pipe) == ["static:512", "predictive"]
     assert PolicyGrid.parse("predictive,ds").for_layout(pipe) == ["predictive+ds"]
+    # any registered chunk policy is a dynamic entry, with its +ds variant unless no-ds
+    assert PolicyGrid.parse("slack,greedy:tile").for_layout(pipe) == [
+        "slack",
+        "greedy:tile",
+        "slack+ds",
+        "greedy:tile+ds",
+    ]
+    assert PolicyGrid.parse("slack,no-ds").for_layout(single) == ["slack"]
     assert PolicyGrid.parse("static").statics == (256, 512, 1024, 2048)
     assert PolicyGrid.parse("greedy+ds").for_layout(single) == []  # +ds needs pp > 1
     with pytest.raises(ValueError, match="unknown entry 'fast'"):
