@@ -17,15 +17,15 @@ missing; ``report`` prints every table from it.
 * fixed: ``fastpp.sim.goodput_fixed`` (docs/GOODPUT.md), the presets ``azure`` (400 prompts) and
   ``cnn-reversed`` (1,000), rates 1..11 refined to ``--precision``; seeds 0..2 pooled. On
   CNN-Reversed also retractions and P99 TPOT at the goodput rate, and the admission and
-  retraction options (``@adm=slot``, ``@ret=back``).
+  retraction options (``@adm=all``, ``@adm=slot``, ``@ret=back``).
 * replay: the Azure conversation trace, first 900 s, at 0.9x and 1.2x its arrival rate:
   per-request attainment (both SLOs met), P90 TTFT, P90 TPOT, mean E2E.
 
-Policies are specs as ``fastpp policies`` lists them; a suffix ``@adm=slot``, ``@ret=back`` or
-``@q=late`` sets DeploymentConfig.admission_reserve="slot" / retraction="fewest_output_back" /
-queue_order="late_last" for that run (``fastpp goodput --admission slot --retraction
-fewest_output_back --queue-order late_last``); the replays run each policy under both queue
-orders.
+Policies are specs as ``fastpp policies`` lists them; a suffix ``@adm=all`` / ``@adm=slot``,
+``@ret=back`` or ``@q=late`` sets DeploymentConfig.admission_reserve="all" / "slot" (the
+default), retraction="fewest_output_back" or queue_order="late_last" for that run (``fastpp
+goodput --admission all --retraction fewest_output_back --queue-order late_last``); the replays
+run each policy under both queue orders.
 Work runs in a process pool of ``--workers`` (default 2) processes.
 """
 
@@ -44,6 +44,7 @@ DYNAMIC = ("predictive", "slack")
 CACHE = Path(__file__).parent / "out" / "policy_targets.json"
 OPTIONS = {
     "adm=slot": ("admission_reserve", "slot"),
+    "adm=all": ("admission_reserve", "all"),
     "ret=back": ("retraction", "fewest_output_back"),
     "q=late": ("queue_order", "late_last"),
 }
@@ -154,10 +155,10 @@ def fixed_jobs(models, precision) -> list[tuple]:
         for p in (
             "predictive",
             "predictive+ds",
-            "predictive@adm=slot",
-            "predictive+ds@adm=slot",
-            "predictive+ds@adm=slot@ret=back",
-            "predictive@adm=slot@ret=back",
+            "predictive@adm=all",
+            "predictive+ds@adm=all",
+            "predictive+ds@ret=back",
+            "predictive@ret=back",
             "slack",
         ):
             jobs.append(("fixed", m, "cnn-reversed-synthetic", p, ("cnn-reversed", precision)))

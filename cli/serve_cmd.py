@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from fastpp.cli.common import fail, given, slo_from_flags
-from fastpp.cli.options import ChunkCandidatesOpt, QueueOrderOpt
+from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, QueueOrderOpt
 
 BACKENDS = ("torch", "sglang", "vllm")
 
@@ -66,6 +66,7 @@ def serve(
         int | None, typer.Option(help="Cap on admitted requests. [default: KV-bound only]")
     ] = None,
     queue_order: QueueOrderOpt = None,
+    admission: AdmissionOpt = None,
     max_queue: Annotated[
         int, typer.Option(help="Answer 503 while this many requests wait for admission.")
     ] = 256,
@@ -178,6 +179,7 @@ def serve(
             "--max-running-requests": max_running_requests,
             "--pin-cores": pin_cores or None,
             "--queue-order": queue_order,
+            "--admission": admission,
         }
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
@@ -204,6 +206,7 @@ def serve(
             "--threads": threads,
             "--pin-cores": pin_cores or None,
             "--queue-order": queue_order,
+            "--admission": admission,
         }
         named = [flag for flag, value in torch_only.items() if value is not None]
         if named:
@@ -297,6 +300,7 @@ def serve(
                 profile=loaded,
                 max_running_requests=max_running_requests,
                 queue_order=queue_order,
+                admission_reserve=admission,
                 dtype=dtype,
                 threads=threads,
                 seed=seed,
@@ -306,7 +310,9 @@ def serve(
             )
         )
     except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc).replace("stage_timeout_s", "--stage-timeout"))
+        fail(
+            str(exc).replace("stage_timeout_s", "--stage-timeout").replace("admission_reserve", "--admission")
+        )
         return
     try:
         code = run_server(source, config, serve_config)

@@ -22,6 +22,9 @@ def static_chunk(chunk: int | None = None, *, limit: int | None = None) -> int:
 
 
 ADMISSION_RESERVES = ("all", "slot")
+# The default admission reserve: "slot", as the reference. It admits more than "all" and retracts
+# more under KV pressure; docs/RESULTS.md section 8 measures both (slot's goodput is never lower).
+DEFAULT_ADMISSION_RESERVE = "slot"
 RETRACTIONS = ("newest_front", "fewest_output_back")
 QUEUE_ORDERS = ("fcfs", "late_last")
 # late_last: a request late for its first token (waited over the SLO TTFT) waits behind the ones
@@ -90,11 +93,11 @@ class SchedulerConfig:
     # request (SGLang's new_token_ratio at its floor of 0.1): fewer retractions later.
     new_token_ratio: float = 0.1
     max_running_requests: int | None = None  # cap on admitted requests, None = KV-bound only
-    # Whose remaining output the admission reserve counts: "all" = every admitted request
-    # (running in any slot, in flight or parked); "slot" = only the launching slot's running
-    # decodes, as the reference's PrefillAdder (more aggressive: more admissions, more
-    # retractions under KV pressure).
-    admission_reserve: str = "all"
+    # Whose remaining output the admission reserve counts: "slot" (the default) = only the
+    # launching slot's running decodes, as the reference's PrefillAdder (more admissions, more
+    # retractions under KV pressure); "all" = every admitted request (running in any slot, in
+    # flight or parked): no admission beyond the cache's room, so fewer retractions.
+    admission_reserve: str = DEFAULT_ADMISSION_RESERVE
     # Which running request a KV shortage retracts, and where it waits again:
     # "newest_front" = the slot's most recently admitted request, to the front of the queue;
     # "fewest_output_back" = the one with the fewest generated tokens (ties: longest prompt), to

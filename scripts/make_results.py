@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpp import _native
-from fastpp.scheduler_config import QUEUE_ORDERS
+from fastpp.scheduler_config import ADMISSION_RESERVES, DEFAULT_ADMISSION_RESERVE, QUEUE_ORDERS
 from fastpp.sim import experiments as ex
 from fastpp.sim import plots
 from fastpp.sim.goodput_fixed import PRESETS
@@ -88,20 +88,31 @@ FIXED = {"azure-conv": "azure", "cnn-reversed-synthetic": "cnn-reversed"}
 FIXED_MODELS = ("Qwen2.5-32B",)
 FIXED_SEEDS = (0, 1, 2)
 # Section 8's admission and retraction variants on CNN-Reversed (SchedulerConfig's options; the
-# section's main grid runs the defaults, all / newest_front): the reference's admission check
-# counts only the launching slot's decodes and it retracts the fewest-output request to the back.
-ADMISSION_VARIANTS = (("slot", "newest_front"), ("slot", "fewest_output_back"), ("all", "fewest_output_back"))
+# section's main grid runs the defaults, DEFAULT_ADMISSION / newest_front): the reference's
+# admission check counts only the launching slot's decodes ("slot") and it retracts the
+# fewest-output request to the back; "all" counts every admitted request's remaining output.
+DEFAULT_ADMISSION = DEFAULT_ADMISSION_RESERVE
+OTHER_ADMISSION = next(a for a in ADMISSION_RESERVES if a != DEFAULT_ADMISSION)
+DEFAULT_RETRACTION = "newest_front"
+ADMISSION_VARIANTS = (
+    (OTHER_ADMISSION, DEFAULT_RETRACTION),
+    (DEFAULT_ADMISSION, "fewest_output_back"),
+    (OTHER_ADMISSION, "fewest_output_back"),
+)
 ADMISSION_POLICIES = ("predictive", "predictive+ds", "slack")
 # ... each under the fixed runs and in steady state (goodput_grid arguments)
 ADMISSION_PROTOCOLS: dict[str, dict] = {
     "fixed": {"seeds": FIXED_SEEDS, "protocol": "cnn-reversed"},
     "steady": {},
 }
-# ... and slot admission in steady state on every workload (its CNN-Reversed policy rows are the
-# steady slot / newest_front variant above): those policies and the static chunks where every
-# workload's best static chunk lies under the default admission (section 1)
-SLOT_STATIC = (128, 256, 384, 512)
-SLOT_SYSTEMS = (*(f"pp4@static:{c}" for c in SLOT_STATIC), *(f"pp4@{p}" for p in ADMISSION_POLICIES))
+# ... and the other admission in steady state on every workload (its CNN-Reversed policy rows are
+# the steady OTHER_ADMISSION / newest_front variant above): those policies and the static chunks
+# where every workload's best static chunk lies under the default admission (section 1)
+OTHER_ADMISSION_STATIC = (128, 256, 384, 512)
+OTHER_ADMISSION_SYSTEMS = (
+    *(f"pp4@static:{c}" for c in OTHER_ADMISSION_STATIC),
+    *(f"pp4@{p}" for p in ADMISSION_POLICIES),
+)
 SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
 NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
@@ -164,17 +175,17 @@ def sweep_grids() -> dict[str, SweepGrid]:
                 deployments=systems(model),
                 protocol=preset,
             )
-        grids[slot_grid_name(model)] = goodput_grid(
+        grids[other_admission_grid_name(model)] = goodput_grid(
             PRECISION[model],
             workloads=WORKLOADS,
             models=(model,),
-            deployments=SLOT_SYSTEMS,
-            admission_reserve="slot",
+            deployments=OTHER_ADMISSION_SYSTEMS,
+            admission_reserve=OTHER_ADMISSION,
         )
         for admission, retraction in ADMISSION_VARIANTS:
             for kind, protocol in ADMISSION_PROTOCOLS.items():
-                if (kind, admission, retraction) == ("steady", "slot", "newest_front"):
-                    continue  # in slot_grid_name's grid
+                if (kind, admission, retraction) == ("steady", OTHER_ADMISSION, DEFAULT_RETRACTION):
+                    continue  # in other_admission_grid_name's grid
                 grids[admission_grid_name(kind, model, admission, retraction)] = goodput_grid(
                     PRECISION[model],
                     workloads=("cnn-reversed-synthetic",),
@@ -247,10 +258,10 @@ def admission_grid_name(kind: str, model: str, admission: str, retraction: str) 
     return f"{kind}-cnn-reversed-{model}-{admission}-{retraction}"
 
 
-def slot_grid_name(model: str) -> str:
-    """The cache folder of section 8's steady-state grid under slot admission (SLOT_SYSTEMS on
-    every workload)."""
-    return f"steady-slot-{model}"
+def other_admission_grid_name(model: str) -> str:
+    """The cache folder of section 8's steady-state grid under OTHER_ADMISSION
+    (OTHER_ADMISSION_SYSTEMS on every workload)."""
+    return f"steady-{OTHER_ADMISSION}-{model}"
 
 
 def timed_point(point: SweepPoint) -> tuple[dict, float]:
@@ -592,7 +603,7 @@ def fixed_protocol_section(rep: Report, sweeps: SweepsInBackground, found: dict)
         variants = admission_variants(model, sweeps, f_by_w[cnnr], found[(model, cnnr)])
         paper["admission"][model] = variants
         body.append(admission_words(model, n, variants))
-        body.append(slot_words(model, sweeps, found, variants))
+        body.append(other_admission_words(model, sweeps, found, variants))
     presets = "; ".join(
         f"{w}: `--protocol {p}`, {PRESETS[p].num_requests:,} prompts per rate" for w, p in FIXED.items()
     )
@@ -626,10 +637,10 @@ def admission_variants(model: str, sweeps: SweepsInBackground, fixed: dict, stea
     n = PRESETS[FIXED[cnnr]].num_requests
 
     def goodputs(kind: str, admission: str, retraction: str, default: dict) -> dict:
-        if (admission, retraction) == ("all", "newest_front"):
+        if (admission, retraction) == (DEFAULT_ADMISSION, DEFAULT_RETRACTION):
             return {p: (default[f"pp4@{p}"], f"pp4@{p}" in default["at_least"]) for p in ADMISSION_POLICIES}
-        if (kind, admission, retraction) == ("steady", "slot", "newest_front"):
-            rows = [r for r in sweeps.rows(slot_grid_name(model)) if r["workload"] == cnnr]
+        if (kind, admission, retraction) == ("steady", OTHER_ADMISSION, DEFAULT_RETRACTION):
+            rows = [r for r in sweeps.rows(other_admission_grid_name(model)) if r["workload"] == cnnr]
         else:
             rows = sweeps.rows(admission_grid_name(kind, model, admission, retraction))
         return {
@@ -639,7 +650,7 @@ def admission_variants(model: str, sweeps: SweepsInBackground, fixed: dict, stea
         }
 
     out: dict = {}
-    for admission, retraction in (("all", "newest_front"), *ADMISSION_VARIANTS):
+    for admission, retraction in ((DEFAULT_ADMISSION, DEFAULT_RETRACTION), *ADMISSION_VARIANTS):
         in_steady = goodputs("steady", admission, retraction, steady)
         cells = {}
         for policy, (rate, open_top) in goodputs("fixed", admission, retraction, fixed).items():
@@ -681,23 +692,26 @@ def admission_words(model: str, n: int, variants: dict) -> str:
                 f"{a['steady']:.2f} / {b['steady']:.2f} / {c['steady']:.2f}",
             ]
         )
-    slot, back = variants[("slot", "newest_front")], variants[("slot", "fewest_output_back")]
-    gain = max(back[p]["goodput"] - slot[p]["goodput"] for p in ADMISSION_POLICIES)
+    front = variants[(DEFAULT_ADMISSION, DEFAULT_RETRACTION)]
+    back = variants[(DEFAULT_ADMISSION, "fewest_output_back")]
+    gain = max(back[p]["goodput"] - front[p]["goodput"] for p in ADMISSION_POLICIES)
     retraction = (
-        "Retraction to the back, fewest output first (with slot admission), changes the "
-        f"fixed-run goodput by at most {gain:+.2f} req/s and retracts "
-        f"{total_retractions(back) - total_retractions(slot):+d} requests over the three policies' runs"
-        + (", so the default stays `newest_front`." if gain <= 0 else ".")
+        f"Retraction to the back, fewest output first (with {DEFAULT_ADMISSION} admission), changes "
+        f"the fixed-run goodput by at most {gain:+.2f} req/s and retracts "
+        f"{total_retractions(back) - total_retractions(front):+d} requests over the three policies' runs"
+        + (f", so the default stays `{DEFAULT_RETRACTION}`." if gain <= 0 else ".")
     )
     return (
         f"Admission and retraction (CNN-Reversed, {model}; fixed runs of {n:,} prompts, seeds "
         f"{', '.join(map(str, FIXED_SEEDS))} pooled, and steady state as section 1). Admission "
-        "`all` (the default) keeps free a share of the remaining output of every admitted "
-        "request, running, in flight or parked; `slot` counts only the launching slot's "
-        "decodes, as the reference's check does. Retraction `newest_front` (the default) "
-        "retracts the slot's newest request to the front of the queue; `fewest_output_back` the "
-        "one with the fewest generated tokens to the back, as the reference. `fastpp goodput "
-        "--protocol cnn-reversed --admission slot --retraction fewest_output_back` runs a row. "
+        f"`slot`{default_mark('slot')} counts only the launching slot's decodes, as the "
+        f"reference's check does; `all`{default_mark('all')} keeps free a share of the remaining "
+        "output of every admitted request, running, in flight or parked. Retraction "
+        f"`newest_front`{default_mark('newest_front')} retracts the slot's newest request to the "
+        f"front of the queue; `fewest_output_back`{default_mark('fewest_output_back')} the one "
+        "with the fewest generated tokens to the back, as the reference. `fastpp goodput "
+        f"--protocol cnn-reversed --admission {OTHER_ADMISSION} --retraction fewest_output_back` "
+        "runs a row. "
         "Retractions and P99 TPOT are those of the pooled fixed runs at each policy's goodput "
         "rate (predictive / predictive+DS):\n\n"
         + table(
@@ -717,6 +731,11 @@ def admission_words(model: str, n: int, variants: dict) -> str:
     )
 
 
+def default_mark(option: str) -> str:
+    """`` (the default)`` after the name of the default admission or retraction, else nothing."""
+    return " (the default)" if option in (DEFAULT_ADMISSION, DEFAULT_RETRACTION) else ""
+
+
 def total_retractions(cells: dict) -> int:
     """Retractions of ADMISSION_POLICIES' pooled fixed runs at their goodput rates (one
     admission_variants cell)."""
@@ -730,56 +749,64 @@ def p99_tpot_span(cells: dict) -> str:
     return f"{min(values):.0f}..{max(values):.0f}"
 
 
-def slot_words(model: str, sweeps: SweepsInBackground, found: dict, variants: dict) -> str:
-    """Section 8's steady state under slot admission on every workload beside the default's
+def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, variants: dict) -> str:
+    """Section 8's steady state under OTHER_ADMISSION on every workload beside the default's
     (section 1), and what it says about the default admission."""
-    slot = {(r["workload"], system_of(r)): r["goodput"] for r in sweeps.rows(slot_grid_name(model))}
+    grid_rows = sweeps.rows(other_admission_grid_name(model))
+    other = {(r["workload"], system_of(r)): r["goodput"] for r in grid_rows}
     rows, changes = [], []
     for w in WORKLOADS:
         base = found[(model, w)]
-        static = {c: slot[(w, f"pp4@static:{c}")] for c in SLOT_STATIC}
-        best = max(SLOT_STATIC, key=lambda c: (static[c], -c))
+        static = {c: other[(w, f"pp4@static:{c}")] for c in OTHER_ADMISSION_STATIC}
+        best = max(OTHER_ADMISSION_STATIC, key=lambda c: (static[c], -c))
         row = [w, f"{base['best_goodput']:.2f} (C={base['best']}) / {static[best]:.2f} (C={best})"]
         changes.append((f"best static on {w}", static[best] - base["best_goodput"]))
         for p in ADMISSION_POLICIES:
-            before, after = base[f"pp4@{p}"], slot[(w, f"pp4@{p}")]
+            before, after = base[f"pp4@{p}"], other[(w, f"pp4@{p}")]
             row.append(f"{before:.2f} / {after:.2f}")
             changes.append((f"{p} on {w}", after - before))
         rows.append(row)
-    outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in SLOT_STATIC]
+    outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in OTHER_ADMISSION_STATIC]
     steps = {name: round(d / step(model), 1) for name, d in changes}
-    lowered = [f"{name} ({v:+g} steps)" for name, v in steps.items() if v <= -1]
-    raised = [v for v in steps.values() if v >= 1]
-    base_cells, slot_cells = variants[("all", "newest_front")], variants[("slot", "newest_front")]
+    lowered = [v for v in steps.values() if v <= -1]
+    raised = [f"{name} ({v:+g} steps)" for name, v in steps.items() if v >= 1]
+    base_cells = variants[(DEFAULT_ADMISSION, DEFAULT_RETRACTION)]
+    other_cells = variants[(OTHER_ADMISSION, DEFAULT_RETRACTION)]
     cost = (
-        f"at the CNN-Reversed fixed runs' goodput rates it retracts {total_retractions(slot_cells)} "
-        f"requests (work a real engine recomputes) where `all` retracts "
-        f"{total_retractions(base_cells)}, with P99 TPOT {p99_tpot_span(slot_cells)} ms against "
-        f"{p99_tpot_span(base_cells)} ms. The fixed runs credit slot admission more than the steady "
-        "state does because a finite run ends before the requests admitted beyond the cache's room "
-        "have all been retracted and recomputed"
+        f"at the CNN-Reversed fixed runs' goodput rates `{DEFAULT_ADMISSION}` retracts "
+        f"{total_retractions(base_cells)} requests (work a real engine recomputes) where "
+        f"`{OTHER_ADMISSION}` retracts {total_retractions(other_cells)}, with P99 TPOT "
+        f"{p99_tpot_span(base_cells)} ms against {p99_tpot_span(other_cells)} ms"
     )
-    if lowered:
+    other_higher = any(other_cells[p]["goodput"] > base_cells[p]["goodput"] for p in ADMISSION_POLICIES)
+    if raised or other_higher:
         verdict = (
-            f"The default stays `all`: slot admission costs at least a step on {', '.join(lowered)}; {cost}."
+            f"`{OTHER_ADMISSION}` admission raises "
+            + (", ".join(raised) if raised else "a fixed-run goodput (the table above)")
+            + f" over the default `{DEFAULT_ADMISSION}`; {cost}."
         )
     else:
         verdict = (
-            f"Slot admission lowers none of these {len(steps)} goodputs by a step or more and raises "
-            f"{len(raised)} of them by one step or more (at most {max(steps.values()):g} steps); {cost}. "
-            "`all` is the default because it never admits beyond the cache's room, so no request "
-            "is retracted; `--admission slot` is the choice when goodput counts more than "
-            "recomputed work."
+            f"`{OTHER_ADMISSION}` admission raises none of these {len(steps)} goodputs by a step or "
+            f"more and lowers {len(lowered)} of them by one step or more"
+            + (f" (at most {-min(steps.values()):g} steps)" if lowered else "")
+            + f"; {cost}. `{DEFAULT_ADMISSION}` is the default because its goodput is never lower, "
+            f"in steady state or in the fixed runs (the table above). `--admission {OTHER_ADMISSION}` "
+            "is the choice when recomputed work counts more than goodput. The fixed runs credit "
+            "slot admission more than the steady state does because a finite run ends before the "
+            "requests admitted beyond the cache's room have all been retracted and recomputed."
         )
-    grid = "..".join(map(str, (SLOT_STATIC[0], SLOT_STATIC[-1])))
+    grid = "..".join(map(str, (OTHER_ADMISSION_STATIC[0], OTHER_ADMISSION_STATIC[-1])))
     return (
-        f"Slot admission in steady state on every workload ({model}; section 1's method, "
-        f"`fastpp goodput -w W -d pp4@predictive --admission slot`), req/s as all / slot. The "
-        f"static column: section 1's best static chunk / the best of C = {grid} step 128 under slot"
+        f"`{OTHER_ADMISSION}` admission in steady state on every workload ({model}; section 1's "
+        f"method, `fastpp goodput -w W -d pp4@predictive --admission {OTHER_ADMISSION}`), req/s as "
+        f"{DEFAULT_ADMISSION} (the default) / {OTHER_ADMISSION}. The static column: section 1's best "
+        f"static chunk / the best of C = {grid} step 128 under {OTHER_ADMISSION}"
         + (
-            " (every workload's best static chunk under `all` is one of these)"
+            f" (every workload's best static chunk under `{DEFAULT_ADMISSION}` is one of these)"
             if not outside
-            else f" (the best static chunk under `all` lies outside it on {', '.join(outside)})"
+            else f" (the best static chunk under `{DEFAULT_ADMISSION}` lies outside it on "
+            f"{', '.join(outside)})"
         )
         + ":\n\n"
         + table(
@@ -1307,10 +1334,10 @@ def findings(found: dict, tpot: dict, beat: dict, slo: dict, ds: dict, paper: di
     for m, variants in paper["admission"].items():
         for (adm, ret), cells in variants.items():
             a, b = cells["predictive"], cells["predictive+ds"]
-            if adm != "slot" or a["goodput"] <= 0:
+            if (adm, ret) != (OTHER_ADMISSION, DEFAULT_RETRACTION) or a["goodput"] <= 0:
                 continue
             line += (
-                f"; {m}, admission {adm} and retraction {ret} (the reference's check, section 8): "
+                f"; {m}, admission {adm} (section 8): "
                 f"{'>= ' if b['open_top'] else ''}{b['goodput']:.2f} vs {a['goodput']:.2f} = "
                 f"{'>= ' if b['open_top'] else ''}{b['goodput'] / a['goodput']:.2f}x, retractions "
                 f"{a.get('num_retractions', 0)} vs {b.get('num_retractions', 0)}, P99 TPOT "

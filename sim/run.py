@@ -14,6 +14,7 @@ from fastpp.profile_names import resolve_profile
 from fastpp.run_setup import RunSetup
 from fastpp.scheduler import Scheduler
 from fastpp.scheduler_config import (
+    DEFAULT_ADMISSION_RESERVE,
     DEFAULT_CANDIDATES,
     MAX_CHUNK_CANDIDATES,
     SchedulerConfig,
@@ -118,9 +119,9 @@ class DeploymentConfig:
     page_size: int | None = None  # default: the profile's
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies pick from; default 128..2048
     host_loop: str = "free-slots"  # or batch-queue (vLLM), blocking-launch (sim/engine.py HOST_LOOPS)
-    # SchedulerConfig's admission reserve ("all" | "slot") and retraction order
+    # SchedulerConfig's admission reserve ("slot" | "all") and retraction order
     # ("newest_front" | "fewest_output_back"): fastpp/scheduler_config.py says what each does
-    admission_reserve: str = "all"
+    admission_reserve: str = DEFAULT_ADMISSION_RESERVE
     retraction: str = "newest_front"
     queue_order: str = "fcfs"  # SchedulerConfig's: "fcfs" | "late_last"
 

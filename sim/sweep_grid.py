@@ -36,7 +36,7 @@ from typing import Any
 from fastpp.policies import BALANCERS, POLICIES
 from fastpp.profile import load_profile
 from fastpp.profile_names import resolve_profile
-from fastpp.scheduler_config import check_queue_options, parse_chunk_candidates
+from fastpp.scheduler_config import DEFAULT_ADMISSION_RESERVE, check_queue_options, parse_chunk_candidates
 from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.goodput_fixed import parse_protocol
@@ -100,7 +100,7 @@ class SweepPoint:
     chunk_candidates: tuple[int, ...] | None = None
     data_dir: str | None = None
     protocol: str | None = None  # goodput under a fixed-run protocol (goodput_fixed), else steady
-    admission_reserve: str = "all"  # SchedulerConfig's (fastpp/scheduler_config.py)
+    admission_reserve: str = DEFAULT_ADMISSION_RESERVE  # SchedulerConfig's (fastpp/scheduler_config.py)
     retraction: str = "newest_front"
     queue_order: str = "fcfs"
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
@@ -252,7 +252,7 @@ class SweepGrid:
     chunk_candidates: tuple[int, ...] | None = None  # what dynamic policies choose from
     data_dir: str | None = None  # folder with the real traces
     protocol: str | None = None  # goodput: a fixed-run protocol (goodput_fixed) instead of steady
-    admission_reserve: str = "all"  # SchedulerConfig's admission reserve: all | slot
+    admission_reserve: str = DEFAULT_ADMISSION_RESERVE  # SchedulerConfig's admission reserve: slot | all
     retraction: str = "newest_front"  # SchedulerConfig's retraction order
     queue_order: str = "fcfs"  # SchedulerConfig's queue order: fcfs | late_last
 
@@ -409,7 +409,7 @@ _SIMULATE_OPTIONS = {
     "host_loop": "free-slots",
     "chunk_candidates": None,
     "data_dir": None,
-    "admission_reserve": "all",
+    "admission_reserve": DEFAULT_ADMISSION_RESERVE,
     "retraction": "newest_front",
     "queue_order": "fcfs",
 }

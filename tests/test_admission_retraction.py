@@ -101,19 +101,20 @@ def test_a_deployment_carries_both_options_to_its_scheduler_summary_and_sweep_po
     from fastpp.sim.sweep_grid import SweepGrid, grid_from_mapping
 
     base = DeploymentConfig(model="Qwen2.5-14B", pp=2, policy="predictive+ds")
-    slot = replace(base, admission_reserve="slot", retraction="fewest_output_back")
-    config = build_scheduler(slot.load_profile(), slot).config
-    assert (config.admission_reserve, config.retraction) == ("slot", "fewest_output_back")
-    run = run_simulation(WorkloadConfig(name="cnn-reversed-synthetic", rate=4.0, num_requests=20), slot)
-    assert (run.summary["admission_reserve"], run.summary["retraction"]) == ("slot", "fewest_output_back")
+    chosen = replace(base, admission_reserve="all", retraction="fewest_output_back")
+    config = build_scheduler(chosen.load_profile(), chosen).config
+    assert (config.admission_reserve, config.retraction) == ("all", "fewest_output_back")
+    run = run_simulation(WorkloadConfig(name="cnn-reversed-synthetic", rate=4.0, num_requests=20), chosen)
+    assert (run.summary["admission_reserve"], run.summary["retraction"]) == ("all", "fewest_output_back")
     assert run.summary["completed"] == 20
-    # a sweep point: the defaults keep the id points had before the options; slot is another
+    # a sweep point: the default (slot) stays out of the id; all is another point
     plain = SweepGrid(metric="simulate", rates=(1.0,)).expand()[0][0]
-    same = SweepGrid(metric="simulate", rates=(1.0,), admission_reserve="all").expand()[0][0]
-    other = grid_from_mapping({"admission": "slot", "rate": [1.0]}).expand()[0][0]
+    same = SweepGrid(metric="simulate", rates=(1.0,), admission_reserve="slot").expand()[0][0]
+    other = grid_from_mapping({"admission": "all", "rate": [1.0]}).expand()[0][0]
     assert plain.point_id == same.point_id != other.point_id
-    assert other.deployment_config().admission_reserve == "slot"
-    assert other.axes()["admission_reserve"] == "slot" and "admission_reserve" not in plain.axes()
+    assert plain.deployment_config().admission_reserve == "slot"
+    assert other.deployment_config().admission_reserve == "all"
+    assert other.axes()["admission_reserve"] == "all" and "admission_reserve" not in plain.axes()
     with pytest.raises(ValueError, match="--admission"):
         DeploymentConfig(admission_reserve="lazy")
     with pytest.raises(ValueError, match="retraction must be one of"):

@@ -63,6 +63,11 @@ CASES = {
     # the burst keeps prompts waiting, so greedy:tile lifts a sub-tile C to the tile
     "pp4_azure_burst_greedy_tile": (AZURE_BURST, DeploymentConfig(pp=4, tp=1, policy="greedy:tile")),
     "pp4_cnnr_all_at_once_greedy": (CNN_REVERSED_ALL_AT_ONCE, DeploymentConfig(pp=4, tp=1, policy="greedy")),
+    # the same under admission "all" (the default before "slot"): its digest is that case's old one
+    "pp4_cnnr_all_at_once_greedy_admission_all": (
+        CNN_REVERSED_ALL_AT_ONCE,
+        DeploymentConfig(pp=4, tp=1, policy="greedy", admission_reserve="all"),
+    ),
     "pp4_14b_cnnr_predictive_ds": (
         CNN_REVERSED_BURST,
         DeploymentConfig(model="Qwen2.5-14B", pp=4, tp=1, policy="predictive+ds"),

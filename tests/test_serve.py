@@ -256,6 +256,9 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
         ),
         (["--backend", "vllm", "--queue-order", "late_last"], "--queue-order: options of --backend torch"),
         (["--model", "random:tiny", "--queue-order", "edf"], "queue_order must be one of fcfs, late_last"),
+        (["--backend", "vllm", "--admission", "all"], "--admission: options of --backend torch"),
+        (["--backend", "sglang", "--admission", "all"], "--admission apply to --backend torch only"),
+        (["--model", "random:tiny", "--admission", "lazy"], "--admission must be one of all, slot"),
         (["--backend", "sglang", "--model", "/no/such/dir", "--policy", "predictive"], "pass --profile FILE"),
         (
             ["--backend", "sglang", "--model", "/no/such/dir", "--policy", "nope"],

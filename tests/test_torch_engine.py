@@ -89,6 +89,8 @@ CASES = {
     "predictive+ds": dict(policy="predictive+ds", profile=make_profile(pp=2)),
     # a TTFT SLO of 10 ms: the later waves find requests already late, which wait behind them
     "static-32-late-last": dict(policy="static:32", queue_order="late_last", slo=SLO(0.01, 0.2)),
+    # the admission reserve other than the default ("slot") reaches the engine's scheduler
+    "greedy-admission-all": dict(policy="greedy", admission_reserve="all"),
 }
 
 
@@ -98,6 +100,7 @@ def test_two_stage_outputs_equal_the_reference_for_named_policies(case):
         num_stages=2, kv_blocks=128, block_size=4, chunk_candidates=(8, 16, 32, 64), **CASES[case]
     )
     engine = PipelineEngine(SOURCE, cfg).start()
+    assert engine.scheduler_config.admission_reserve == cfg.admission_reserve
     try:
         run_and_check(engine, seed=len(case))
     finally:

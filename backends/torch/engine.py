@@ -119,6 +119,7 @@ class PipelineEngine:
             max_running_requests=config.max_running_requests,
             new_token_ratio=config.new_token_ratio,
             queue_order=config.queue_order,
+            admission_reserve=config.admission_reserve,
             token_step=config.profile.token_step if config.profile is not None else 0,
             slo=config.slo,
         )

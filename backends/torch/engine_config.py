@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastpp.profile import Profile
-from fastpp.scheduler_config import QUEUE_ORDERS
+from fastpp.scheduler_config import ADMISSION_RESERVES, DEFAULT_ADMISSION_RESERVE, QUEUE_ORDERS
 from fastpp.types import SLO
 
 CPU_CHUNK_CANDIDATES: tuple[int, ...] = tuple(range(32, 1025, 32))
@@ -29,6 +29,7 @@ class EngineConfig:
     max_running_requests: int | None = None
     new_token_ratio: float = 0.1  # share of running requests' remaining output kept free at admission
     queue_order: str = "fcfs"  # SchedulerConfig.queue_order: fcfs | late_last
+    admission_reserve: str = DEFAULT_ADMISSION_RESERVE  # SchedulerConfig.admission_reserve: slot | all
     dtype: str = "float32"
     threads: int = 1  # intra-op threads per stage
     # each stage's computing thread on a core of its own (stage r on the r-th core this process
@@ -52,3 +53,6 @@ class EngineConfig:
         if self.queue_order not in QUEUE_ORDERS:
             known = ", ".join(QUEUE_ORDERS)
             raise ValueError(f"queue_order must be one of {known}, got {self.queue_order!r}")
+        if self.admission_reserve not in ADMISSION_RESERVES:
+            known = ", ".join(ADMISSION_RESERVES)
+            raise ValueError(f"admission_reserve must be one of {known}, got {self.admission_reserve!r}")
