@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.plan import BalancePlan
+from fastpp.scheduler_config import ADMISSION_RESERVES, RETRACTIONS
 from fastpp.sim.engine import PipelineSimulation
 from fastpp.types import SLO, FinishReason, Request
 
@@ -90,8 +91,12 @@ workloads = st.lists(
     seed=st.integers(0, 10_000),
     balance=st.booleans(),
     late_last=st.booleans(),
+    admission=st.sampled_from(ADMISSION_RESERVES),
+    retraction=st.sampled_from(RETRACTIONS),
 )
-def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, balance, late_last):
+def test_random_interleavings_keep_invariants(
+    reqs, num_slots, kv, page, seed, balance, late_last, admission, retraction
+):
     rng = random.Random(seed)
     clock = FakeClock()
     candidates = [8, 32, 64, 128, 256]
@@ -103,6 +108,8 @@ def test_random_interleavings_keep_invariants(reqs, num_slots, kv, page, seed, b
         kv_capacity_tokens=kv,
         page_size=page,
         max_context=1024,
+        admission_reserve=admission,
+        retraction=retraction,
         # a TTFT SLO of a few steps: requests turn late, and wait their 10 x SLO, mid-run
         **({"queue_order": "late_last", "slo": SLO(0.002, 0.2)} if late_last else {}),
     )
