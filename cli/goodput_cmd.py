@@ -11,7 +11,14 @@ from typing import Annotated
 import typer
 
 from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
-from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, QueueOrderOpt, RetractionOpt
+from fastpp.cli.options import (
+    AdmissionOpt,
+    AsyncBatchDepthOpt,
+    ChunkCandidatesOpt,
+    DataDirOpt,
+    QueueOrderOpt,
+    RetractionOpt,
+)
 
 
 def goodput(
@@ -109,6 +116,7 @@ def goodput(
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
     queue_order: QueueOrderOpt = None,
+    async_batch_depth: AsyncBatchDepthOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
@@ -137,6 +145,7 @@ def goodput(
                 admission_reserve=admission,
                 retraction=retraction,
                 queue_order=queue_order,
+                async_batch_depth=async_batch_depth,
                 chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
             ),
             slo=slo,
@@ -221,6 +230,7 @@ def goodput(
                 "admission": dep.admission_reserve,
                 "retraction": dep.retraction,
                 "queue_order": dep.queue_order,
+                "async_batch_depth": dep.async_batch_depth,
                 **res.to_dict(),
             }
         )

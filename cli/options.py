@@ -45,6 +45,13 @@ AdmissionOpt = Annotated[
         help="Whose remaining output the admission reserve counts: slot (the launching slot's decodes only, as the paper's reference: more admissions, more retractions) or all (every admitted request, running, in flight or parked: no admission beyond the cache's room). [default: slot]",
     ),
 ]
+AsyncBatchDepthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pp-async-batch-depth",
+        help="Microbatches in flight beyond one per pipeline stage, as SGLang's flag of that name: the scheduler runs pp + N slots, so a slot's next microbatch can wait at stage 0 while its tokens come back. [default: 0]",
+    ),
+]
 QueueOrderOpt = Annotated[
     str | None,
     typer.Option(

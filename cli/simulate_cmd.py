@@ -15,6 +15,7 @@ from fastpp.cli.common import console, err_console, fail, given, positive, slo_f
 from fastpp.cli.options import (
     AdmissionOpt,
     ArrivalOpt,
+    AsyncBatchDepthOpt,
     ChunkCandidatesOpt,
     CvOpt,
     DataDirOpt,
@@ -75,6 +76,7 @@ def simulate(
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
     queue_order: QueueOrderOpt = None,
+    async_batch_depth: AsyncBatchDepthOpt = None,
     host_loop: Annotated[
         str | None,
         typer.Option(
@@ -153,6 +155,7 @@ def simulate(
                 admission_reserve=admission,
                 retraction=retraction,
                 queue_order=queue_order,
+                async_batch_depth=async_batch_depth,
             ),
             slo=slo,
         )

@@ -20,7 +20,14 @@ import typer
 from rich.table import Table
 
 from fastpp.cli.common import console, err_console, fail
-from fastpp.cli.options import AdmissionOpt, ChunkCandidatesOpt, DataDirOpt, QueueOrderOpt, RetractionOpt
+from fastpp.cli.options import (
+    AdmissionOpt,
+    AsyncBatchDepthOpt,
+    ChunkCandidatesOpt,
+    DataDirOpt,
+    QueueOrderOpt,
+    RetractionOpt,
+)
 
 if TYPE_CHECKING:  # the library is imported when the command runs, keeping `fastpp --help` fast
     from fastpp.sim.sweep import PointExecutor, SweepPlan, SweepResult
@@ -181,6 +188,7 @@ def sweep(
     admission: AdmissionOpt = None,
     retraction: RetractionOpt = None,
     queue_order: QueueOrderOpt = None,
+    async_batch_depth: AsyncBatchDepthOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
@@ -217,6 +225,7 @@ def sweep(
                     "admission": admission,
                     "retraction": retraction,
                     "queue_order": queue_order,
+                    "pp_async_batch_depth": async_batch_depth,
                     "chunk_candidates": chunk_candidates,
                     "data_dir": data_dir,
                 }.items()

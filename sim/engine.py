@@ -122,9 +122,10 @@ class PipelineSimulation:
     ) -> None:
         if host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {host_loop!r}")
-        if scheduler.config.num_slots != profile.pp:
+        if scheduler.config.num_slots < profile.pp:  # more: microbatches wait at stage 0
             raise ValueError(
-                f"scheduler has {scheduler.config.num_slots} slots but the profile has pp={profile.pp}"
+                f"scheduler has {scheduler.config.num_slots} slots, fewer than the profile's "
+                f"pp={profile.pp} stages"
             )
         self.profile = profile
         self.scheduler = scheduler

@@ -25,6 +25,7 @@ from fastpp.sim.limits import check_workload_extent
 from fastpp.types import SLO, Request
 from fastpp.workloads import make_requests, replay_requests
 
+MAX_ASYNC_BATCH_DEPTH = 8  # extra microbatches in flight: more only adds TPOT
 _DEPLOYMENT = re.compile(r"^(?:pp(?P<pp>\d+))?(?:tp(?P<tp>\d+))?$")
 
 # What `fastpp simulate` compares when no deployment is named: TP=4 and PP=4 at SGLang's default
@@ -124,8 +125,13 @@ class DeploymentConfig:
     admission_reserve: str = DEFAULT_ADMISSION_RESERVE
     retraction: str = "newest_front"
     queue_order: str = "fcfs"  # SchedulerConfig's: "fcfs" | "late_last"
+    # Microbatches in flight beyond one per stage (SGLang's --pp-async-batch-depth): the
+    # scheduler runs pp + depth slots, so a slot's next microbatch can wait at stage 0 while its
+    # tokens come back; needs pp > 1 and the free-slots or blocking-launch host loop.
+    async_batch_depth: int = 0
 
     def __post_init__(self) -> None:
+        check_async_batch_depth(self.async_batch_depth, self.host_loop)
         check_queue_options(
             self.admission_reserve,
             self.retraction,
@@ -207,10 +213,31 @@ def build_scheduler(
     return Scheduler(config, lambda: 0.0, chunk_policy, balancer, record_token_times=record_token_times)
 
 
+def check_async_batch_depth(depth: int, host_loop: str) -> None:
+    """``ValueError`` naming --pp-async-batch-depth unless ``depth`` is an integer in
+    [0, MAX_ASYNC_BATCH_DEPTH] that ``host_loop`` can run (vLLM's loop keeps pp batches)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_ASYNC_BATCH_DEPTH:
+        raise ValueError(
+            f"async batch depth (--pp-async-batch-depth) must be an integer in "
+            f"[0, {MAX_ASYNC_BATCH_DEPTH}], got {depth!r}"
+        )
+    if depth and host_loop == "batch-queue":
+        raise ValueError(
+            "async batch depth (--pp-async-batch-depth) is SGLang's; vLLM's engine-core loop "
+            "(--host-loop batch-queue) keeps one batch per stage in flight"
+        )
+
+
 def scheduler_config(profile: Profile, deployment: DeploymentConfig) -> SchedulerConfig:
-    """The scheduler configuration the deployment runs under on the profile's hardware."""
+    """The scheduler configuration the deployment runs under on the profile's hardware: one
+    microbatch slot per stage, plus the deployment's async batch depth."""
+    if deployment.async_batch_depth and profile.pp == 1:
+        raise ValueError(
+            f"async batch depth (--pp-async-batch-depth) {deployment.async_batch_depth} needs "
+            "pp > 1; this deployment has one stage"
+        )
     return SchedulerConfig(
-        num_slots=profile.pp,
+        num_slots=profile.pp + deployment.async_batch_depth,
         kv_capacity_tokens=profile.kv_capacity_tokens,
         page_size=deployment.page_size or profile.page_size,
         max_context=deployment.max_context or profile.model.max_context,
@@ -303,6 +330,7 @@ def run_simulation(
         admission_reserve=deployment.admission_reserve,
         retraction=deployment.retraction,
         queue_order=deployment.queue_order,
+        async_batch_depth=deployment.async_batch_depth,
         workload=workload.describe(),
         kv_capacity_tokens=profile.kv_capacity_tokens,
         num_microbatches=result.num_microbatches,

@@ -42,7 +42,7 @@ from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.goodput_fixed import parse_protocol
 from fastpp.sim.hardware import get_gpu
 from fastpp.sim.models import get_model
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, parse_deployment
 from fastpp.types import SLO
 from fastpp.workloads import WORKLOADS
 
@@ -103,6 +103,7 @@ class SweepPoint:
     admission_reserve: str = DEFAULT_ADMISSION_RESERVE  # SchedulerConfig's (fastpp/scheduler_config.py)
     retraction: str = "newest_front"
     queue_order: str = "fcfs"
+    async_batch_depth: int = 0  # DeploymentConfig's: microbatches in flight beyond pp
     point_id: str = field(init=False, compare=False)  # hash of ``axes()`` (set in __post_init__)
 
     def __post_init__(self) -> None:
@@ -158,7 +159,7 @@ class SweepPoint:
         if self.protocol is not None:  # steady-state rows (and ids) as before the field
             row["protocol"] = self.protocol
         # likewise: only where not the default
-        for name in ("admission_reserve", "retraction", "queue_order"):
+        for name in ("admission_reserve", "retraction", "queue_order", "async_batch_depth"):
             if getattr(self, name) != _SIMULATE_OPTIONS[name]:
                 row[name] = getattr(self, name)
         if not with_id:
@@ -191,6 +192,7 @@ class SweepPoint:
             admission_reserve=self.admission_reserve,
             retraction=self.retraction,
             queue_order=self.queue_order,
+            async_batch_depth=self.async_batch_depth,
         )
 
     def describe(self) -> str:
@@ -255,6 +257,7 @@ class SweepGrid:
     admission_reserve: str = DEFAULT_ADMISSION_RESERVE  # SchedulerConfig's admission reserve: slot | all
     retraction: str = "newest_front"  # SchedulerConfig's retraction order
     queue_order: str = "fcfs"  # SchedulerConfig's queue order: fcfs | late_last
+    async_batch_depth: int = 0  # microbatches in flight beyond pp (SGLang's --pp-async-batch-depth)
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -304,6 +307,7 @@ class SweepGrid:
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"host_loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
         check_queue_options(self.admission_reserve, self.retraction, self.queue_order)
+        check_async_batch_depth(self.async_batch_depth, self.host_loop)
         if self.profile is not None and (self.models is not None or self.gpus is not None):
             raise ValueError("profile fixes the model and GPU: give no model or gpu axis with it")
         if self.metric == "best-static" and self.policies is not None:
@@ -361,6 +365,7 @@ class SweepGrid:
             "admission_reserve": self.admission_reserve,
             "retraction": self.retraction,
             "queue_order": self.queue_order,
+            "async_batch_depth": self.async_batch_depth,
         }
 
         points: list[SweepPoint] = []
@@ -412,6 +417,7 @@ _SIMULATE_OPTIONS = {
     "admission_reserve": DEFAULT_ADMISSION_RESERVE,
     "retraction": "newest_front",
     "queue_order": "fcfs",
+    "async_batch_depth": 0,
 }
 
 _AXES = ("workloads", "models", "gpus", "deployments", "policies", "chunks", "rates", "slo_scales", "seeds")
@@ -441,6 +447,7 @@ GRID_KEYS = {
     "admission": "admission_reserve",
     "retraction": "retraction",
     "queue_order": "queue_order",
+    "pp_async_batch_depth": "async_batch_depth",
 }
 
 

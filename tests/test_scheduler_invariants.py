@@ -181,14 +181,20 @@ def test_random_interleavings_keep_invariants(
 
 
 @settings(max_examples=25, deadline=None)
-@given(reqs=workloads, pp=st.integers(1, 4), kv=st.integers(800, 4000), seed=st.integers(0, 99))
-def test_simulation_ends_every_request_once(reqs, pp, kv, seed):
+@given(
+    reqs=workloads,
+    pp=st.integers(1, 4),
+    depth=st.integers(0, 2),  # extra slots in flight (--pp-async-batch-depth)
+    kv=st.integers(800, 4000),
+    seed=st.integers(0, 99),
+)
+def test_simulation_ends_every_request_once(reqs, pp, depth, kv, seed):
     requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(reqs)]
     sched = make_scheduler(
         None,
         RandomChunks(seed, [16, 64, 256]),
         RandomBalancer(seed),
-        num_slots=pp,
+        num_slots=pp + depth,
         kv_capacity_tokens=kv,
         max_context=4096,
     )

@@ -365,7 +365,10 @@ class PredictiveChunkPolicy:
         first whose (capacity, round time) ``meets`` the load, else of the largest TPOT-safe
         one (met False), else (-1, 0, 0, False). The round time is round(C) (module docstring)
         plus the round overhead; TPOT-safe: round(C) within ``tpot_budget``; the beat reported
-        is the slowest microbatch's."""
+        is the slowest microbatch's. With more slots than stages (an async batch depth), stage
+        0 computes the other slots' microbatches while one slot's tokens travel back, so only
+        the part of the overhead that outlasts them counts: round = max(round(C), round(C) x
+        stages / D_p + overhead)."""
         cfg = self.config
         slot, d_p = view.slot, view.num_slots
         stream = self._stream(view, d_p * cands[stop - 1])
@@ -375,6 +378,7 @@ class PredictiveChunkPolicy:
         predict = self.predictor.predict_one
         overhead = cfg.round_overhead_s
         sum_round = not cfg.bottleneck_round
+        extra = d_p - self._num_stages if d_p > self._num_stages > 0 else 0  # slots beyond the stages
         safe, safe_capacity, safe_beat = -1, 0.0, 0.0
         for k in range(start, stop):
             c = cands[k]
@@ -392,11 +396,18 @@ class PredictiveChunkPolicy:
                 if t > beat:
                     beat = t
             busy = total if sum_round else d_p * beat
-            if busy > tpot_budget:
-                break  # larger chunks only take longer
-            capacity = prefill / (busy + overhead)
+            if extra:  # the round trip overlaps the extra slots' microbatches
+                spare = busy * extra / d_p
+                round_s = busy + (overhead - spare if overhead > spare else 0.0)
+                if round_s > tpot_budget + overhead:
+                    break  # larger chunks only take longer
+            else:
+                if busy > tpot_budget:
+                    break  # larger chunks only take longer
+                round_s = busy + overhead
+            capacity = prefill / round_s
             safe, safe_capacity, safe_beat = k, capacity, beat
-            if meets(capacity, busy + overhead):
+            if meets(capacity, round_s):
                 return k, capacity, beat, True
         return safe, safe_capacity, safe_beat, False
 
