@@ -23,7 +23,7 @@ def static_chunk(chunk: int | None = None, *, limit: int | None = None) -> int:
 
 ADMISSION_RESERVES = ("all", "slot")
 # The default admission reserve: "slot", as the reference. It admits more than "all" and retracts
-# more under KV pressure; docs/RESULTS.md section 8 measures both (slot's goodput is never lower).
+# more under KV pressure; docs/RESULTS.md section 8 compares the two.
 DEFAULT_ADMISSION_RESERVE = "slot"
 RETRACTIONS = ("newest_front", "fewest_output_back")
 QUEUE_ORDERS = ("fcfs", "late_last")
@@ -96,7 +96,7 @@ class SchedulerConfig:
     # Whose remaining output the admission reserve counts: "slot" (the default) = only the
     # launching slot's running decodes, as the reference's PrefillAdder (more admissions, more
     # retractions under KV pressure); "all" = every admitted request (running in any slot, in
-    # flight or parked): no admission beyond the cache's room, so fewer retractions.
+    # flight or parked): fewer admissions, fewer retractions.
     admission_reserve: str = DEFAULT_ADMISSION_RESERVE
     # Which running request a KV shortage retracts, and where it waits again:
     # "newest_front" = the slot's most recently admitted request, to the front of the queue;
