@@ -42,7 +42,7 @@ AdmissionOpt = Annotated[
     str | None,
     typer.Option(
         "--admission",
-        help="Whose remaining output the admission reserve counts: slot (the launching slot's decodes only, as the paper's reference: more admissions, more retractions) or all (every admitted request, running, in flight or parked: no admission beyond the cache's room). [default: slot]",
+        help="Whose remaining output the admission reserve counts: slot (the launching slot's decodes only, as the paper's reference: more admissions, more retractions) or all (every admitted request, running, in flight or parked: fewer admissions, fewer retractions). [default: slot]",
     ),
 ]
 AsyncBatchDepthOpt = Annotated[
