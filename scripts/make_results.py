@@ -405,6 +405,13 @@ HEADERS = (
 )
 
 
+def best_static_chunk(goodput: dict, workload: str, chunks: Sequence[int]) -> tuple[int, dict[int, float]]:
+    """The best of ``chunks`` on ``workload`` (highest goodput, the smaller chunk on a tie) and
+    every one's goodput, from ``goodput`` keyed by (workload, system)."""
+    static = {c: goodput[(workload, f"pp4@static:{c}")] for c in chunks}
+    return max(chunks, key=lambda c: (static[c], -c)), static
+
+
 def summarize_grid(model: str, rows: list[dict], workloads: Sequence[str]) -> dict[str, dict]:
     """Per workload: every static chunk's goodput, the best static chunk (highest goodput, the
     smaller chunk on a tie) and every system's goodput, by system (``pp4@slack``)."""
@@ -412,8 +419,7 @@ def summarize_grid(model: str, rows: list[dict], workloads: Sequence[str]) -> di
     open_top = {(r["workload"], system_of(r)) for r in rows if r["margin"] is None}  # inf on disk
     out = {}
     for w in workloads:
-        static = {c: g[(w, f"pp4@static:{c}")] for c in STATIC[model]}
-        best = max(STATIC[model], key=lambda c: (static[c], -c))
+        best, static = best_static_chunk(g, w, STATIC[model])
         out[w] = {"static": static, "best": best, "best_goodput": static[best]}
         out[w].update({s: g[(w, s)] for s in systems(model)})
         out[w]["at_least"] = {s for s in systems(model) if (w, s) in open_top}
@@ -770,8 +776,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
     rows, changes = [], []
     for w in WORKLOADS:
         base = found[(model, w)]
-        static = {c: other[(w, f"pp4@static:{c}")] for c in OTHER_ADMISSION_STATIC}
-        best = max(OTHER_ADMISSION_STATIC, key=lambda c: (static[c], -c))
+        best, static = best_static_chunk(other, w, OTHER_ADMISSION_STATIC)
         row = [w, f"{base['best_goodput']:.2f} (C={base['best']}) / {static[best]:.2f} (C={best})"]
         changes.append((f"best static on {w}", static[best] - base["best_goodput"]))
         for p in ADMISSION_POLICIES:
@@ -1219,8 +1224,7 @@ def async_depth_section(rep: Report, sweeps: SweepsInBackground, found: dict) ->
     rows, gains, larger, behind = [], [], [], []
     for w in WORKLOADS:
         base = found[(model, w)]
-        static = {c: deep[(w, f"pp4@static:{c}")] for c in ASYNC_DEPTH_STATIC}
-        best = max(ASYNC_DEPTH_STATIC, key=lambda c: (static[c], -c))
+        best, static = best_static_chunk(deep, w, ASYNC_DEPTH_STATIC)
         if best > base["best"]:
             larger.append(w)
         for p in ("predictive", "slack"):

@@ -233,14 +233,12 @@ class PolicyGrid:
                 if not n.isdigit() or int(n) < 1:
                     raise ValueError(f"--policies: static:N needs N >= 1 tokens, got {word!r}")
                 statics.append(int(n))
-            elif word in DYNAMIC_POLICIES:
-                dynamic.append(word)
             elif word in ("ds", "no-ds"):
                 ds = "only" if word == "ds" else "none"
             elif "+" in word:
                 exact.append(word)
-            elif _registered(word):
-                dynamic.append(word)  # another chunk policy (slack, greedy:tile): as greedy
+            elif _registered(word):  # greedy, predictive or any other chunk policy
+                dynamic.append(word)
             else:
                 raise ValueError(
                     f"--policies: unknown entry {word!r}; use static, static:N, greedy, "
