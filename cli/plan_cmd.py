@@ -70,6 +70,13 @@ def plan(
             "--host-loop", help="free-slots, batch-queue (vLLM) or blocking-launch. [default: free-slots]"
         ),
     ] = None,
+    async_depths: Annotated[
+        str | None,
+        typer.Option(
+            "--pp-async-batch-depth",
+            help="Async batch depths to try each pipelined candidate at, comma list such as 0,1: SGLang's flag of that name, microbatches in flight beyond one per stage (not with --host-loop batch-queue). [default: 0]",
+        ),
+    ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
     data_dir: DataDirOpt = None,
     seeds: Annotated[int, typer.Option(help="Seeds pooled per goodput probe.")] = 2,
@@ -167,6 +174,7 @@ def plan(
             profiles=tuple(profile or ()),
             interconnect=interconnect,
             host_loop=host_loop or "free-slots",
+            async_depths=_depths(async_depths),
             chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
             data_dir=data_dir,
             settings=settings,
@@ -186,6 +194,19 @@ def plan(
         fail(str(exc))
         return
     _report(result, config, model_path, out, plot, as_json, show_all, known_gpu=gpu in GPUS)
+
+
+def _depths(text: str | None) -> tuple[int, ...]:
+    """``--pp-async-batch-depth 0,1`` -> (0, 1); ValueError naming the flag and the bad entry."""
+    if text is None:
+        return (0,)
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    bad = [w for w in words if not w.isdigit()]
+    if bad or not words:
+        raise ValueError(
+            f"--pp-async-batch-depth takes a comma list of integers >= 0 such as 0,1, got {text!r}"
+        )
+    return tuple(int(w) for w in words)
 
 
 def _run(config, executor, workers, ray_address, out, quiet):

@@ -9,7 +9,8 @@ workload's P99 request (prompt + output). Each excluded layout says why.
 
 Policies per layout: static chunks from a grid, greedy and predictive, each with and without
 delay scheduling (``+ds``) when pp > 1 (with one stage there is no other microbatch to park a
-decode behind).
+decode behind); on request, each of those again at other async batch depths when pp > 1
+(``async_depths``).
 """
 
 from __future__ import annotations
@@ -78,14 +79,17 @@ class LayoutExclusion:
 
 @dataclass(frozen=True, slots=True)
 class DeploymentCandidate:
-    """One layout with one policy spec (``static:512``, ``predictive+ds``)."""
+    """One layout with one policy spec (``static:512``, ``predictive+ds``) and its async batch
+    depth (SGLang's ``--pp-async-batch-depth``: microbatches in flight beyond one per stage)."""
 
     layout: Layout
     policy: str
+    async_depth: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.layout.label} {self.policy}"
+        depth = f" async{self.async_depth}" if self.async_depth else ""
+        return f"{self.layout.label} {self.policy}{depth}"
 
     def max_tokens(self, chunk_candidates: Sequence[int] | None = None) -> int:
         """The most tokens one microbatch can hold under this policy (its chunk ceiling)."""

@@ -4,8 +4,10 @@ ready-to-run ``fastpp serve`` commands for SGLang and vLLM.
 Engine flags: fastpp's ``--pp`` sets SGLang's ``--pp-size`` and vLLM's
 ``--pipeline-parallel-size`` (``fastpp serve`` refuses them among the pass-through arguments);
 the rest pass through to the engine: SGLang ``--tp-size`` and ``--chunked-prefill-size``, vLLM
-``--tensor-parallel-size`` and ``--max-num-batched-tokens``. The chunk ceiling is the policy's
-largest microbatch (a static chunk, or the largest dynamic candidate).
+``--tensor-parallel-size`` and ``--max-num-batched-tokens``, and SGLang's
+``--pp-async-batch-depth`` for a candidate with microbatches in flight beyond one per stage
+(vLLM has no such flag: no vLLM command for it). The chunk ceiling is the policy's largest
+microbatch (a static chunk, or the largest dynamic candidate).
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
         caption_justify="left",
     )
     share = f"{100 * plan.operating_share:g}%"
+    depths = any(r.candidate.async_depth for r in plan.results)  # an async column when asked for
     for col, right in (
         ("#", True),
         ("layout", False),
         ("policy", False),
+        *((("async", True),) if depths else ()),
         ("goodput", True),
         ("/GPU", True),
         ("bound", True),
@@ -56,25 +60,28 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
             str(i),
             r.candidate.layout.label,
             r.candidate.policy,
+            *((str(r.candidate.async_depth),) if depths else ()),
             _goodput(r),
             _f(r.goodput_per_gpu, "{:.2f}"),
             f"{r.bound.rate:.2f}",
             _f(r.bound_share, "{:.0%}"),
             _binding(r),
             *_latency(r),
-            f"= {r.shared_with.rpartition(' ')[2]}" if r.shared_with else str(r.num_probes),
+            f"= {r.candidate.policy}+ds" if r.shared_with else str(r.num_probes),
             style=style,
         )
     if limit is not None and len(plan.results) > limit:
-        table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * 10)
+        table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * (11 if depths else 10))
     table.caption = (
-        f"req/s; bound: the rate at which the busiest stage (or TP group, host, "
-        f"KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
-        f"below the best goodput, so it cannot win (no probe); beaten: failed a "
-        f"probe at or below the best goodput, so it cannot win either (the limit it "
-        f"failed on; the search stops there); probes '= P+ds': the "
-        f"search of its +ds twin, whose delay scheduling never moved a decode (the "
-        f"same simulations). TTFT, TPOT, E2E: "
+        "req/s; bound: the rate at which the busiest stage (or TP group, host, "
+        "KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
+        "below the best goodput, so it cannot win (no probe); beaten: failed a "
+        "probe at or below the best goodput, so it cannot win either (the limit it "
+        "failed on; the search stops there); probes '= P+ds': the "
+        "search of its +ds twin, whose delay scheduling never moved a decode (the "
+        "same simulations). "
+        + ("async: microbatches in flight beyond one per stage (--pp-async-batch-depth). " if depths else "")
+        + "TTFT, TPOT, E2E: "
         f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
         f"searched to {plan.precision:g} req/s per replica, seeds "
         f"{','.join(map(str, plan.seeds))} pooled. {ROUTING_NOTE}."
@@ -173,7 +180,16 @@ def serve_commands(
         "--max-num-batched-tokens",
         str(chunk),
     ]
-    out = {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm)}
+    out = {"sglang": shlex.join(sglang)}
+    if result.candidate.async_depth:
+        sglang += ["--pp-async-batch-depth", str(result.candidate.async_depth)]
+        out = {
+            "sglang": shlex.join(sglang),
+            "vllm": "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
+            "plan with --host-loop batch-queue for vLLM",
+        }
+    else:
+        out["vllm"] = shlex.join(vllm)
     if layout.dp > 1:
         out["replicas"] = (
             f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "

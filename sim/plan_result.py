@@ -8,7 +8,7 @@ beaten candidate may be ``shared_with`` its ``+ds`` twin: the twin's delay sched
 moved a decode, so the two ran the same simulations and the twin's search stands for both (no
 probe of its own).
 Ranking: goodput, then SLO attainment at goodput, then fewer GPUs per replica (fewer links to
-go wrong), then the policy name.
+go wrong), then fewer microbatches in flight (async batch depth), then the policy name.
 """
 
 from __future__ import annotations
@@ -64,7 +64,13 @@ class CandidateResult:
     def rank_key(self) -> tuple:
         attained = -1.0 if math.isnan(self.attainment) else self.attainment
         layout = self.candidate.layout
-        return (-(self.goodput or 0.0), -attained, layout.tp * layout.pp, self.candidate.policy)
+        return (
+            -(self.goodput or 0.0),
+            -attained,
+            layout.tp * layout.pp,
+            self.candidate.async_depth,  # at a tie, fewer microbatches in flight
+            self.candidate.policy,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.candidate.layout
@@ -74,6 +80,7 @@ class CandidateResult:
             "tp": layout.tp,
             "pp": layout.pp,
             "policy": self.candidate.policy,
+            "async_batch_depth": self.candidate.async_depth,
             "status": self.status,
             "goodput": self.goodput,
             "goodput_per_gpu": self.goodput_per_gpu,

@@ -5,7 +5,8 @@ Scenario: "8 x H100, Qwen2.5-32B, this traffic, P90 TTFT 2 s and TPOT 200 ms: TP
 replicas, which chunk policy, and how many req/s?" The planner
 
 1. lists the layouts dp x tp x pp = N that fit memory (``plan_candidates``; the others with
-   the reason), times the policy grid;
+   the reason), times the policy grid, times the async batch depths asked for (SGLang's
+   ``--pp-async-batch-depth``; pipelined layouts only);
 2. bounds each candidate from the cost model (``plan_bound``: the rate at which the busiest
    stage, the host or the KV pool would be 100% busy) and searches the layouts in order of
    their highest bound, within a layout the dynamic policies first, then the static chunks by
@@ -67,7 +68,7 @@ __all__ = [
     "replica_profile",
     "sample_lengths",
 ]
-from fastpp.sim.run import DeploymentConfig, WorkloadConfig, scheduler_config
+from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, scheduler_config
 from fastpp.sim.sweep_grid import static_chunk
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
@@ -98,6 +99,8 @@ class PlanConfig:
     settings: SearchSettings = field(default_factory=SearchSettings)
     prune: bool = True  # False: search every candidate fully (the exhaustive check)
     share_twins: bool = True  # False: search a candidate even when its +ds twin's runs are its own
+    # SGLang's --pp-async-batch-depth values each pipelined candidate is tried at (pp > 1 only)
+    async_depths: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
         if isinstance(self.policies, str):  # the --policies spelling
@@ -105,6 +108,11 @@ class PlanConfig:
         object.__setattr__(self, "profiles", tuple(self.profiles))
         if self.host_loop not in HOST_LOOPS:
             raise ValueError(f"--host-loop must be one of {', '.join(HOST_LOOPS)}, got {self.host_loop!r}")
+        object.__setattr__(self, "async_depths", tuple(dict.fromkeys(self.async_depths)))
+        if not self.async_depths:
+            raise ValueError("async_depths (--pp-async-batch-depth) needs at least one depth, e.g. 0")
+        for depth in self.async_depths:
+            check_async_batch_depth(depth, self.host_loop)
         if self.num_gpus < 1:
             raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
         if self.workload not in WORKLOADS and not self.workload.startswith("random:"):
@@ -151,20 +159,21 @@ def plan_deployment(
         layouts = [lay for lay in layouts if lay.fit.layout.key in wanted]
         excluded = [e for e in excluded if e.layout.key in wanted]
     candidates = [
-        (lay, DeploymentCandidate(lay.fit.layout, policy))
+        (lay, DeploymentCandidate(lay.fit.layout, policy, depth))
         for lay in layouts
+        for depth in (config.async_depths if lay.fit.layout.pp > 1 else (0,))
         for policy in config.policies.for_layout(lay.fit.layout)
     ]
     jobs: list[CandidateJob] = []
-    unbalanced: set[tuple[Layout, str]] = set()  # candidates whose policy moves no decode
+    unbalanced: set[tuple[Layout, str, int]] = set()  # candidates whose policy moves no decode
     for lay, cand in candidates:
-        dep = replace(lay.deployment, policy=cand.policy)
+        dep = replace(lay.deployment, policy=cand.policy, async_batch_depth=cand.async_depth)
         try:
             _, balancer = make_policies(dep.policy, scheduler_config(lay.profile, dep), lay.profile)
         except ValueError as exc:
             raise ValueError(f"{cand.label}: {exc}") from None
         if isinstance(balancer, NoBalancer):
-            unbalanced.add((cand.layout, cand.policy))
+            unbalanced.add(_twin_key(cand))
         bound = capacity_bound(lay.profile, stats, cand.max_tokens(config.chunk_candidates), cand.layout.dp)
         jobs.append(
             CandidateJob(
@@ -178,12 +187,12 @@ def plan_deployment(
             )
         )
     jobs = search_order(jobs)
-    by_candidate = {(j.candidate.layout, j.candidate.policy): j for j in jobs}
-    twins = {  # a candidate without a balancer -> its +ds twin (same chunk policy)
+    by_candidate = {_twin_key(j.candidate): j for j in jobs}
+    twins = {  # a candidate without a balancer -> its +ds twin (same chunk policy and depth)
         j.job_id: twin
         for j in jobs
-        if (j.candidate.layout, j.candidate.policy) in unbalanced
-        and (twin := by_candidate.get((j.candidate.layout, f"{j.candidate.policy}+ds"))) is not None
+        if _twin_key(j.candidate) in unbalanced
+        and (twin := by_candidate.get(_twin_key(j.candidate, "+ds"))) is not None
     }
     notes = [
         f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
@@ -217,6 +226,10 @@ def plan_deployment(
     )
 
 
+def _twin_key(cand: DeploymentCandidate, suffix: str = "") -> tuple[Layout, str, int]:
+    return cand.layout, cand.policy + suffix, cand.async_depth
+
+
 POOLING_TOLERANCE = 0.05  # layouts whose bounds differ by less than this share are "close"
 
 
@@ -229,7 +242,8 @@ def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
     the chunk matters), then static chunks by bound; a ``+ds`` candidate just before its twin
     without it, whose search it may stand in for. Any order gives the same pruning verdicts (a
     candidate is pruned only when its bound is below a goodput found); a good first goodput
-    makes the challenges that follow cheap."""
+    makes the challenges that follow cheap. Other async batch depths of a layout follow its
+    depth-0 candidates in the same order."""
     layout_bound: dict[Layout, float] = {}
     for j in jobs:
         layout = j.candidate.layout
@@ -247,6 +261,7 @@ def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
         chunk_part, _, balancer = j.candidate.policy.partition("+")
         return (
             rank[j.candidate.layout],
+            j.candidate.async_depth,
             static_chunk(chunk_part) is not None,
             -j.bound.rate,
             chunk_part,

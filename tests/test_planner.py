@@ -297,6 +297,38 @@ def test_search_order_puts_dynamic_policies_first_and_each_ds_twin_before_its_ba
     ]
 
 
+def test_other_async_depths_follow_a_layouts_depth_0_candidates_with_their_own_twins():
+    from fastpp.sim.plan_bound import CapacityBound
+    from fastpp.sim.plan_job import CandidateJob, SearchSettings
+    from fastpp.sim.planner import search_order
+
+    pp4 = Layout(1, 1, 4)
+    bound = CapacityBound(8.0, 1, "stage 0", {"stage 0": 8.0})
+    jobs = [
+        CandidateJob(
+            f"{p}/{d}",
+            DeploymentCandidate(pp4, p, d),
+            WorkloadConfig(),
+            DeploymentConfig(),
+            bound,
+            SearchSettings(),
+        )
+        for d in (1, 0)
+        for p in ("static:512", "predictive+ds", "predictive")
+    ]
+    order = [j.job_id for j in search_order(jobs)]
+    assert order == [
+        "predictive+ds/0",
+        "predictive/0",
+        "static:512/0",
+        "predictive+ds/1",
+        "predictive/1",
+        "static:512/1",
+    ]
+    assert DeploymentCandidate(pp4, "predictive", 1).label == "pp4 predictive async1"
+    assert DeploymentCandidate(pp4, "predictive").label == "pp4 predictive"
+
+
 def test_a_search_stops_once_it_fails_at_or_below_a_goodput_found_elsewhere():
     """The live best (what the process pool publishes to running jobs): a search that has
     failed at a rate no higher than it cannot win and stops there; a best below every failure

@@ -70,10 +70,37 @@ def test_the_printed_plan_has_the_table_and_the_commands(tmp_path):
     assert "pruned" in out and "random routing" in out
 
 
+def test_async_depths_add_pipelined_candidates_and_the_sglang_flag(tmp_path):
+    code, out = _plan(
+        [*SMALL, "--pp-async-batch-depth", "0,1", "--exhaustive", "-o", str(tmp_path), "--json"]
+    )
+    assert code == 0, out
+    plan = json.loads(out)
+    depths = {r["label"]: r["async_batch_depth"] for r in plan["results"]}
+    # one stage has no other microbatch to keep in flight: tp2 only at depth 0
+    assert depths == {"pp2 static:512": 0, "pp2 static:512 async1": 1, "tp2 static:512": 0}
+    assert all(r["status"] == "searched" and r["goodput"] > 0 for r in plan["results"])
+
+    code, out = _plan(
+        [*SMALL, "--layouts", "pp2", "--pp-async-batch-depth", "1", "-o", str(tmp_path), "--json"]
+    )
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["best"] == "pp2 static:512 async1"
+    assert plan["commands"]["sglang"].endswith("--pp-async-batch-depth 1")
+    assert plan["commands"]["vllm"].startswith("none: vLLM keeps one batch per stage")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["-m", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
+        (["--pp-async-batch-depth", "0,x"], "--pp-async-batch-depth takes a comma list of integers"),
+        (["--pp-async-batch-depth", "9"], "must be an integer in [0, 8], got 9"),
+        (
+            ["--pp-async-batch-depth", "1", "--host-loop", "batch-queue"],
+            "--pp-async-batch-depth) is SGLang's",
+        ),
         (["--gpu", "B300"], "unknown GPU 'B300'"),
         (["--gpus", "3"], "power of two"),
         (["--layouts", "pp8"], "--layouts: pp8 is not a layout of 4 GPUs"),
