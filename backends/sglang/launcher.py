@@ -267,8 +267,14 @@ class SGLangServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 600.0) -> SGLangServer:
-        """Launch and wait until ``/v1/models`` answers; ``PortInUseError`` at once when SGLang's
-        HTTP server cannot bind the port (SGLang itself keeps running then, never ready)."""
+        """Launch and wait until SGLang logs that it is ready (``READY_LINE``, after its own
+        warm-up request has finished) and ``/v1/models`` answers. ``/v1/models`` alone answers
+        as soon as the HTTP server is up, while the warm-up may still be queued: a client's
+        first requests would then share microbatches with it, and a run stopped after the
+        client's last reply could cut the warm-up off unrecorded. (``/health`` would wait too,
+        but each call runs a one-token generation, a request of its own in the records.)
+        ``PortInUseError`` at once when SGLang's HTTP server cannot bind the port (SGLang itself
+        keeps running then, never ready)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(
@@ -288,9 +294,10 @@ class SGLangServer:
                     f"SGLang exited with {self.proc.returncode} while starting; "
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
-            if _http_ok(self.spec.url + "/v1/models"):
+            text = self.log_path.read_text(errors="replace")
+            if READY_LINE in text and _http_ok(self.spec.url + "/v1/models"):
                 return self
-            if BIND_FAILED in self.log_path.read_text(errors="replace"):  # anywhere in the log
+            if BIND_FAILED in text:  # anywhere in the log
                 self.stop()
                 raise PortInUseError(
                     f"SGLang could not bind port {self.spec.port} (address "
@@ -333,6 +340,8 @@ class PortInUseError(RuntimeError):
 
 
 BIND_FAILED = "error while attempting to bind on address"  # uvicorn's words, in SGLang's log
+# SGLang's log line once its warm-up request has finished (or was skipped) and it serves
+READY_LINE = "The server is fired up and ready to roll!"
 
 
 def _http_ok(url: str) -> bool:
