@@ -25,6 +25,7 @@ SUMMARY_ROWS: tuple[tuple[str, str, str], ...] = (
         "{:.2f}",
     ),
     ("P99 queueing (s)", "p99_queueing_delay_ms", "{:.2f}"),
+    ("queue steady", "queue_steady", ""),
     ("SLO met (P90s)", "slo_met", ""),
     ("SLO attainment", "slo_attainment", "{:.1%}"),
     ("KV pool (tokens)", "kv_capacity_tokens", "{:,}"),

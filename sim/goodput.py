@@ -73,8 +73,9 @@ Probe rules (``slo_goodput``):
 - Steady state: per seed, split the requests by arrival order into quarters and pool each
   quarter over seeds. The first quarter is warm-up; if the last quarter's median TTFT exceeds
   the second's by more than ``STEADY_GROWTH_RATIO`` x the second's + ``STEADY_SLACK_SLO_FRAC``
-  x TTFT SLO, the queue is still growing and the probe is infeasible ("queue not stationary")
-  even if the pooled P90s pass: that rate would violate the SLO in a longer run.
+  x TTFT SLO (``fastpp.sim.steady``), the queue is still growing and the probe is infeasible
+  ("queue not stationary") even if the pooled P90s pass: that rate would violate the SLO in a
+  longer run.
   ``require_steady=False`` (CLI ``--no-steady``) drops this rule: the paper's benchmark judged
   fixed runs of 1,000 prompts, which at a decode-heavy load end before the KV cache has filled.
 - Seeds: the verdict is on the records of all seeds pooled; each seed is also judged alone at
@@ -105,14 +106,18 @@ import numpy as np
 from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
 from fastpp.sim.engine import GiveUp, PipelineSimulation
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
-from fastpp.types import SLO, FinishReason, RequestRecord
+from fastpp.sim.steady import COMPLETED as _COMPLETED
+from fastpp.sim.steady import (
+    check_steady_state,
+)
+from fastpp.sim.steady import quantile as _quantile
+from fastpp.sim.steady import ttft_ms as _ttft_ms
+from fastpp.types import SLO, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
 MAX_FIRST_LOOK = 100_000  # ... and at most (memory: each seed's run holds 1.25x this many)
 ARRIVAL_SPAN_S = 120.0  # seconds of arrivals each probe covers, at least (default length rule)
 LIFETIMES = 2.0  # ... and this many request lifetimes at the SLO's TPOT
-STEADY_GROWTH_RATIO = 0.25  # allowed rise of the last quarter's median TTFT over the second's
-STEADY_SLACK_SLO_FRAC = 0.05  # plus this share of the TTFT SLO (absolute floor against noise)
 MAX_DOUBLINGS = 4  # an unsettled probe is looked at longer at most this often ...
 MAX_REQUESTS_PER_SEED = 12_000  # ... the last time at this length (or the start, if longer)
 UNSTEADY = "queue not stationary"  # the reason a probe fails the steady-state rule with
@@ -132,7 +137,6 @@ DEFAULT_LOW = 2.0
 DEFAULT_HIGH = 8.0
 
 Criterion = Literal["p90", "attainment"]
-_COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)  # finish reasons of a served request
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,46 +403,6 @@ def find_goodput(
     elif math.isinf(hi) and lo >= high:
         notes.append(f"high {high:g} req/s was feasible: expanded upward past {lo:g}")
     return done(lo, hi)
-
-
-@dataclass(frozen=True, slots=True)
-class SteadyState:
-    """Median TTFT of the second and of the last quarter of the requests by arrival (ms)."""
-
-    early_ms: float  # second quarter (the first is warm-up)
-    late_ms: float  # last quarter
-    is_stationary: bool
-
-    def describe(self) -> str:
-        return (
-            f"median TTFT {self.early_ms:.1f} ms in the second quarter of arrivals, "
-            f"{self.late_ms:.1f} ms in the last"
-        )
-
-
-def check_steady_state(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> SteadyState:
-    """Is the queue stationary? ``runs`` holds one record list per seed (its own clock).
-
-    Each run is split by arrival order into quarters; quarters are pooled over runs. Failed
-    requests count as infinite TTFT. Not stationary iff the last quarter's median TTFT exceeds
-    the second quarter's by more than ``STEADY_GROWTH_RATIO`` x the second's +
-    ``STEADY_SLACK_SLO_FRAC`` x the TTFT SLO (a median with over half failures is infinite, and
-    that is never stationary).
-    """
-    early: list[float] = []
-    late: list[float] = []
-    for records in runs:
-        ordered = sorted(records, key=lambda r: (r.arrived_at, r.req_id))
-        q = len(ordered) // 4
-        early += [_ttft_ms(r) for r in ordered[q : 2 * q]]
-        late += [_ttft_ms(r) for r in ordered[len(ordered) - q :] if q]
-    med1, med2 = _median(early), _median(late)
-    if math.isinf(med2) or math.isnan(med1):
-        stationary = math.isnan(med1) and not math.isinf(med2)  # too few requests to judge: pass
-    else:
-        allowed = med1 * (1 + STEADY_GROWTH_RATIO) + STEADY_SLACK_SLO_FRAC * slo.ttft_s * 1e3
-        stationary = med2 <= allowed
-    return SteadyState(med1, med2, stationary)
 
 
 def probe_span_s(workload: WorkloadConfig, slo: SLO, samples: int = 4000) -> float:
@@ -890,13 +854,6 @@ class SloMisses:
         return lambda records, now: enough(*self.count(records, now))
 
 
-def _ttft_ms(r: RequestRecord) -> float:
-    """TTFT in ms of a completed request; infinity for rejected, aborted or unfinished ones."""
-    if r.finish_reason not in _COMPLETED or r.first_token_at is None:
-        return math.inf
-    return (r.first_token_at - r.arrived_at) * 1e3
-
-
 def _p90_tpot_ms(records: Sequence[RequestRecord]) -> float:
     """P90 TPOT (ms) over the completed requests that have one: ``summarize``'s
     ``p90_tpot_ms`` without the rest of the summary (NaN when none has a TPOT)."""
@@ -911,24 +868,6 @@ def _p90_tpot_ms(records: Sequence[RequestRecord]) -> float:
 def _p90(values_ms: Sequence[float]) -> float:
     """P90 with np.percentile's linear interpolation, safe with infinities (NaN when empty)."""
     return _quantile(values_ms, 0.9)
-
-
-def _median(values_ms: Sequence[float]) -> float:
-    return _quantile(values_ms, 0.5)
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    # np.percentile would give inf * 0 = NaN when interpolating next to an infinity
-    if not values:
-        return math.nan
-    v = np.sort(np.asarray(values, float))
-    pos = q * (v.size - 1)
-    i, frac = int(pos), pos - int(pos)
-    if frac == 0 or math.isinf(v[i]):
-        return float(v[i])
-    if math.isinf(v[i + 1]):
-        return math.inf
-    return float(v[i] + (v[i + 1] - v[i]) * frac)
 
 
 def _fmt(value: float) -> str:

@@ -22,6 +22,7 @@ from fastpp.scheduler_config import (
 )
 from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimResult
 from fastpp.sim.limits import check_workload_extent
+from fastpp.sim.steady import check_steady_state
 from fastpp.types import SLO, Request
 from fastpp.workloads import make_requests, replay_requests
 
@@ -350,4 +351,11 @@ def run_simulation(
             layers_per_stage=tuple(s.num_layers for s in profile.stages),
         ).to_dict(),
     )
+    if workload.replay is None:  # (a trace's own rate changes: its queue may grow for that)
+        steady = check_steady_state([result.records], deployment.slo)
+        summary.update(
+            queue_steady=steady.is_stationary,
+            median_ttft_q2_ms=steady.early_ms,
+            median_ttft_q4_ms=steady.late_ms,
+        )
     return SimulationRun(deployment, profile, result, summary)

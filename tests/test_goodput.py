@@ -367,6 +367,23 @@ def test_steady_state_catches_a_queue_whose_median_ttft_doubles():
     assert not judge_records(doubling, SLO_DEFAULT, rate=3.0).ok
 
 
+def test_a_simulated_run_says_whether_its_queue_was_steady():
+    """The summary's queue_steady is the goodput search's rule on that one run: PP=4 sustains
+    Azure lengths at 3 req/s, not at 9 (a replay, whose own rate changes, gets no verdict)."""
+    deployment = DeploymentConfig(pp=4, policy="static:512")
+    light, heavy = (
+        run_simulation(
+            WorkloadConfig(rate=rate, num_requests=600), deployment, record_iterations=False
+        ).summary
+        for rate in (3.0, 9.0)
+    )
+    assert light["queue_steady"] is True and heavy["queue_steady"] is False
+    assert heavy["median_ttft_q4_ms"] > 2 * heavy["median_ttft_q2_ms"]
+    assert light["median_ttft_q4_ms"] < 2000
+    replay = WorkloadConfig(replay="azure-conv", replay_window_s=30.0)
+    assert "queue_steady" not in run_simulation(replay, deployment, record_iterations=False).summary
+
+
 def test_a_share_of_misses_near_ten_percent_is_unsettled_and_far_from_it_settled():
     from fastpp.sim.goodput import is_unsettled
 
