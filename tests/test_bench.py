@@ -137,14 +137,20 @@ def test_latencies_match_the_servers_sleeps(serve):
     srv = serve(ttft_s=ttft_s, itl_s=itl_s)
     res = bench(srv, reqs(6, output_len=n_out), max_concurrency=3)
     s = res.summary
-    ttfts = [r.ttft_s for r in res.records]
-    assert min(ttfts) >= ttft_s - 1e-3  # never earlier than the server's first write
-    assert s["median_ttft_ms"] == pytest.approx(ttft_s * 1e3, abs=35)  # client + GIL overhead
-    assert s["median_itl_ms"] == pytest.approx(itl_s * 1e3, abs=6)
-    assert s["mean_tpot_ms"] == pytest.approx(itl_s * 1e3, abs=6)
-    for r in res.records:  # E2E = TTFT + (n-1) chunk gaps + the usage/[DONE] tail
-        assert r.e2e_s == pytest.approx(r.ttft_s + (n_out - 1) * itl_s, abs=0.03)
+    for r in res.records:
         assert len(r.token_times) == n_out and r.token_times == sorted(r.token_times)
+        # each token is timed when it arrives: never before the server wrote it (exact, however
+        # loaded the machine is) ...
+        for k, at in enumerate(r.token_times):
+            assert at - r.arrived_at >= ttft_s + k * itl_s - 1e-3
+        assert r.e2e_s >= r.token_times[-1] - r.arrived_at  # (+ the usage/[DONE] tail)
+    # ... and soon after: the server's sleeps plus client overhead. Upper bounds only loose: the
+    # sleeps themselves overrun on a busy 2-core machine (CI once measured 28 ms per token for
+    # 20 ms sleeps while other work ran); a first token timed at the end of its stream would be
+    # 100 ms late
+    assert s["median_ttft_ms"] < ttft_s * 1e3 + 80
+    assert itl_s * 1e3 - 6 <= s["median_itl_ms"] < 2.5 * itl_s * 1e3
+    assert itl_s * 1e3 - 6 <= s["mean_tpot_ms"] < 2.5 * itl_s * 1e3
 
 
 def test_summary_and_jsonl_have_sglangs_keys_and_append(serve, tmp_path):
