@@ -247,3 +247,28 @@ def test_a_port_taken_before_sglang_binds_it_fails_at_once(monkeypatch, tmp_path
     with pytest.raises(PortInUseError, match="could not bind port"):
         server.start(timeout_s=120)
     assert time.monotonic() - t0 < 30 and server.proc is None  # stopped, not left running
+
+
+def test_start_waits_for_the_ready_line_not_only_for_the_http_server(monkeypatch, tmp_path):
+    """An HTTP server that answers /v1/models, but no ready line in the log (SGLang's warm-up
+    still running): start() keeps waiting, and its timeout names what it waited for."""
+    import sys
+
+    import fastpp.backends.sglang.launcher as launcher
+
+    port = free_port()
+    script = (
+        "import http.server, json\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+        f"server = http.server.HTTPServer(('127.0.0.1', {port}), H)\n"
+        "print('serving /v1/models', flush=True)\n"
+        "server.serve_forever()\n"
+    )
+    monkeypatch.setattr(launcher, "build_command", lambda spec: ([sys.executable, "-c", script], None))
+    server = SGLangServer(LaunchSpec(model="smollm2", pp=2, port=port), tmp_path / "log")
+    with pytest.raises(TimeoutError, match="waiting for 'The server is fired up and ready to roll!'"):
+        server.start(timeout_s=8)
+    assert server.proc is None  # stopped, not left running
+    assert "serving /v1/models" in (tmp_path / "log").read_text()  # the HTTP server was up

@@ -306,7 +306,8 @@ class SGLangServer:
             time.sleep(2.0)
         self.stop()
         raise TimeoutError(
-            f"SGLang not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}"
+            f"SGLang not ready after {timeout_s:.0f} s (waiting for {READY_LINE!r} in its log "
+            f"and /v1/models to answer); log {self.log_path}:\n{self.log_tail()}"
         )
 
     def log_tail(self, lines: int = 40) -> str:
