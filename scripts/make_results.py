@@ -105,23 +105,22 @@ ADMISSION_PROTOCOLS: dict[str, dict] = {
     "fixed": {"seeds": FIXED_SEEDS, "protocol": "cnn-reversed"},
     "steady": {},
 }
+# The static chunks among which every workload's best static chunk lies in section 1 (default
+# admission, depth 0): the grid of the variant runs below, which change one setting
+NEAR_BEST_STATIC = (128, 256, 384, 512)
 # ... and the other admission in steady state on every workload (its CNN-Reversed policy rows are
-# the steady OTHER_ADMISSION / newest_front variant above): those policies and the static chunks
-# where every workload's best static chunk lies under the default admission (section 1)
-OTHER_ADMISSION_STATIC = (128, 256, 384, 512)
+# the steady OTHER_ADMISSION / newest_front variant above): those policies and NEAR_BEST_STATIC
 OTHER_ADMISSION_SYSTEMS = (
-    *(f"pp4@static:{c}" for c in OTHER_ADMISSION_STATIC),
+    *(f"pp4@static:{c}" for c in NEAR_BEST_STATIC),
     *(f"pp4@{p}" for p in ADMISSION_POLICIES),
 )
 SLO_SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 SLO_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@static:256", "pp4@predictive")
 NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
 # Section 7: one microbatch in flight beyond the stages (--pp-async-batch-depth 1), Qwen2.5-32B on
-# every workload: the static chunks where every workload's best static chunk lies at depth 0
-# (section 1) and the dynamic policies that choose per microbatch.
+# every workload: NEAR_BEST_STATIC and the dynamic policies that choose per microbatch.
 ASYNC_DEPTH = 1
-ASYNC_DEPTH_STATIC = (128, 256, 384, 512)
-ASYNC_DEPTH_SYSTEMS = (*(f"pp4@static:{c}" for c in ASYNC_DEPTH_STATIC), "pp4@predictive", "pp4@slack")
+ASYNC_DEPTH_SYSTEMS = (*(f"pp4@static:{c}" for c in NEAR_BEST_STATIC), "pp4@predictive", "pp4@slack")
 
 
 class Report:
@@ -776,7 +775,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
     rows, changes = [], []
     for w in WORKLOADS:
         base = found[(model, w)]
-        best, static = best_static_chunk(other, w, OTHER_ADMISSION_STATIC)
+        best, static = best_static_chunk(other, w, NEAR_BEST_STATIC)
         row = [w, f"{base['best_goodput']:.2f} (C={base['best']}) / {static[best]:.2f} (C={best})"]
         changes.append((f"best static on {w}", static[best] - base["best_goodput"]))
         for p in ADMISSION_POLICIES:
@@ -784,7 +783,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
             row.append(f"{before:.2f} / {after:.2f}")
             changes.append((f"{p} on {w}", after - before))
         rows.append(row)
-    outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in OTHER_ADMISSION_STATIC]
+    outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in NEAR_BEST_STATIC]
     steps = {name: round(d / step(model), 1) for name, d in changes}
     lowered = [v for v in steps.values() if v <= -1]
     raised = [f"{name} ({v:+g} steps)" for name, v in steps.items() if v >= 1]
@@ -814,7 +813,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
             "slot admission more than the steady state does because a finite run ends before the "
             "requests admitted beyond the cache's room have all been retracted and recomputed."
         )
-    grid = "..".join(map(str, (OTHER_ADMISSION_STATIC[0], OTHER_ADMISSION_STATIC[-1])))
+    grid = "..".join(map(str, (NEAR_BEST_STATIC[0], NEAR_BEST_STATIC[-1])))
     return (
         f"`{OTHER_ADMISSION}` admission in steady state on every workload ({model}; section 1's "
         f"method, `fastpp goodput -w W -d pp4@predictive --admission {OTHER_ADMISSION}`), req/s as "
@@ -1224,7 +1223,7 @@ def async_depth_section(rep: Report, sweeps: SweepsInBackground, found: dict) ->
     rows, gains, larger, behind = [], [], [], []
     for w in WORKLOADS:
         base = found[(model, w)]
-        best, static = best_static_chunk(deep, w, ASYNC_DEPTH_STATIC)
+        best, static = best_static_chunk(deep, w, NEAR_BEST_STATIC)
         if best > base["best"]:
             larger.append(w)
         for p in ("predictive", "slack"):
@@ -1243,7 +1242,7 @@ def async_depth_section(rep: Report, sweeps: SweepsInBackground, found: dict) ->
                 f"{top1 / top0 - 1:+.1%}",
             ]
         )
-    grid = "..".join(map(str, (ASYNC_DEPTH_STATIC[0], ASYNC_DEPTH_STATIC[-1])))
+    grid = "..".join(map(str, (NEAR_BEST_STATIC[0], NEAR_BEST_STATIC[-1])))
     lo, hi = min(g for _, g in gains), max(g for _, g in gains)
     rep.add(
         7,

@@ -22,6 +22,10 @@ from fastpp.sim.plan_result import ROUTING_NOTE, CandidateResult, DeploymentPlan
 from fastpp.sim.sweep_grid import static_chunk
 
 SGLANG_PORT = 30000
+NO_VLLM_ASYNC = (
+    "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
+    "plan with --host-loop batch-queue for vLLM"
+)
 VLLM_PORT = 8000
 
 
@@ -180,16 +184,10 @@ def serve_commands(
         "--max-num-batched-tokens",
         str(chunk),
     ]
-    out = {"sglang": shlex.join(sglang)}
-    if result.candidate.async_depth:
-        sglang += ["--pp-async-batch-depth", str(result.candidate.async_depth)]
-        out = {
-            "sglang": shlex.join(sglang),
-            "vllm": "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
-            "plan with --host-loop batch-queue for vLLM",
-        }
-    else:
-        out["vllm"] = shlex.join(vllm)
+    depth = result.candidate.async_depth
+    if depth:
+        sglang += ["--pp-async-batch-depth", str(depth)]
+    out = {"sglang": shlex.join(sglang), "vllm": NO_VLLM_ASYNC if depth else shlex.join(vllm)}
     if layout.dp > 1:
         out["replicas"] = (
             f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "
