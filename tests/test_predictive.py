@@ -397,6 +397,46 @@ def test_the_tile_cap_holds_kv_bound_slots_at_the_boundary():
     assert over_128[True] < over_128[False] / 2, over_128
 
 
+class _LiftView(_CapView):
+    """Two slots of equal decodes, each resident request holding 1,000 tokens of a pool sized
+    for 130 per slot, and one prompt waiting since t = 0: what the KV lift reads."""
+
+    def __init__(self, decodes_per_slot):
+        per_slot, tokens = 130, 1000
+        used = decodes_per_slot * 2 * tokens
+        super().__init__(decodes_per_slot, kv_total=per_slot * 2 * tokens, kv_used=used, num_slots=2)
+        self.now, self.slo = 10.0, SLO(2.0, 0.2)
+
+    def iter_waiting(self):
+        head = _Waiting(200)
+        head.arrived_at = 0.0
+        return iter([head])
+
+
+def test_the_kv_lift_is_off_while_the_decodes_fill_the_slots():
+    """The head has waited 10 s and the pool is under 90% full, so the lift applies; but not
+    once the running decodes reach kv_lift_decode_share (0.9) x D_p x the tile cap (2 x 128
+    here: a pool of 130 decodes per slot cannot pay for a second tile): the slots then admit
+    only as fast as decodes finish."""
+    policy = policy_for()
+    lifted = {}
+    for per_slot in (115, 116):  # 230 and 232 decodes, around 0.9 x 2 x 128 = 230.4
+        view = _LiftView(per_slot)
+        assert policy.slot_decode_cap(view) == 128
+        policy.kv.update(view)
+        assert policy.kv.share < policy.config.kv_lift_max_share
+        lifted[per_slot] = policy.kv_lifted(view)
+    assert lifted == {115: True, 116: False}
+    # the same full slots, with the share set to 1.0: the check switches only at the cap itself
+    full = PredictiveChunkPolicy.from_profile(
+        make_profile(pp=2), PredictiveConfig(kv_lift_decode_share=1.0), CANDS
+    )
+    view = _LiftView(116)
+    full.kv.update(view)
+    assert full.kv_lifted(view)
+    assert not full.decodes_fill_slots(_LiftView(127)) and full.decodes_fill_slots(_LiftView(128))
+
+
 class _Waiting:
     def __init__(self, tokens):
         self.remaining_prefill, self.num_computed = tokens, 0
@@ -452,6 +492,8 @@ def test_bad_config_values_are_refused_by_name():
         {"kv_lift_wait_ratio": -0.1},
         {"kv_lift_max_share": 0.0},
         {"kv_lift_max_share": 1.5},
+        {"kv_lift_decode_share": 0.0},
+        {"kv_lift_decode_share": 1.1},
         {"kv_bound_share": 0.0},
         {"tile_tolerance": 0.5},
         {"kv_horizon_s": -1.0},

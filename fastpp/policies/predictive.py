@@ -51,7 +51,12 @@ Three rules beyond the paper's:
   (``rules.backlog_waits``): the bound is then lifted until the used share reaches
   ``kv_lift_max_share``. A finite burst (the paper's fixed runs of 400 prompts fill the pool to
   about 80%) then keeps the whole budget; sustained load, which fills the pool past 90%, keeps
-  the tighter one (docs/POLICIES.md).
+  the tighter one (docs/POLICIES.md). Nor is the bound lifted while the running decodes reach
+  ``kv_lift_decode_share`` x D_p x the tile cap (below): the slots are then full of decodes,
+  new prompts are admitted only as fast as decodes finish, and a larger chunk would lengthen
+  every request's stay without clearing the backlog sooner. With one microbatch more in
+  flight than stages (an async batch depth), whose rounds are longer, this happens with the
+  pool under 90% full.
 * Tile cap: a slot whose decodes reach ``rules.decode_tile_cap`` launches decode only (the
   budget is its decode count). When the KV pool holds about a tile boundary's worth of decodes
   per slot, or a little more (CNN-Reversed on Qwen2.5-32B, near the 128 boundary), a slot that
@@ -121,6 +126,9 @@ class PredictiveConfig:
     # TTFT and the pool's used share is below kv_lift_max_share (0 turns the lift off)
     kv_lift_wait_ratio: float = 0.4
     kv_lift_max_share: float = 0.9
+    # ... and the running decodes are under this share of D_p x the tile cap: past it the
+    # slots, not the chunk, hold the backlog back (module docstring)
+    kv_lift_decode_share: float = 0.9
 
     def __post_init__(self) -> None:
         for name in (
@@ -137,6 +145,8 @@ class PredictiveConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if not self.tile_tolerance >= 1:
             raise ValueError(f"tile_tolerance must be >= 1, got {self.tile_tolerance!r}")
+        if not 0 < self.kv_lift_decode_share <= 1:
+            raise ValueError(f"kv_lift_decode_share must be in (0, 1], got {self.kv_lift_decode_share!r}")
         if not 0 < self.kv_lift_max_share <= 1:
             raise ValueError(f"kv_lift_max_share must be in (0, 1], got {self.kv_lift_max_share!r}")
         if not 0 < self.kv_bound_share <= 1:
@@ -319,19 +329,36 @@ class PredictiveChunkPolicy:
             cfg.kv_lift_wait_ratio > 0
             and self.kv.share < cfg.kv_lift_max_share
             and backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
+            and not self.decodes_fill_slots(view)
         )
 
+    def decodes_fill_slots(self, view: PolicyView) -> bool:
+        """True when the running decodes of all slots reach ``kv_lift_decode_share`` x D_p x
+        the tile cap: the slots then admit only as fast as decodes finish, and a larger chunk
+        would lengthen every stay without clearing the backlog sooner (module docstring)."""
+        d_p = view.num_slots
+        running = sum(view.num_running(s) for s in range(d_p))
+        full = self.config.kv_lift_decode_share * d_p
+        if running < full * tile_step(view):
+            return False  # the cap is never below one tile step
+        return running >= full * self.slot_decode_cap(view)
+
     def at_tile_cap(self, view: PolicyView, n_dec: int) -> bool:
-        """True when the launching slot's ``n_dec`` decodes reach the tile cap
-        (``rules.decode_tile_cap``, timed by the predictor): then it launches decode only."""
+        """True when the launching slot's ``n_dec`` decodes reach the tile cap: then it
+        launches decode only."""
         if not self.config.tile_cap or n_dec < tile_step(view):
             return False  # the cap is never below one tile step: nothing to measure
+        return n_dec >= self.slot_decode_cap(view)
+
+    def slot_decode_cap(self, view: PolicyView) -> int:
+        """The most decodes a slot should hold (``rules.decode_tile_cap``, each decode
+        microbatch timed by the predictor)."""
         predict = self.predictor.predict_one
 
         def decode_time(n: int, ctx: float) -> float:
             return predict(n, 0, 0, int(n * ctx))
 
-        return n_dec >= decode_tile_cap(view, decode_time, self.config.round_overhead_s)
+        return decode_tile_cap(view, decode_time, self.config.round_overhead_s)
 
     def floor_index(self, view: PolicyView, cands: tuple[int, ...], first: int) -> int:
         """Where the scan starts: the efficient tile while more prompt tokens wait than a
