@@ -15,7 +15,8 @@ load ``--reps`` times; repetition r of a load sends the same requests to every d
   (run it first, with ``--burst-rate inf``: all requests at once measure saturation).
 
 Deployments are labels: ``stock`` (vLLM's own scheduler), or a policy spec for ours (``static``,
-``greedy``, ``greedy+ds``, ``static+ds``, ``predictive``...). Balancers run with
+``greedy``, ``greedy+ds``, ``static+ds``, ``predictive``...), with ``@late_last`` appended for
+that queue order (``slack@late_last``: ``--queue-order late_last``). Balancers run with
 ``--token-step`` (default 1: a CPU has no tile step, so the delay scheduler's tier is one
 request and it evens decode counts across the two microbatches). ``predictive`` and ``slack``
 (and their ``+ds`` forms) get ``--profile`` (default: the torch engine's SmolLM2 pp 2 profile,
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -56,6 +58,7 @@ METRICS = (
 
 
 def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) -> list[str]:
+    policy, _, queue_order = label.partition("@")
     out = [
         "--backend",
         "vllm",
@@ -64,7 +67,7 @@ def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) ->
         "--pp",
         "2",
         "--policy",
-        label,
+        policy,
         "--slo-ttft-ms",
         str(args.slo_ttft_ms),
         "--slo-tpot-ms",
@@ -72,15 +75,22 @@ def serve_args(label: str, args: argparse.Namespace, record_dir: Path | None) ->
         "--max-model-len",
         "2048",
     ]
-    if label == "stock":
+    if policy == "stock":
         return out
-    if "+" in label:
+    if queue_order:
+        out += ["--queue-order", queue_order]
+    if "+" in policy:
         out += ["--token-step", str(args.token_step)]
-    if label.startswith(("predictive", "slack")):
+    if policy.startswith(("predictive", "slack")):
         out += ["--profile", args.profile]
     if record_dir is not None:
-        out += ["--record-dir", str(record_dir / label.replace("+", "_").replace(":", "_"))]
+        out += ["--record-dir", str(record_dir / run_dir_name(label))]
     return out
+
+
+def run_dir_name(label: str) -> str:
+    """The folder of a deployment's recorded runs under ``--record-dir``."""
+    return re.sub(r"[+:@]", "_", label)
 
 
 def bench(url: str, model: str, load: str, rep: int, args: argparse.Namespace, out: Path) -> dict:
@@ -184,7 +194,7 @@ def structure(record_dir: Path, label: str) -> str | None:
     """What the scheduler did, from its decisions.jsonl (load-independent, unlike latencies):
     the share of schedule() calls that scheduled nothing, the mean decode count of a step that
     had decodes, and the mean |decodes of slot 0 - slot 1| over those steps."""
-    path = record_dir / label.replace("+", "_").replace(":", "_") / "decisions.jsonl"
+    path = record_dir / run_dir_name(label) / "decisions.jsonl"
     if not path.is_file():
         return None
     rows = [json.loads(line) for line in path.read_text().splitlines()]

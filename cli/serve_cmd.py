@@ -205,7 +205,6 @@ def serve(
             "--kv-blocks": kv_blocks,
             "--threads": threads,
             "--pin-cores": pin_cores or None,
-            "--queue-order": queue_order,
             "--admission": admission,
         }
         named = [flag for flag, value in torch_only.items() if value is not None]
@@ -238,6 +237,7 @@ def serve(
             token_step=token_step,
             record_dir=str(record_dir) if record_dir else None,
             engine_python=engine_python,
+            queue_order=queue_order,
         )
     if ctx.args:
         fail(f"unknown option(s) for --backend torch: {' '.join(ctx.args)}")

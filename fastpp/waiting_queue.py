@@ -4,11 +4,14 @@ prefilled request, with the running sums the policies read in O(1)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, islice
 from math import inf
+from typing import TypeVar
 
 from fastpp.live_request import LiveRequest
+
+T = TypeVar("T")
 
 
 class WaitingQueue:
@@ -143,3 +146,32 @@ class WaitingQueue:
             self.prefill_tokens -= r.remaining_prefill
             return True
         return False
+
+
+def late_last_order(
+    waiting: Sequence[T],
+    now: float,
+    late_after: float,
+    late_max_wait: float,
+    arrived_at: Callable[[T], float],
+    has_first_token: Callable[[T], bool],
+) -> list[T]:
+    """``waiting`` (an engine's own queue, in its admission order) in ``WaitingQueue``'s
+    late_last order: the late requests that have waited ``late_max_wait`` s, then the requests
+    that can still meet their TTFT, then the other late ones, each group in its given order. A
+    request is late when it has waited at least ``late_after`` s and has no first token (a
+    preempted request that had one is never late). For executors that keep the queue
+    themselves (vLLM): reordered before each step, their admission follows the same rule."""
+    late_before, due_before = now - late_after, now - late_max_wait
+    due: list[T] = []
+    on_time: list[T] = []
+    late: list[T] = []
+    for r in waiting:
+        at = arrived_at(r)
+        if at >= late_before or has_first_token(r):
+            on_time.append(r)
+        elif at <= due_before:
+            due.append(r)
+        else:
+            late.append(r)
+    return due + on_time + late

@@ -4,12 +4,14 @@ behind the ones that can still meet theirs, for a bounded time)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FakeClock, make_scheduler
 from fastpp.live_request import LiveRequest
 from fastpp.scheduler_config import LATE_REQUEUE_SLO_RATIO, SchedulerConfig, late_thresholds
 from fastpp.types import SLO, Request, RequestRecord
-from fastpp.waiting_queue import WaitingQueue
+from fastpp.waiting_queue import WaitingQueue, late_last_order
 
 
 def live(req_id: int, arrived_at: float, prompt: int = 10, generated: int = 0) -> LiveRequest:
@@ -138,3 +140,39 @@ def test_the_cli_names_a_bad_queue_order():
     for command in ("simulate", "goodput"):
         bad = CliRunner().invoke(app, [command, "-n", "5", "--queue-order", "edf"])
         assert bad.exit_code != 0 and "edf" in bad.output and "queue-order" in bad.output
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrivals=st.lists(st.floats(0.0, 50.0), min_size=1, max_size=25),
+    steps=st.lists(st.tuples(st.floats(0.0, 10.0), st.booleans()), max_size=15),
+)
+def test_an_engine_queue_reordered_by_late_last_order_admits_as_the_waiting_queue(arrivals, steps):
+    """late_last_order over an engine's FCFS list (vLLM keeps its own queue) gives the order
+    WaitingQueue admits in, at every instant, as requests arrive, turn late and are taken."""
+    q = WaitingQueue(late_after=2.0, late_max_wait=20.0)
+    engine: list[LiveRequest] = []  # the engine's queue: arrival order
+    pending = sorted(arrivals)
+    now, next_id = 0.0, 0
+    for dt, take in [(0.0, False), *steps]:
+        now += dt
+        while pending and pending[0] <= now:
+            r = live(next_id, pending.pop(0))
+            next_id += 1
+            q.push(r)
+            engine.append(r)
+        q.defer_late(now)
+        order = late_last_order(engine, now, 2.0, 20.0, lambda r: r.arrived_at, lambda r: r.num_generated > 0)
+        assert ids(order) == ids(q)
+        if take and engine:
+            head = q.pop_head()
+            assert head is order[0]
+            engine.remove(head)
+
+
+def test_late_last_order_keeps_a_preempted_request_with_a_first_token_on_time():
+    rs = [live(0, 0.0, generated=3), live(1, 1.0), live(2, 9.0)]
+    order = late_last_order(rs, 10.0, 2.0, 20.0, lambda r: r.arrived_at, lambda r: r.num_generated > 0)
+    assert ids(order) == [0, 2, 1]
+    due = late_last_order(rs, 21.5, 2.0, 20.0, lambda r: r.arrived_at, lambda r: r.num_generated > 0)
+    assert ids(due) == [1, 0, 2]  # 1 waited 20.5 s: first again; 2 is late (12.5 s)

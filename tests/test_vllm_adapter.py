@@ -5,6 +5,7 @@ behaviour it relies on (the real engine: tests/test_vllm_backend.py)."""
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import pytest
 
@@ -50,9 +51,10 @@ def make_adapter(
     kv_blocks: int = 64,
     stage_times=None,
     profile=None,
+    **settings_fields,
 ):
     engine = FakeVllm(kv_blocks=kv_blocks)
-    settings = VllmSchedulerSettings(policy=policy, token_step=token_step)
+    settings = VllmSchedulerSettings(policy=policy, token_step=token_step, **settings_fields)
     config = settings.scheduler_config(
         num_slots=pp,
         max_budget=max_budget,
@@ -206,6 +208,53 @@ def test_a_balancer_plan_that_breaks_the_rules_is_ignored():
     assert len(rec.ends) == 3 and adapter.host.counters.parks == 0 and adapter.policies.num_failures > 0
 
 
+def _first_scheduled(queue_order: str) -> tuple[list[str], Recorded]:
+    """Eight 64-token prompts at t = 0 under a 32-token budget (about two steps each), a ninth
+    at t = 1 s; SLO TTFT 0.5 s; 0.1 s per step. Request ids in the order their prefill began."""
+    adapter, engine, clock, rec = make_adapter(
+        "static:32", kv_blocks=256, queue_order=queue_order, slo_ttft_s=0.5
+    )
+    loop = FakeEngineLoop(engine, adapter, pp=2)
+    for i in range(8):
+        loop.add(FakeRequest(f"r{i}", 64, 4, arrival_time=0.0))
+    began: dict[str, float] = {}
+    while loop.has_requests() or loop.queue:
+        if clock.t >= 1.0 and "new" not in loop.requests:
+            loop.add(FakeRequest("new", 64, 4, arrival_time=clock.t))
+        loop.step()
+        for rid, r in loop.requests.items():
+            if r.num_computed_tokens > 0:
+                began.setdefault(rid, clock.t)
+        clock.t += 0.1
+    return sorted(began, key=lambda rid: (began[rid], rid)), rec
+
+
+def test_queue_order_late_last_admits_the_on_time_request_before_the_late_ones():
+    """At 1 s the prompts of t = 0 not yet begun have waited past the SLO TTFT: under late_last
+    the one that arrives then goes first; under fcfs it waits behind them all. Every request
+    completes either way."""
+    fcfs, fcfs_rec = _first_scheduled("fcfs")
+    late_last, late_rec = _first_scheduled("late_last")
+    assert fcfs[-1] == "new"
+    waiting_at_1s = fcfs[fcfs.index("new") - 1 :]  # at least one was still waiting at 1 s
+    assert len(waiting_at_1s) >= 2
+    pos = late_last.index("new")
+    assert pos < len(late_last) - 1, late_last  # some late request began after it
+    assert set(late_last[pos + 1 :]) <= {f"r{i}" for i in range(8)}
+    for rec in (fcfs_rec, late_rec):
+        assert len(rec.ends) == 9 and all(r.finish_reason is FinishReason.LENGTH for r in rec.ends)
+
+
+def test_fcfs_leaves_vllms_queue_as_it_is():
+    adapter, engine, clock, _ = make_adapter("static:32")
+    queue = deque(FakeRequest(f"r{i}", 64, 4, arrival_time=0.0) for i in range(3))
+    for r in queue:
+        adapter.arrive(r)
+    clock.t = 100.0
+    before = list(queue)
+    assert not adapter.order_waiting(queue) and list(queue) == before
+
+
 def test_signals_ttft_and_token_gaps():
     adapter, engine, clock, _ = make_adapter("static")
     loop = FakeEngineLoop(engine, adapter, pp=2)
@@ -303,6 +352,7 @@ def test_settings_round_trip_through_the_environment():
         ('{"polcy": "static"}', "unknown field"),
         ('{"chunk_candidates": "9:1:1"}', "ascending"),
         ('{"slo_tpot_s": 0}', "tpot_s"),
+        ('{"queue_order": "lifo"}', "queue_order must be one of fcfs, late_last"),
     ],
 )
 def test_bad_settings_are_named(text, match):
@@ -394,6 +444,15 @@ def test_launch_options_are_checked_before_vllm_starts(tmp_path, monkeypatch):
     assert launch.stock
     with pytest.raises(FileNotFoundError, match="no vLLM environment"):
         launch.check()
+    late = launch_from_options(model="/m", policy="static", queue_order="late_last", **common)
+    assert late.settings.queue_order == "late_last"
+    assert json.loads(late.environment(None, base={})[ENV_VAR])["queue_order"] == "late_last"
+    with pytest.raises(ValueError, match="--queue-order need ours"):
+        launch_from_options(model="/m", policy="stock", queue_order="late_last", **common)
+    priority = {**common, "vllm_args": ["--scheduling-policy", "priority"]}
+    with pytest.raises(ValueError, match="needs --scheduling-policy fcfs, got priority"):
+        launch_from_options(model="/m", policy="static", queue_order="late_last", **priority)
+    assert launch_from_options(model="/m", policy="static", **priority).settings.queue_order == "fcfs"
 
 
 def test_parked_requests_come_back_when_nothing_else_can_run():

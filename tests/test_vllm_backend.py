@@ -3,8 +3,9 @@
 Needs the engine environment of scripts/engines/setup_vllm.sh (``$FASTPP_ENGINES_DIR``,
 default ``<repo>/.engines``; or ``$FASTPP_VLLM_PYTHON``) and its SmolLM2 model directory.
 Without them the module is skipped, saying so, except in CI (``CI`` set), where that fails.
-Three servers start once each (module fixtures, about a minute each here): stock vLLM, ours with
-the static budget, and ours with a flaky ``static:48+ds`` (tests/vllm_test_policies.py).
+Four servers start once each (module fixtures, half a minute to a minute each here): stock vLLM,
+ours with the static budget, ours with a flaky ``static:48+ds`` (tests/vllm_test_policies.py),
+and ours with ``--queue-order late_last``.
 """
 
 from __future__ import annotations
@@ -158,6 +159,24 @@ def flaky(tmp_path_factory):
         proc.stop()
 
 
+@pytest.fixture(scope="module")
+def late_last(tmp_path_factory):
+    proc, record_dir = _serve(
+        tmp_path_factory,
+        "late_last",
+        "--policy",
+        "static:64",
+        "--queue-order",
+        "late_last",
+        "--slo-ttft-ms",
+        "300",
+    )
+    try:
+        yield Server(proc, record_dir)
+    finally:
+        proc.stop()
+
+
 def test_static_budget_gives_stock_vllms_tokens(stock, static):
     """Temperature 0, the same prompts sent at once, float32 (EXACT): our scheduler with vLLM's
     own budget and no balancer produces exactly stock vLLM's tokens."""
@@ -239,3 +258,34 @@ def test_the_run_folder_is_what_a_simulation_writes(static):
     for it in run.iterations:
         assert it.finished_at >= it.started_at and it.num_tokens > 0
     assert (static.record_dir / "timeline.json").is_file()
+
+
+def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
+    """``--queue-order late_last`` on real vLLM (SLO TTFT 300 ms, a 64-token budget): twelve
+    prompts of about 500 tokens arrive at once and need about eight steps each, so most wait
+    past 300 ms; one sent 0.6 s later is on time and is scheduled before the late ones still
+    waiting (under vLLM's FCFS it would be scheduled last). Every request completes."""
+    long_prompts = [" ".join([p] * 80) for p in PROMPTS + PROMPTS[:4]]
+    body = {"model": late_last.model, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+    def send(prompts: list[str]) -> list[int]:
+        # one HTTP request for all prompts, so they reach vLLM's engine core together
+        r = httpx.post(late_last.url + "/v1/completions", json={**body, "prompt": prompts}, timeout=300)
+        r.raise_for_status()
+        return [c["finish_reason"] == "length" for c in r.json()["choices"]]
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(send, long_prompts)
+        time.sleep(0.6)
+        assert send(["The last prompt"]) == [True]
+        assert first.result() == [True] * 12
+    late_last.proc.stop()
+    run = read_run(late_last.record_dir)
+    records = sorted((r for r in run.records if r.num_generated == 4), key=lambda r: r.arrived_at)
+    assert len(records) == 13
+    *wave, last = records
+    assert last.arrived_at - wave[0].arrived_at > 0.3  # the second send came later
+    waited = [r for r in wave if r.scheduled_at > last.arrived_at]
+    assert waited, "every prompt of the first send began before the last arrived: nothing to reorder"
+    times = [(round(r.arrived_at, 2), round(r.scheduled_at, 2)) for r in records]
+    assert any(r.scheduled_at > last.scheduled_at for r in waited), times

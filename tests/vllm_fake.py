@@ -146,6 +146,7 @@ class FakeEngineLoop:
 
     def step(self) -> None:
         if self.has_requests():
+            self.adapter.order_waiting(self.engine.waiting)  # as FastPPScheduler (late_last only)
             decision = self.adapter.begin_step()
             out = self.engine.schedule(decision.budget, decision.held_ids)
             self.adapter.launched(decision, out, out.num_scheduled_tokens)

@@ -29,6 +29,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from math import inf
 from typing import Any, Protocol
 
 from fastpp.backends.vllm.tracked import TrackedRequest
@@ -37,8 +38,9 @@ from fastpp.iteration_log import Head
 from fastpp.policies.base import ChunkPolicy, DecodeBalancer
 from fastpp.policy_host import BatchFeatures, PolicyHost
 from fastpp.policy_host_records import RequestLog
-from fastpp.scheduler_config import SchedulerConfig
+from fastpp.scheduler_config import SchedulerConfig, late_thresholds
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
+from fastpp.waiting_queue import late_last_order
 
 log = logging.getLogger("fastpp.vllm")
 
@@ -120,6 +122,7 @@ class AdapterCounters:
     preemptions: int = 0
     unexpected_decodes: int = 0  # decodes vLLM scheduled that the decision did not pick
     missing_stage_times: int = 0  # microbatches returned without the workers' stage times
+    late_reorders: int = 0  # steps before which queue order late_last moved a request
 
 
 class Adapter:
@@ -158,6 +161,35 @@ class Adapter:
         self.view = self.host.view = VllmView(self)
         self._next_req_id = 0
         self._seq = 0
+        self._late_after, self._late_max_wait = late_thresholds(config)
+
+    # ------------------------------------------------------------------ queue order
+    def order_waiting(self, waiting: deque[Any]) -> bool:
+        """Queue order late_last (``SchedulerConfig.queue_order``): vLLM admits from the head
+        of its FCFS deque, so before each step the deque is put in ``late_last_order``, the
+        order our own scheduler admits in. A request is late once it has waited the SLO TTFT
+        (since its arrival on our clock) without a first token; a preempted request that had
+        one never is. True when a request moved. Under "fcfs" the deque is left as it is."""
+        if self._late_after == inf or len(waiting) < 2:
+            return False
+        tracked = self.tracked
+
+        def arrived_at(r: Any) -> float:
+            t = tracked.get(r.request_id)
+            return t.rec.arrived_at if t is not None else self.engine_time(r.arrival_time)
+
+        def has_first_token(r: Any) -> bool:
+            return r.num_output_tokens > 0
+
+        order = late_last_order(
+            waiting, self.clock(), self._late_after, self._late_max_wait, arrived_at, has_first_token
+        )
+        if all(a is b for a, b in zip(order, waiting, strict=True)):
+            return False
+        waiting.clear()
+        waiting.extend(order)
+        self.counters.late_reorders += 1
+        return True
 
     # ------------------------------------------------------------------ arrivals and ends
     def arrive(self, engine_req: Any) -> TrackedRequest:

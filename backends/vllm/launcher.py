@@ -92,6 +92,17 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value ``flag`` is given in ``args`` (``--flag V`` or ``--flag=V``; the last wins)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.partition("=")[2]
+    return value
+
+
 @dataclass
 class VllmLaunch:
     """One ``vllm serve`` run (module docstring). ``vllm_args`` go to vLLM unchanged."""
@@ -115,6 +126,12 @@ class VllmLaunch:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         if self.kv_cache_gib is not None and self.kv_cache_gib < 1:
             raise ValueError(f"kv_cache_gib must be >= 1 GiB, got {self.kv_cache_gib}")
+        policy = _flag_value(self.vllm_args, "--scheduling-policy")
+        if self.settings.queue_order == "late_last" and policy not in (None, "fcfs"):
+            raise ValueError(
+                f"--queue-order late_last reorders vLLM's FCFS queue: it needs --scheduling-policy "
+                f"fcfs, got {policy}"
+            )
 
     @property
     def python(self) -> Path:
@@ -263,6 +280,7 @@ def launch_from_options(
     record_dir: str | None,
     engine_python: str | None,
     vllm_args: list[str],
+    queue_order: str | None = None,
 ) -> VllmLaunch:
     """The launch ``fastpp serve --backend vllm`` asks for (``--policy stock``: vLLM's own
     scheduler). ValueError / FileNotFoundError name the bad option."""
@@ -275,9 +293,12 @@ def launch_from_options(
         token_step=token_step or 0,
         profile=profile,
         record_dir=str(Path(record_dir).resolve()) if record_dir else None,
+        queue_order=queue_order or "fcfs",
     )
-    if stock and (profile or record_dir):
-        raise ValueError("--policy stock runs vLLM's own scheduler: --profile and --record-dir need ours")
+    if stock and (profile or record_dir or queue_order not in (None, "fcfs")):
+        raise ValueError(
+            "--policy stock runs vLLM's own scheduler: --profile, --record-dir and --queue-order need ours"
+        )
     if not stock:
         validate_policy(settings)
     return VllmLaunch(
@@ -310,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-step", type=int, default=0)
     p.add_argument("--profile", default=None)
     p.add_argument("--record-dir", default=None)
+    p.add_argument("--queue-order", default="fcfs", help="fcfs (vLLM's order) or late_last")
     p.add_argument("--stock", action="store_true", help="vLLM's own scheduler (for comparisons)")
     p.add_argument("--engine-python", default=None)
     p.add_argument("--compile", action="store_true", help="CPU: compile instead of --enforce-eager")
@@ -325,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             token_step=args.token_step,
             profile=args.profile,
             record_dir=str(Path(args.record_dir).resolve()) if args.record_dir else None,
+            queue_order=args.queue_order,
         )
         validate_policy(settings)
         launch = VllmLaunch(

@@ -14,6 +14,9 @@ decision through two knobs of vLLM's own loop, restored right after the call:
   them (scheduler.py:680) while they stay in its running list with their KV, in their place,
   and remain preemption candidates exactly as in stock vLLM.
 
+With ``--queue-order late_last`` the FCFS ``waiting`` deque is also put in our scheduler's
+late_last order before each step (``Adapter.order_waiting``); vLLM then admits from its head.
+
 Settings come from the environment (settings.py); without them this class schedules what stock
 vLLM schedules. Subclass of ``Scheduler``, not ``AsyncScheduler``: vLLM's CPU platform and its
 V1 model runner with PP run without async scheduling anyway (docs/engines/vllm.md).
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -58,6 +62,11 @@ class FastPPScheduler(Scheduler):
             max_context=self.max_model_len,
             max_running=self.max_num_running_reqs,
         )
+        self._late_last = config.queue_order == "late_last"
+        if self._late_last and not isinstance(self.waiting, deque):
+            raise ValueError(
+                "queue order late_last reorders vLLM's FCFS queue: it needs --scheduling-policy fcfs"
+            )
         profile = load_profile(settings.profile) if settings.profile else None
         chunk_policy, balancer = settings.build_policies(config, profile)
         recorder = None
@@ -150,6 +159,8 @@ class FastPPScheduler(Scheduler):
             self.fastpp.arrive(request)
 
     def schedule(self, throttle_prefills: bool = False):
+        if self._late_last:
+            self.fastpp.order_waiting(self.waiting)  # queue order late_last (adapter.py)
         decision = self.fastpp.begin_step()
         held = [r for eid in decision.held_ids if (r := self.requests.get(eid)) is not None]
         saved = [r.next_decode_eligible_step for r in held]

@@ -18,7 +18,13 @@ from typing import Any
 
 from fastpp.policies import make_policies
 from fastpp.profile import Profile
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, parse_chunk_candidates, static_chunk
+from fastpp.scheduler_config import (
+    DEFAULT_CANDIDATES,
+    QUEUE_ORDERS,
+    SchedulerConfig,
+    parse_chunk_candidates,
+    static_chunk,
+)
 from fastpp.types import SLO
 
 ENV_VAR = "FASTPP_VLLM_SCHEDULER"
@@ -45,6 +51,9 @@ class VllmSchedulerSettings:
     token_step: int = 0  # tile step in tokens for the decode balancer; 0 = unknown (it assumes 128)
     profile: str | None = None  # profile JSON, for policies that predict latency
     record_dir: str | None = None  # where the run folder is written (see recorder.py)
+    # SchedulerConfig.queue_order: "fcfs" (vLLM's own order) or "late_last" (vLLM's FCFS queue
+    # reordered before each step, fastpp.waiting_queue.late_last_order)
+    queue_order: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not self.policy.strip():
@@ -56,6 +65,9 @@ class VllmSchedulerSettings:
             raise ValueError(f"default_chunk must be >= 1 token, got {self.default_chunk}")
         if self.token_step < 0:
             raise ValueError(f"token_step must be >= 0, got {self.token_step}")
+        if self.queue_order not in QUEUE_ORDERS:
+            known = ", ".join(QUEUE_ORDERS)
+            raise ValueError(f"queue_order must be one of {known}, got {self.queue_order!r}")
 
     def build_policies(
         self, config: SchedulerConfig, profile: Profile | None = None
@@ -134,4 +146,5 @@ class VllmSchedulerSettings:
             max_running_requests=max_running,
             token_step=self.token_step,
             slo=self.slo,
+            queue_order=self.queue_order,
         )
