@@ -159,7 +159,7 @@ def late_last_order(
     """``waiting`` (an engine's own queue, in its admission order) in ``WaitingQueue``'s
     late_last order: the late requests that have waited ``late_max_wait`` s, then the requests
     that can still meet their TTFT, then the other late ones, each group in its given order. A
-    request is late when it has waited at least ``late_after`` s and has no first token (a
+    request is late when it has waited longer than ``late_after`` s and has no first token (a
     preempted request that had one is never late). For executors that keep the queue
     themselves (vLLM): reordered before each step, their admission follows the same rule."""
     late_before, due_before = now - late_after, now - late_max_wait
