@@ -106,12 +106,7 @@ import numpy as np
 from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
 from fastpp.sim.engine import GiveUp, PipelineSimulation
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
-from fastpp.sim.steady import COMPLETED as _COMPLETED
-from fastpp.sim.steady import (
-    check_steady_state,
-)
-from fastpp.sim.steady import quantile as _quantile
-from fastpp.sim.steady import ttft_ms as _ttft_ms
+from fastpp.sim.steady import COMPLETED, check_steady_state, quantile, ttft_ms
 from fastpp.types import SLO, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
@@ -690,7 +685,7 @@ def judge_records(
     """Judge one probe from its per-seed records (pooled), as ``slo_goodput`` does; with
     ``require_steady=False`` a growing queue is reported in the metrics but does not fail it."""
     pooled = [r for records in runs for r in records]
-    p90_ttft = _p90([_ttft_ms(r) for r in pooled])  # failures as infinite TTFT
+    p90_ttft = _p90([ttft_ms(r) for r in pooled])  # failures as infinite TTFT
     p90_tpot = _p90_tpot_ms(pooled)
     share = slo_attainment(pooled, slo)
     steady = check_steady_state(runs, slo)
@@ -704,7 +699,7 @@ def judge_records(
                 failures.append(f"P90 TPOT: {p90_tpot:.2f} ms > {slo.tpot_s * 1e3:g} ms")
     elif not share >= attainment:
         failures.append(f"attainment {100 * share:.1f}% < {100 * attainment:g}%")
-    num_failed = sum(r.finish_reason not in _COMPLETED for r in pooled)
+    num_failed = sum(r.finish_reason not in COMPLETED for r in pooled)
     if num_failed and failures:
         failures.append(f"{num_failed} of {len(pooled)} requests rejected/aborted/unfinished")
     if require_steady and not steady.is_stationary:
@@ -748,7 +743,7 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
         size = len(ordered) // BATCHES
         for b in range(1, BATCHES if size else 0):
             batch = ordered[b * size : (b + 1) * size]
-            ttft_miss = sum(not _ttft_ms(r) <= ttft_slo for r in batch)
+            ttft_miss = sum(not ttft_ms(r) <= ttft_slo for r in batch)
             tpots = [t for r in batch if (t := r.tpot_s) is not None]
             tpot_miss = sum(t * 1e3 > tpot_slo for t in tpots)
             shares.append((ttft_miss / len(batch), tpot_miss / max(1, len(tpots))))
@@ -764,7 +759,7 @@ def is_unsettled(runs: Sequence[Sequence[RequestRecord]], slo: SLO) -> bool:
 
 def certain_p90_miss(n: int) -> int:
     """The fewest misses among ``n`` TTFTs that put their P90 over the SLO for sure: then the
-    value at rank int(0.9 (n - 1)) (``_quantile``'s interpolation starts there) is a miss."""
+    value at rank int(0.9 (n - 1)) (``quantile``'s interpolation starts there) is a miss."""
     return n - int(0.9 * (n - 1))
 
 
@@ -799,7 +794,7 @@ class SloMisses:
     later than now and it produces at most ``output_len`` tokens, so its TPOT can only be
     larger (the same float operations as ``RequestRecord.tpot_s``, which are monotone). Such a
     request either completes and misses TPOT or ends without completing, a TTFT miss
-    (``_ttft_ms``): either way it fails one objective. The open ones (met TTFT, still
+    (``ttft_ms``): either way it fails one objective. The open ones (met TTFT, still
     decoding within the pace) are kept aside and read again at each check."""
 
     def __init__(self, slo: SLO) -> None:
@@ -837,7 +832,7 @@ class SloMisses:
         for r in self._open:
             if r.finish_reason is not None:  # ended: its TPOT is known, or it never completed
                 t = r.tpot_s
-                missed += r.finish_reason not in _COMPLETED or (t is not None and t * 1e3 > tpot_limit)
+                missed += r.finish_reason not in COMPLETED or (t is not None and t * 1e3 > tpot_limit)
             elif (
                 r.output_len >= 2
                 and r.first_token_at is not None
@@ -860,14 +855,14 @@ def _p90_tpot_ms(records: Sequence[RequestRecord]) -> float:
     tpots = [
         t
         for r in records
-        if r.finish_reason in _COMPLETED and r.first_token_at is not None and (t := r.tpot_s) is not None
+        if r.finish_reason in COMPLETED and r.first_token_at is not None and (t := r.tpot_s) is not None
     ]
     return float(np.percentile(np.array(tpots, float) * 1e3, 90)) if tpots else math.nan
 
 
 def _p90(values_ms: Sequence[float]) -> float:
     """P90 with np.percentile's linear interpolation, safe with infinities (NaN when empty)."""
-    return _quantile(values_ms, 0.9)
+    return quantile(values_ms, 0.9)
 
 
 def _fmt(value: float) -> str:

@@ -22,11 +22,12 @@ from fastpp.sim.plan_result import ROUTING_NOTE, CandidateResult, DeploymentPlan
 from fastpp.sim.sweep_grid import static_chunk
 
 SGLANG_PORT = 30000
+VLLM_PORT = 8000
+# what a plan says instead of a vLLM command for a pick at an async batch depth
 NO_VLLM_ASYNC = (
     "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
     "plan with --host-loop batch-queue for vLLM"
 )
-VLLM_PORT = 8000
 
 
 def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:

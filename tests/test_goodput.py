@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from fastpp.metrics import SLO_SLACK_MS
 from fastpp.sim.goodput import (
     ProbeResult,
-    check_steady_state,
     find_goodput,
     judge_records,
     slo_goodput,
 )
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, run_simulation
+from fastpp.sim.steady import check_steady_state
 from fastpp.types import SLO, FinishReason, RequestRecord
 
 THRESHOLD = 3.37  # req/s: the synthetic criterion's true goodput

@@ -62,8 +62,7 @@ class FastPPScheduler(Scheduler):
             max_context=self.max_model_len,
             max_running=self.max_num_running_reqs,
         )
-        self._late_last = config.queue_order == "late_last"
-        if self._late_last and not isinstance(self.waiting, deque):
+        if config.queue_order == "late_last" and not isinstance(self.waiting, deque):
             raise ValueError(
                 "queue order late_last reorders vLLM's FCFS queue: it needs --scheduling-policy fcfs"
             )
@@ -159,8 +158,7 @@ class FastPPScheduler(Scheduler):
             self.fastpp.arrive(request)
 
     def schedule(self, throttle_prefills: bool = False):
-        if self._late_last:
-            self.fastpp.order_waiting(self.waiting)  # queue order late_last (adapter.py)
+        self.fastpp.order_waiting(self.waiting)  # queue order late_last; under fcfs a no-op
         decision = self.fastpp.begin_step()
         held = [r for eid in decision.held_ids if (r := self.requests.get(eid)) is not None]
         saved = [r.next_decode_eligible_step for r in held]
