@@ -129,31 +129,35 @@ def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_resto
     assert sizes.count(16) > sizes.count(20) and min(sizes) > 0
 
 
-def test_catch_up_spends_banked_slack_only_while_the_kv_pool_has_room():
-    """A backlog that no TPOT-safe chunk clears in time, with every running request far ahead
-    of its pace: catch-up may stretch the round (a larger chunk than the TPOT-safe one); once
-    the pool is filling, it may not (the backlog here is old enough for the lift of the KV
-    bound, which restores the TPOT budget but never stretches it)."""
+def test_catch_up_spends_banked_slack_only_when_it_saves_deadlines_and_the_pool_has_room():
+    """Every running request far ahead of its pace, a backlog arrived at t = 0 and no TPOT-safe
+    chunk (256 here) clears it in time. With 26 prompts a stretched round (512) does: catch-up
+    takes it while the KV pool has room, not once the pool is filling (the backlog is old
+    enough for the lift of the KV bound, which restores the TPOT budget but never stretches
+    it). With 40 prompts no chunk saves them: no stretch, the largest TPOT-safe chunk."""
 
-    def late_backlog(filling):
+    def backlog(n, filling=False):
         policy = slack_for(catchup_tpot_ratio=3.0, bank_quantile=0.0)
-        sched, clock = queued(policy, [0.0] * 40, prompt=2000, slo=SLO(2.0, 0.012))
+        sched, clock = queued(policy, [0.0] * n, prompt=2000, slo=SLO(2.0, 0.012))
         policy._slot_bank = {0: 1.0, 1: 1.0}  # 1 s banked: far more than any round
         pool = sched._kv.pool
-        for t, share in ((1.0, 0.5), (1.5, 0.7 if filling else 0.5)):
+        for t, share in ((0.5, 0.5), (1.0, 0.7 if filling else 0.5)):
             pool.used = int(share * pool.capacity)
             clock.t = sched.view.now = t
             chunk = policy.choose(sched.view)
         return chunk, policy.last.reason
 
-    tpot_safe = PredictiveChunkPolicy.from_profile(make_profile(pp=2), PredictiveConfig(), CANDS)
-    sched, clock = queued(tpot_safe, [0.0] * 40, prompt=2000, slo=SLO(2.0, 0.012))
-    clock.t = sched.view.now = 1.5
-    safe = tpot_safe.choose(sched.view)
-    roomy, why = late_backlog(filling=False)
-    assert roomy > safe and "catch-up on banked slack" in why
-    bound, why = late_backlog(filling=True)
+    def tpot_safe(n):
+        policy = PredictiveChunkPolicy.from_profile(make_profile(pp=2), PredictiveConfig(), CANDS)
+        sched, clock = queued(policy, [0.0] * n, prompt=2000, slo=SLO(2.0, 0.012))
+        clock.t = sched.view.now = 1.0
+        return policy.choose(sched.view)
+
+    safe = tpot_safe(26)
+    assert backlog(26) == (512, "optimal: catch-up on banked slack") and safe < 512
+    bound, why = backlog(26, filling=True)
     assert bound <= safe and "catch-up" not in why
+    assert backlog(40) == (tpot_safe(40), "best-effort")
 
 
 def test_observe_learns_once_though_the_record_comes_twice():

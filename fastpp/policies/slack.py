@@ -22,8 +22,11 @@ j, first seen decoding at t_j with g_j tokens, can take a next gap of up to
 b_j = SLO TPOT x (generated - g_j + 1) - (now - t_j) and keep its TPOT since then within the SLO:
 its banked slack. When no TPOT-safe C keeps up, catch-up may stretch the round up to the
 ``bank_quantile`` (the median) of b_j over the slots' requests (each slot's quantile when it
-last launched; the smallest), at most ``catchup_tpot_ratio`` x SLO TPOT, and only while the KV
-pool has room: with the pool filling, a longer round only keeps requests resident longer.
+last launched; the smallest), at most ``catchup_tpot_ratio`` x SLO TPOT, only while the KV
+pool has room (with the pool filling, a longer round only keeps requests resident longer), and
+only when a stretched chunk then keeps up. A stretch that saves no deadline would lengthen the
+trip of every microbatch behind it through the pipeline, so the first tokens of requests
+already on course come later, and spend TPOT for nothing.
 
 Decode membership (the balancer). A decode-only microbatch just above a tile boundary (at most
 ``park_excess_ratio`` of a tile above a multiple of the tile step) costs nearly a whole tile
@@ -168,7 +171,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
                 wider = self._scan(view, cands, found[0], len(cands), meets, stretch)
-                if wider[0] > found[0]:
+                if wider[3]:  # only a stretch that saves the deadlines is worth its round
                     found, reason = wider, ": catch-up on banked slack"
         k, capacity, beat, met = found
         tag = reason or (": kv-bound" if kv_bound else "")
