@@ -96,6 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
         with stats.lock:
             stats.num_streams += 1
             stats.peak_streams = max(stats.peak_streams, stats.num_streams)
+        self._streaming = True
         try:
             self._stream(
                 body,
@@ -105,8 +106,16 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client went away (cancel, timeout)
             self.close_connection = True
         finally:
-            with stats.lock:
-                stats.num_streams -= 1
+            self._end_stream()
+
+    def _end_stream(self) -> None:
+        """Count this stream as over, once. Called before the last event is written: a client
+        that sees its stream end may send the next request at once, before this thread runs
+        again, and must not find this stream still counted."""
+        if self._streaming:
+            self._streaming = False
+            with self.server.stats.lock:
+                self.server.stats.num_streams -= 1
 
     def _event(self, obj: Any) -> None:
         data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
@@ -155,6 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                 }
             )
+        self._end_stream()
         self._event(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
 
