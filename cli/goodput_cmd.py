@@ -1,4 +1,5 @@
-"""``fastpp goodput``: the highest Poisson rate at which a deployment meets the SLO."""
+"""``fastpp goodput``: the highest arrival rate (Poisson, or gamma with ``--arrival``) at which
+a deployment meets the SLO."""
 
 # ruff: noqa: E501  (Typer's Annotated option declarations read best one per line)
 
@@ -13,8 +14,10 @@ import typer
 from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
 from fastpp.cli.options import (
     AdmissionOpt,
+    ArrivalOpt,
     AsyncBatchDepthOpt,
     ChunkCandidatesOpt,
+    CvOpt,
     DataDirOpt,
     QueueOrderOpt,
     RetractionOpt,
@@ -29,6 +32,8 @@ def goodput(
         str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")
     ] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name. [default: A100-40GB-PCIe]")] = None,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = None,
     deploy: Annotated[
         list[str] | None,
         typer.Option(
@@ -119,7 +124,8 @@ def goodput(
     async_batch_depth: AsyncBatchDepthOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Highest Poisson rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT)."""
+    """Highest arrival rate at which a deployment meets the SLO (P90 TTFT and P90 TPOT):
+    Poisson arrivals, or bursty gamma arrivals with --arrival gamma --cv."""
     from fastpp.run_files import json_safe, write_json
     from fastpp.scheduler_config import parse_chunk_candidates
     from fastpp.sim.goodput import slo_goodput
@@ -133,7 +139,7 @@ def goodput(
     if attainment is not None and not 0 < attainment <= 1:  # NaN included
         fail(f"--attainment must be in (0, 1] (a share of requests), got {attainment}")
     try:
-        wl = WorkloadConfig(**given(WorkloadConfig, name=workload, data_dir=data_dir))
+        wl = WorkloadConfig(**given(WorkloadConfig, name=workload, arrival=arrival, cv=cv, data_dir=data_dir))
         base = DeploymentConfig(
             **given(
                 DeploymentConfig,
@@ -184,6 +190,8 @@ def goodput(
         fixed = parse_protocol(protocol, num_requests)
     except ValueError as exc:
         fail(f"--protocol: {exc}")
+    if fixed is not None and wl.arrival != "poisson":
+        fail(f"--arrival {wl.arrival}: --protocol {protocol} sends Poisson arrivals (the paper's fixed runs)")
     results = []
     for dep in deployments:
         if not as_json:
@@ -224,6 +232,8 @@ def goodput(
                 "model": dep_model,
                 "gpu": dep_gpu,
                 "workload": wl.name,
+                "arrival": wl.arrival,
+                "cv": wl.cv if wl.arrival == "gamma" else None,
                 "slo_ttft_ms": slo.ttft_s * 1e3,
                 "slo_tpot_ms": slo.tpot_s * 1e3,
                 "protocol": protocol,

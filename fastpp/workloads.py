@@ -44,6 +44,7 @@ __all__ = [
     "WorkloadError",
     "WorkloadSpec",
     "builtin_quantile_lengths",
+    "check_arrival",
     "gamma_arrivals",
     "load_builtin_tables",
     "make_requests",
@@ -359,6 +360,16 @@ def _to_requests(arrival_s: np.ndarray, prompt_lens: np.ndarray, output_lens: np
     ]
 
 
+def check_arrival(arrival: str, cv: float) -> None:
+    """Refuse an unknown arrival process, a cv other than 1 for Poisson arrivals, and a gamma
+    cv that is not a positive finite number (ValueError naming the field)."""
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if arrival == "poisson" and cv != 1.0:
+        raise ValueError(f"cv={cv!r} needs arrival='gamma' (Poisson arrivals have cv 1)")
+    _check_positive("cv", cv)
+
+
 def make_requests(
     workload: str | LengthSampler,
     *,
@@ -377,10 +388,7 @@ def make_requests(
     Arrivals and lengths use independent streams spawned from ``seed``, so changing the rate
     keeps the lengths. The same arguments give an identical list.
     """
-    if arrival not in ARRIVALS:
-        raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
-    if arrival == "poisson" and cv != 1.0:
-        raise ValueError(f"cv={cv!r} needs arrival='gamma' (Poisson arrivals have cv 1)")
+    check_arrival(arrival, cv)
     sampler = _sampler(workload, data_dir)
     arrival_seq, length_seq = np.random.SeedSequence(seed).spawn(2)
     arrival_rng = np.random.default_rng(arrival_seq)

@@ -42,6 +42,7 @@ from fastpp import _native
 from fastpp.scheduler_config import ADMISSION_RESERVES, DEFAULT_ADMISSION_RESERVE, QUEUE_ORDERS
 from fastpp.sim import experiments as ex
 from fastpp.sim import plots
+from fastpp.sim.goodput import slo_goodput
 from fastpp.sim.goodput_fixed import PRESETS
 from fastpp.sim.plan_bound import RequestLengths, capacity_bound
 from fastpp.sim.plan_candidates import DeploymentCandidate, Layout
@@ -121,6 +122,12 @@ NVLINK_SYSTEMS = ("tp4@static:2048", "pp4@static:512", "pp4@predictive")
 # every workload: NEAR_BEST_STATIC and the dynamic policies that choose per microbatch.
 ASYNC_DEPTH = 1
 ASYNC_DEPTH_SYSTEMS = (*(f"pp4@static:{c}" for c in NEAR_BEST_STATIC), "pp4@predictive", "pp4@slack")
+# Section 7: steady state under bursty (gamma) arrivals of these coefficients of variation,
+# Qwen2.5-32B on azure-conv: the static chunks 256..1024 step 128 (where the best lies at every
+# cv measured) and the two dynamic policies; in this process, beside the sweeps
+BURSTY_CVS = (2.0, 4.0)
+BURSTY_CHUNKS = tuple(range(256, 1025, 128))
+BURSTY_POLICIES = ("predictive", "slack")
 
 
 class Report:
@@ -1274,6 +1281,72 @@ def async_depth_section(rep: Report, sweeps: SweepsInBackground, found: dict) ->
     )
 
 
+def bursty_goodput() -> dict[tuple[float, str], float]:
+    """Steady-state goodput (section 1's method) under gamma arrivals of each BURSTY_CVS, by
+    (cv, policy spec), Qwen2.5-32B on azure-conv."""
+    model = MODELS[0]
+    out = {}
+    for cv in BURSTY_CVS:
+        wl = WorkloadConfig(arrival="gamma", cv=cv)
+        for policy in (*(f"static:{c}" for c in BURSTY_CHUNKS), *BURSTY_POLICIES):
+            res = slo_goodput(wl, DeploymentConfig(model=model, policy=policy), precision=PRECISION[model])
+            out[(cv, policy)] = res.rate
+    return out
+
+
+def bursty_section(rep: Report, bursty: dict[tuple[float, str], float], found: dict) -> None:
+    """Section 7: BURSTY_CVS beside section 1's Poisson arrivals (cv 1)."""
+    model, w = MODELS[0], "azure-conv"
+    base = found[(model, w)]
+    rows, behind, ahead = [], [], []
+    for cv in (1.0, *BURSTY_CVS):
+        if cv == 1.0:
+            static = {c: base["static"][c] for c in BURSTY_CHUNKS}
+            dyn = {p: base[f"pp4@{p}"] for p in BURSTY_POLICIES}
+        else:
+            static = {c: bursty[(cv, f"static:{c}")] for c in BURSTY_CHUNKS}
+            dyn = {p: bursty[(cv, p)] for p in BURSTY_POLICIES}
+        best = max(BURSTY_CHUNKS, key=lambda c: (static[c], -c))
+        for p, g in dyn.items():
+            if g < static[best] - step(model) - 1e-9:
+                behind.append(f"{p} at cv {cv:g} ({g:.2f} vs {static[best]:.2f})")
+            if g >= 1.05 * static[best]:
+                ahead.append(f"{p} at cv {cv:g} ({g / static[best] - 1:+.1%})")
+        rows.append(
+            [
+                f"{cv:g}" + (" (Poisson, section 1)" if cv == 1.0 else ""),
+                f"{static[best]:.2f} (C={best})",
+                *(f"{dyn[p]:.2f} ({dyn[p] / static[best] - 1:+.1%})" for p in BURSTY_POLICIES),
+            ]
+        )
+    chunks = [int(r[1].split("C=")[1].rstrip(")")) for r in rows]
+    grid = f"{BURSTY_CHUNKS[0]}..{BURSTY_CHUNKS[-1]}"
+    rep.add(
+        7,
+        "### Bursty arrivals\n\nSteady-state goodput under gamma arrivals, whose gaps have "
+        "the coefficient of variation cv (1 is Poisson; `fastpp goodput --arrival gamma --cv "
+        f"4`): {model} on {w}, 4 x A100-40GB PCIe, PP=4, section 1's method; the static column: "
+        f"the best of C = {grid} step 128 at that cv; in brackets, against it.\n\n"
+        + table(["cv", "best static", *BURSTY_POLICIES], rows)
+        + "\n\n"
+        + (
+            "The burstier the arrivals, the larger the best static chunk "
+            f"(C = {', '.join(map(str, chunks))} at cv {', '.join(f'{c:g}' for c in (1.0, *BURSTY_CVS))}). "
+            if chunks == sorted(chunks) and chunks[-1] > chunks[0]
+            else f"Best static chunk per cv: {', '.join(map(str, chunks))}. "
+        )
+        + (
+            f"More than one search step below the best static chunk: {'; '.join(behind)}. For "
+            "traffic that bursty, search the static chunks under it (`fastpp goodput --arrival "
+            "gamma --cv CV -d pp4@static:C ...`) rather than relying on a dynamic policy. "
+            if behind
+            else "The dynamic policies stay within one search step of the best static chunk at every cv. "
+        )
+        + (f"At least 5% ahead: {'; '.join(ahead)}. " if ahead else "")
+        + "A prediction of the model, not measured on GPUs.",
+    )
+
+
 def tpot_at_best_static(rep: Report, found: dict) -> dict:
     """At the best static chunk's goodput rate (azure-conv, 32B), the predictive and slack
     policies' P90 TPOT and mean E2E against the best static chunk's (2 seeds pooled)."""
@@ -1548,11 +1621,15 @@ def main() -> None:
     rep = Report(args.out)
     sweeps = SweepsInBackground(args.cache, args.workers)
     sweeps.start()
-    print("beat, predictor ablation, DS, replay (in this process, beside the sweeps) ...", flush=True)
+    print(
+        "beat, predictor ablation, DS, replay, bursty arrivals (in this process, beside the sweeps) ...",
+        flush=True,
+    )
     beat = beat_section(rep)
     ablation = predictor_ablation()
     ds = ds_section(rep)
     replay_section(rep)
+    bursty = bursty_goodput()
     print("goodput tables (waiting for the sweeps) ...", flush=True)
     found = goodput_section(rep, sweeps)
     tpot = tpot_at_best_static(rep, found)
@@ -1560,6 +1637,7 @@ def main() -> None:
     slo = slo_section(rep, sweeps)
     nvlink_section(rep, sweeps)
     async_depth_section(rep, sweeps, found)
+    bursty_section(rep, bursty, found)
     paper = fixed_protocol_section(rep, sweeps, found)
     wall = time.perf_counter() - t0
     cpu = sum(

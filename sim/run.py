@@ -24,7 +24,7 @@ from fastpp.sim.engine import HOST_LOOPS, PipelineSimulation, ProgressFn, SimRes
 from fastpp.sim.limits import check_workload_extent
 from fastpp.sim.steady import check_steady_state
 from fastpp.types import SLO, Request
-from fastpp.workloads import make_requests, replay_requests
+from fastpp.workloads import check_arrival, make_requests, replay_requests
 
 MAX_ASYNC_BATCH_DEPTH = 8  # extra microbatches in flight: more only adds TPOT
 _DEPLOYMENT = re.compile(r"^(?:pp(?P<pp>\d+))?(?:tp(?P<tp>\d+))?$")
@@ -72,8 +72,9 @@ class WorkloadConfig:
             raise ValueError("give num_requests or duration_s (or a trace to replay)")
         if self.num_requests is not None and self.duration_s is not None:
             raise ValueError("give num_requests or duration_s, not both")
-        if self.replay is None:  # too large for memory: refused now, naming the option
+        if self.replay is None:  # refused now, not at the first run, naming the field
             check_workload_extent(self.rate, self.num_requests, self.duration_s)
+            check_arrival(self.arrival, self.cv)
 
     def requests(self) -> list[Request]:
         if self.replay is not None:

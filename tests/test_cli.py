@@ -330,6 +330,26 @@ def test_goodput_first_seed_picks_the_seeds_pooled():
     assert res.exit_code != 0 and "--first-seed must be >= 0, got -1" in res.output
 
 
+def test_goodput_searches_bursty_gamma_arrivals():
+    args = ("goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512")
+    args += ("--seeds", "1", "--precision", "1", "-n", "300", "--json")
+    poisson, bursty = (
+        json.loads(invoke(*args, *extra).stdout)[0] for extra in ((), ("--arrival", "gamma", "--cv", "4"))
+    )
+    assert (poisson["arrival"], poisson["cv"]) == ("poisson", None)
+    assert (bursty["arrival"], bursty["cv"]) == ("gamma", 4.0)
+    assert 0 < bursty["goodput"] < poisson["goodput"]  # bursts queue up: less sustained rate
+    for bad, message in (
+        (("--arrival", "uniform"), "arrival must be one of poisson, gamma, got 'uniform'"),
+        (("--cv", "2"), "cv=2.0 needs arrival='gamma'"),
+        (("--arrival", "gamma", "--cv", "0"), "cv must be a positive finite number, got 0.0"),
+        (("--arrival", "gamma", "--cv", "2", "--protocol", "azure"), "sends Poisson arrivals"),
+    ):
+        res = invoke("goodput", *bad)
+        assert res.exit_code != 0 and message in " ".join(res.output.split()), res.output
+        assert "searching" not in res.output
+
+
 def test_goodput_names_a_bad_deployment_before_searching():
     res = invoke("goodput", "-d", "pp4@static:512", "-d", "pp4@nosuch", "-n", "50")
     assert res.exit_code != 0 and "unknown chunk policy 'nosuch'" in res.output

@@ -85,3 +85,27 @@ def test_each_point_s_cpu_time_is_kept_and_rerun_drops_only_the_named_policy(tmp
     again = script.SweepsInBackground(tmp_path, workers=1)
     assert [p.policy for p in again.plans["a"].todo] == ["greedy", "greedy+ds"]
     assert again.num_todo == 2 and len(again.point_ids) == 3
+
+
+def test_bursty_section_names_the_best_static_chunk_and_who_falls_behind(tmp_path, script):
+    chunks, cvs = script.BURSTY_CHUNKS, script.BURSTY_CVS
+    found = {
+        ("Qwen2.5-32B", "azure-conv"): {
+            "static": {c: 6.0 + (c == 384) for c in chunks},
+            "pp4@predictive": 7.0,
+            "pp4@slack": 7.5,  # 7% ahead of the best static chunk (384: 7.0)
+        }
+    }
+    bursty = {}
+    for cv in cvs:  # the best chunk grows with cv (the last one: 1024); slack falls behind
+        best = chunks[-1] if cv == cvs[-1] else 512
+        bursty.update({(cv, f"static:{c}"): 4.0 + (c == best) for c in chunks})
+        bursty[(cv, "predictive")] = 5.0
+        bursty[(cv, "slack")] = 4.5 if cv == cvs[-1] else 5.0
+    rep = script.Report(tmp_path)
+    script.bursty_section(rep, bursty, found)
+    text = " ".join(rep.text().split())
+    assert "| 1 (Poisson, section 1) | 7.00 (C=384) | 7.00 (+0.0%) | 7.50 (+7.1%) |" in text
+    assert f"(C = 384, 512, {chunks[-1]} at cv 1, 2, 4)" in text
+    assert f"below the best static chunk: slack at cv {cvs[-1]:g} (4.50 vs 5.00)" in text
+    assert "At least 5% ahead: slack at cv 1 (+7.1%)." in text
