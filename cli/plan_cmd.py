@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastpp.cli.common import console, err_console, fail, slo_from_flags, writable_dir
-from fastpp.cli.options import ChunkCandidatesOpt, DataDirOpt
+from fastpp.cli.options import ArrivalOpt, ChunkCandidatesOpt, CvOpt, DataDirOpt
 
 
 def plan(
@@ -38,6 +38,8 @@ def plan(
     workload: Annotated[
         str, typer.Option("--workload", "-w", help="Length distribution (see `fastpp workloads`).")
     ] = "azure-conv",
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = None,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="P90 TTFT SLO in ms. [default: 2000]")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="P90 TPOT SLO in ms. [default: 200]")] = None,
     policies: Annotated[
@@ -168,6 +170,8 @@ def plan(
             gpu=gpu,
             num_gpus=gpus,
             workload=workload,
+            arrival=arrival or "poisson",
+            cv=1.0 if cv is None else cv,
             slo=slo,
             policies=policies or "",
             layouts=tuple(layouts.split(",")) if layouts else None,

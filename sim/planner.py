@@ -72,7 +72,7 @@ from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_d
 from fastpp.sim.sweep_grid import static_chunk
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
 from fastpp.types import SLO
-from fastpp.workloads import WORKLOADS
+from fastpp.workloads import WORKLOADS, check_arrival
 
 PLAN_JSONL = "plan.jsonl"
 LENGTH_SAMPLES = 4000  # workload requests sampled for the P99 request and the bound
@@ -88,6 +88,9 @@ class PlanConfig:
     gpu: str = "A100-40GB-PCIe"  # a known name, or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=..
     num_gpus: int = 4
     workload: str = "azure-conv"
+    # arrivals of the goodput searches: poisson, or gamma with this coefficient of variation
+    arrival: str = "poisson"
+    cv: float = 1.0
     slo: SLO = field(default_factory=SLO)
     policies: PolicyGrid = field(default_factory=PolicyGrid)  # or its --policies text
     layouts: tuple[str, ...] | None = None  # only these (Layout.key: pp4, dp2pp2, tp4, dp4)
@@ -117,6 +120,7 @@ class PlanConfig:
             raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
         if self.workload not in WORKLOADS and not self.workload.startswith("random:"):
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        check_arrival(self.arrival, self.cv)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +146,9 @@ def plan_deployment(
     profile or GPU count before any search runs."""
     start = time.perf_counter()
     config = config or PlanConfig()
-    workload = WorkloadConfig(name=config.workload, data_dir=config.data_dir)
+    workload = WorkloadConfig(
+        name=config.workload, arrival=config.arrival, cv=config.cv, data_dir=config.data_dir
+    )
     lengths = sample_lengths(workload)
     p99 = int(np.percentile([i + o for i, o in lengths], 99))
     stats = RequestLengths.of(lengths)
@@ -198,6 +204,12 @@ def plan_deployment(
         f"workload P99 request: {p99:,} tokens (prompt + output, {LENGTH_SAMPLES:,} "
         f"sampled); a layout's KV pool must hold it"
     ]
+    if config.arrival != "poisson" and any(lay.fit.layout.dp > 1 for lay in layouts):
+        notes.append(
+            f"{config.arrival} arrivals: a dp replica is simulated at rate / dp with the same cv "
+            f"({config.cv:g}), but random routing thins the bursts each replica sees, so a dp "
+            "layout's goodput here is a lower estimate"
+        )
     if not config.settings.require_steady:
         notes.append(
             "--no-steady: a fixed run can pass above a layout's capacity before its queue "
@@ -212,7 +224,9 @@ def plan_deployment(
         gpu_note=calibration_note(gpu) if gpu else "measured profile",
         interconnect=layouts[0].profile.interconnect if layouts else (gpu.interconnect if gpu else "-"),
         num_gpus=config.num_gpus,
-        workload=config.workload,
+        workload=config.workload
+        if config.arrival == "poisson"
+        else f"{config.workload} ({config.arrival} arrivals, cv {config.cv:g})",
         slo_ttft_ms=config.slo.ttft_s * 1e3,
         slo_tpot_ms=config.slo.tpot_s * 1e3,
         results=tuple(results),
@@ -362,6 +376,8 @@ def _job_id(
         "chunk_candidates": config.chunk_candidates,
         "settings": asdict(config.settings),
     }
+    if config.arrival != "poisson":  # Poisson plans keep the keys they had before arrivals were a choice
+        key["arrivals"] = [config.arrival, config.cv]
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

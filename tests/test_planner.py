@@ -218,7 +218,7 @@ def test_goodput_under_the_steady_protocol_never_exceeds_the_bound(policy):
     assert 0 < result.rate <= bound.rate
 
 
-def _twin_plan(workload: str, **changes):
+def _twin_plan(workload: str, out_dir=None, **changes):
     from fastpp.sim.plan_job import SearchSettings
     from fastpp.sim.planner import PlanConfig, plan_deployment
 
@@ -232,7 +232,7 @@ def _twin_plan(workload: str, **changes):
         prune=False,  # every candidate from the same bracket: the twins' searches comparable
         **changes,
     )
-    plan = plan_deployment(config, executor="serial")
+    plan = plan_deployment(config, executor="serial", out_dir=out_dir)
     return {r.label: r for r in plan.results}, plan
 
 
@@ -395,3 +395,22 @@ def test_the_best_goodput_is_published_to_running_searches_only_when_pruning(mon
     plan = planner.plan_deployment(config, executor="serial")
     assert plan.best is not None
     assert published == ([plan.best.goodput] if prune else [])
+
+
+def test_a_plan_under_bursty_arrivals_searches_them_and_says_so(tmp_path):
+    """Gamma arrivals with cv 4 queue up in bursts: the same candidates sustain less than under
+    Poisson arrivals, the plan names its arrivals, and a plan folder does not hand a Poisson
+    plan's rows to a bursty one (nor the other way round)."""
+    poisson, plan = _twin_plan("azure-conv", out_dir=tmp_path)
+    bursty, bursty_plan = _twin_plan("azure-conv", out_dir=tmp_path, arrival="gamma", cv=4.0)
+    again, _ = _twin_plan("azure-conv", out_dir=tmp_path)
+    assert plan.workload == "azure-conv"
+    assert bursty_plan.workload == "azure-conv (gamma arrivals, cv 4)"
+    for label, result in bursty.items():
+        assert not result.cached and not poisson[label].cached and again[label].cached, label
+        if result.num_probes:  # searched, not a twin's
+            assert 0 < result.goodput < poisson[label].goodput, label
+    from fastpp.sim.planner import PlanConfig
+
+    with pytest.raises(ValueError, match="cv=2.0 needs arrival='gamma'"):
+        PlanConfig(cv=2.0)
