@@ -172,7 +172,7 @@ def late_last(tmp_path_factory):
         "--queue-order",
         "late_last",
         "--slo-ttft-ms",
-        "300",
+        str(int(LATE_SLO_TTFT_S * 1000)),
     )
     try:
         yield Server(proc, record_dir)
@@ -264,17 +264,20 @@ def test_the_run_folder_is_what_a_simulation_writes(static):
 
 
 LATE_LAST_SENDS = 3  # test_late_last_...: sends of the wave and the last prompt, at most
+LATE_SLO_TTFT_S = 4.0  # ... the late_last server's SLO TTFT
+LATE_GAP_S = 5.0  # ... seconds between the wave and the last prompt (> the SLO: the wave is late)
 
 
 def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
-    """``--queue-order late_last`` on real vLLM (SLO TTFT 300 ms, at most 2 requests running):
-    24 prompts reach the engine together (one HTTP request), each holding one of the two seats
-    for 32 tokens, so most wait in vLLM's queue; a second later one more prompt is sent. If some
-    of the 24 still wait when it arrives, they are late and it is on time: it is scheduled
-    before at least one of them (under vLLM's FCFS it would be scheduled after them all).
-    Whether any still waits depends on how fast the API server hands a request over on a busy
-    machine, so the load is sent again, up to ``LATE_LAST_SENDS`` times, until one does. Every
-    request completes."""
+    """``--queue-order late_last`` on real vLLM (SLO TTFT 4 s, at most 2 requests running): 40
+    prompts reach the engine together (one HTTP request), each holding one of the two seats
+    for 32 tokens, so most wait in vLLM's queue; 5 s later one more prompt is sent. The ones
+    still waiting are then late and it is on time for 4 s, time enough for a seat to free on a
+    busy machine: it is scheduled before at least one of them (under vLLM's FCFS it would be
+    scheduled after them all). With a seat freeing more slowly than the SLO (a short SLO made
+    this test fail in CI: the last prompt was late too by the time a seat freed), or a queue
+    drained before the last prompt, the load is sent again, up to ``LATE_LAST_SENDS`` times.
+    Every request completes."""
     body = {"model": late_last.model, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
     requests_file = late_last.record_dir / "requests.jsonl"
 
@@ -288,14 +291,14 @@ def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
                 return [c["finish_reason"] == "length" for c in r.json()["choices"]]
 
             first = asyncio.ensure_future(send(prompts))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(LATE_GAP_S)
             last_done = await send([last])
             return await first, last_done
 
     seen = 0
     tried = []
     for attempt in range(LATE_LAST_SENDS):
-        prompts = [f"Send {attempt}. {p}" for p in PROMPTS * 3]
+        prompts = [f"Send {attempt}. {p}" for p in PROMPTS * 5]
         wave_done, last_done = asyncio.run(send_both(prompts, f"Send {attempt}. The last prompt"))
         assert wave_done == [True] * len(prompts) and last_done == [True]
         done = read_records_jsonl(requests_file)
@@ -303,9 +306,12 @@ def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
         seen = len(done)
         assert len(records) == len(prompts) + 1 and all(r.num_generated == 32 for r in records)
         *wave, last = records
-        late = [r for r in wave if r.scheduled_at > last.arrived_at >= r.arrived_at + 0.3]
+        late = [r for r in wave if r.scheduled_at > last.arrived_at >= r.arrived_at + LATE_SLO_TTFT_S]
         tried.append([(round(r.arrived_at, 2), round(r.scheduled_at, 2)) for r in records])
-        if late:
+        if late and last.scheduled_at - last.arrived_at < LATE_SLO_TTFT_S:
             assert any(r.scheduled_at > last.scheduled_at for r in late), tried[-1]
             return
-    pytest.fail(f"no prompt of the first send still waited when the last arrived, in {tried}")
+    pytest.fail(
+        "in no send did a prompt of the wave still wait when the last arrived while the last was "
+        f"scheduled within the SLO TTFT (arrival, scheduled): {tried}"
+    )
