@@ -1298,15 +1298,16 @@ def bursty_section(rep: Report, bursty: dict[tuple[float, str], float], found: d
     """Section 7: BURSTY_CVS beside section 1's Poisson arrivals (cv 1)."""
     model, w = MODELS[0], "azure-conv"
     base = found[(model, w)]
-    rows, behind, ahead = [], [], []
+    rows, behind, ahead, chunks = [], [], [], []
     for cv in (1.0, *BURSTY_CVS):
         if cv == 1.0:
-            static = {c: base["static"][c] for c in BURSTY_CHUNKS}
+            goodput = {(w, f"pp4@static:{c}"): base["static"][c] for c in BURSTY_CHUNKS}
             dyn = {p: base[f"pp4@{p}"] for p in BURSTY_POLICIES}
         else:
-            static = {c: bursty[(cv, f"static:{c}")] for c in BURSTY_CHUNKS}
+            goodput = {(w, f"pp4@static:{c}"): bursty[(cv, f"static:{c}")] for c in BURSTY_CHUNKS}
             dyn = {p: bursty[(cv, p)] for p in BURSTY_POLICIES}
-        best = max(BURSTY_CHUNKS, key=lambda c: (static[c], -c))
+        best, static = best_static_chunk(goodput, w, BURSTY_CHUNKS)
+        chunks.append(best)
         for p, g in dyn.items():
             if g < static[best] - step(model) - 1e-9:
                 behind.append(f"{p} at cv {cv:g} ({g:.2f} vs {static[best]:.2f})")
@@ -1319,7 +1320,6 @@ def bursty_section(rep: Report, bursty: dict[tuple[float, str], float], found: d
                 *(f"{dyn[p]:.2f} ({dyn[p] / static[best] - 1:+.1%})" for p in BURSTY_POLICIES),
             ]
         )
-    chunks = [int(r[1].split("C=")[1].rstrip(")")) for r in rows]
     grid = f"{BURSTY_CHUNKS[0]}..{BURSTY_CHUNKS[-1]}"
     rep.add(
         7,
