@@ -79,6 +79,13 @@ def plan(
             help="Async batch depths to try each pipelined candidate at, comma list such as 0,1: SGLang's flag of that name, microbatches in flight beyond one per stage (not with --host-loop batch-queue). [default: 0]",
         ),
     ] = None,
+    queue_orders: Annotated[
+        str | None,
+        typer.Option(
+            "--queue-orders",
+            help="Queue orders to try each candidate with, comma list: fcfs, late_last (a request past its SLO TTFT waits behind those that can still meet theirs; torch and vLLM backends). [default: fcfs]",
+        ),
+    ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,
     data_dir: DataDirOpt = None,
     seeds: Annotated[int, typer.Option(help="Seeds pooled per goodput probe.")] = 2,
@@ -179,6 +186,9 @@ def plan(
             interconnect=interconnect,
             host_loop=host_loop or "free-slots",
             async_depths=_depths(async_depths),
+            queue_orders=tuple(w.strip() for w in queue_orders.split(",") if w.strip())
+            if queue_orders
+            else ("fcfs",),
             chunk_candidates=parse_chunk_candidates(chunk_candidates) if chunk_candidates else None,
             data_dir=data_dir,
             settings=settings,

@@ -79,17 +79,20 @@ class LayoutExclusion:
 
 @dataclass(frozen=True, slots=True)
 class DeploymentCandidate:
-    """One layout with one policy spec (``static:512``, ``predictive+ds``) and its async batch
-    depth (SGLang's ``--pp-async-batch-depth``: microbatches in flight beyond one per stage)."""
+    """One layout with one policy spec (``static:512``, ``predictive+ds``), its async batch
+    depth (SGLang's ``--pp-async-batch-depth``: microbatches in flight beyond one per stage) and
+    its queue order (``fcfs``, or ``late_last``: docs/POLICIES.md)."""
 
     layout: Layout
     policy: str
     async_depth: int = 0
+    queue_order: str = "fcfs"
 
     @property
     def label(self) -> str:
         depth = f" async{self.async_depth}" if self.async_depth else ""
-        return f"{self.layout.label} {self.policy}{depth}"
+        order = f" {self.queue_order}" if self.queue_order != "fcfs" else ""
+        return f"{self.layout.label} {self.policy}{depth}{order}"
 
     def max_tokens(self, chunk_candidates: Sequence[int] | None = None) -> int:
         """The most tokens one microbatch can hold under this policy (its chunk ceiling)."""

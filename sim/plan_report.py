@@ -6,8 +6,9 @@ Engine flags: fastpp's ``--pp`` sets SGLang's ``--pp-size`` and vLLM's
 the rest pass through to the engine: SGLang ``--tp-size`` and ``--chunked-prefill-size``, vLLM
 ``--tensor-parallel-size`` and ``--max-num-batched-tokens``, and SGLang's
 ``--pp-async-batch-depth`` for a candidate with microbatches in flight beyond one per stage
-(vLLM has no such flag: no vLLM command for it). The chunk ceiling is the policy's largest
-microbatch (a static chunk, or the largest dynamic candidate).
+(vLLM has no such flag: no vLLM command for it); fastpp's ``--queue-order`` for a candidate
+with a queue order other than fcfs (vLLM only: no SGLang command for it). The chunk ceiling
+is the policy's largest microbatch (a static chunk, or the largest dynamic candidate).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ NO_VLLM_ASYNC = (
     "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
     "plan with --host-loop batch-queue for vLLM"
 )
+# what a plan says instead of an SGLang command for a pick with a queue order other than fcfs
+NO_SGLANG_ORDER = (
+    "none: fastpp serve --backend sglang keeps SGLang's own queue order (no --queue-order {order})"
+)
 
 
 def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
@@ -41,11 +46,13 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
     )
     share = f"{100 * plan.operating_share:g}%"
     depths = any(r.candidate.async_depth for r in plan.results)  # an async column when asked for
+    orders = any(r.candidate.queue_order != "fcfs" for r in plan.results)  # a queue column likewise
     for col, right in (
         ("#", True),
         ("layout", False),
         ("policy", False),
         *((("async", True),) if depths else ()),
+        *((("queue", False),) if orders else ()),
         ("goodput", True),
         ("/GPU", True),
         ("bound", True),
@@ -66,6 +73,7 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
             r.candidate.layout.label,
             r.candidate.policy,
             *((str(r.candidate.async_depth),) if depths else ()),
+            *((r.candidate.queue_order,) if orders else ()),
             _goodput(r),
             _f(r.goodput_per_gpu, "{:.2f}"),
             f"{r.bound.rate:.2f}",
@@ -76,7 +84,7 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
             style=style,
         )
     if limit is not None and len(plan.results) > limit:
-        table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * (11 if depths else 10))
+        table.add_row("", f"+{len(plan.results) - limit} more", "(--all)", *[""] * (10 + depths + orders))
     table.caption = (
         "req/s; bound: the rate at which the busiest stage (or TP group, host, "
         "KV pool) would be 100% busy; share = goodput / bound; pruned: bound "
@@ -86,6 +94,12 @@ def ranked_table(plan: DeploymentPlan, limit: int | None = None) -> Table:
         "search of its +ds twin, whose delay scheduling never moved a decode (the "
         "same simulations). "
         + ("async: microbatches in flight beyond one per stage (--pp-async-batch-depth). " if depths else "")
+        + (
+            "queue: the waiting queue's order (late_last: a request past its SLO TTFT waits behind "
+            "those that can still meet theirs, docs/POLICIES.md). "
+            if orders
+            else ""
+        )
         + "TTFT, TPOT, E2E: "
         f"P50/P90 and SLO attainment at {share} of the candidate's goodput. Goodput "
         f"searched to {plan.precision:g} req/s per replica, seeds "
@@ -142,6 +156,7 @@ def serve_commands(
 ) -> dict[str, str]:
     """``fastpp serve`` for SGLang and for vLLM running ``result``'s replica with its policy."""
     layout, policy = result.candidate.layout, result.candidate.policy
+    depth, order = result.candidate.async_depth, result.candidate.queue_order
     chunk = static_chunk(policy) or max(DEFAULT_CANDIDATES)
     common = [
         "--policy",
@@ -180,15 +195,18 @@ def serve_commands(
         "--pp",
         str(layout.pp),
         *common,
+        *(["--queue-order", order] if order != "fcfs" else []),
         "--tensor-parallel-size",
         str(layout.tp),
         "--max-num-batched-tokens",
         str(chunk),
     ]
-    depth = result.candidate.async_depth
     if depth:
         sglang += ["--pp-async-batch-depth", str(depth)]
-    out = {"sglang": shlex.join(sglang), "vllm": NO_VLLM_ASYNC if depth else shlex.join(vllm)}
+    out = {
+        "sglang": NO_SGLANG_ORDER.format(order=order) if order != "fcfs" else shlex.join(sglang),
+        "vllm": NO_VLLM_ASYNC if depth else shlex.join(vllm),
+    }
     if layout.dp > 1:
         out["replicas"] = (
             f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "

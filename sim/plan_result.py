@@ -8,7 +8,8 @@ beaten candidate may be ``shared_with`` its ``+ds`` twin: the twin's delay sched
 moved a decode, so the two ran the same simulations and the twin's search stands for both (no
 probe of its own).
 Ranking: goodput, then SLO attainment at goodput, then fewer GPUs per replica (fewer links to
-go wrong), then fewer microbatches in flight (async batch depth), then the policy name.
+go wrong), then fewer microbatches in flight (async batch depth), then fcfs before another
+queue order, then the policy name.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class CandidateResult:
             -attained,
             layout.tp * layout.pp,
             self.candidate.async_depth,  # at a tie, fewer microbatches in flight
+            self.candidate.queue_order != "fcfs",  # then first come, first served
             self.candidate.policy,
         )
 
@@ -81,6 +83,7 @@ class CandidateResult:
             "pp": layout.pp,
             "policy": self.candidate.policy,
             "async_batch_depth": self.candidate.async_depth,
+            "queue_order": self.candidate.queue_order,
             "status": self.status,
             "goodput": self.goodput,
             "goodput_per_gpu": self.goodput_per_gpu,

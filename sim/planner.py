@@ -6,7 +6,8 @@ replicas, which chunk policy, and how many req/s?" The planner
 
 1. lists the layouts dp x tp x pp = N that fit memory (``plan_candidates``; the others with
    the reason), times the policy grid, times the async batch depths asked for (SGLang's
-   ``--pp-async-batch-depth``; pipelined layouts only);
+   ``--pp-async-batch-depth``; pipelined layouts only), times the queue orders asked for
+   (fcfs, late_last);
 2. bounds each candidate from the cost model (``plan_bound``: the rate at which the busiest
    stage, the host or the KV pool would be 100% busy) and searches the layouts in order of
    their highest bound, within a layout the dynamic policies first, then the static chunks by
@@ -68,6 +69,7 @@ __all__ = [
     "replica_profile",
     "sample_lengths",
 ]
+from fastpp.scheduler_config import QUEUE_ORDERS
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, scheduler_config
 from fastpp.sim.sweep_grid import static_chunk
 from fastpp.sim.sweep_table import append_row, read_rows, row_line
@@ -104,6 +106,8 @@ class PlanConfig:
     share_twins: bool = True  # False: search a candidate even when its +ds twin's runs are its own
     # SGLang's --pp-async-batch-depth values each pipelined candidate is tried at (pp > 1 only)
     async_depths: tuple[int, ...] = (0,)
+    # the waiting queue's orders each candidate is tried with (fcfs, late_last: docs/POLICIES.md)
+    queue_orders: tuple[str, ...] = ("fcfs",)
 
     def __post_init__(self) -> None:
         if isinstance(self.policies, str):  # the --policies spelling
@@ -116,6 +120,12 @@ class PlanConfig:
             raise ValueError("async_depths (--pp-async-batch-depth) needs at least one depth, e.g. 0")
         for depth in self.async_depths:
             check_async_batch_depth(depth, self.host_loop)
+        object.__setattr__(self, "queue_orders", tuple(dict.fromkeys(self.queue_orders)))
+        if not self.queue_orders:
+            raise ValueError("queue_orders (--queue-orders) needs at least one order, e.g. fcfs")
+        for order in self.queue_orders:
+            if order not in QUEUE_ORDERS:
+                raise ValueError(f"--queue-orders: {order!r} is not one of {', '.join(QUEUE_ORDERS)}")
         if self.num_gpus < 1:
             raise ValueError(f"num_gpus (--gpus) must be >= 1, got {self.num_gpus}")
         if self.workload not in WORKLOADS and not self.workload.startswith("random:"):
@@ -165,15 +175,17 @@ def plan_deployment(
         layouts = [lay for lay in layouts if lay.fit.layout.key in wanted]
         excluded = [e for e in excluded if e.layout.key in wanted]
     candidates = [
-        (lay, DeploymentCandidate(lay.fit.layout, policy, depth))
+        (lay, DeploymentCandidate(lay.fit.layout, policy, depth, order))
         for lay in layouts
+        for order in config.queue_orders
         for depth in (config.async_depths if lay.fit.layout.pp > 1 else (0,))
         for policy in config.policies.for_layout(lay.fit.layout)
     ]
     jobs: list[CandidateJob] = []
-    unbalanced: set[tuple[Layout, str, int]] = set()  # candidates whose policy moves no decode
+    unbalanced: set[tuple[Layout, str, int, str]] = set()  # candidates whose policy moves no decode
     for lay, cand in candidates:
         dep = replace(lay.deployment, policy=cand.policy, async_batch_depth=cand.async_depth)
+        dep = replace(dep, queue_order=cand.queue_order)
         try:
             _, balancer = make_policies(dep.policy, scheduler_config(lay.profile, dep), lay.profile)
         except ValueError as exc:
@@ -240,8 +252,8 @@ def plan_deployment(
     )
 
 
-def _twin_key(cand: DeploymentCandidate, suffix: str = "") -> tuple[Layout, str, int]:
-    return cand.layout, cand.policy + suffix, cand.async_depth
+def _twin_key(cand: DeploymentCandidate, suffix: str = "") -> tuple[Layout, str, int, str]:
+    return cand.layout, cand.policy + suffix, cand.async_depth, cand.queue_order
 
 
 POOLING_TOLERANCE = 0.05  # layouts whose bounds differ by less than this share are "close"
@@ -257,7 +269,7 @@ def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
     without it, whose search it may stand in for. Any order gives the same pruning verdicts (a
     candidate is pruned only when its bound is below a goodput found); a good first goodput
     makes the challenges that follow cheap. Other async batch depths of a layout follow its
-    depth-0 candidates in the same order."""
+    depth-0 candidates in the same order, and at each depth other queue orders follow fcfs."""
     layout_bound: dict[Layout, float] = {}
     for j in jobs:
         layout = j.candidate.layout
@@ -276,6 +288,7 @@ def search_order(jobs: Sequence[CandidateJob]) -> list[CandidateJob]:
         return (
             rank[j.candidate.layout],
             j.candidate.async_depth,
+            j.candidate.queue_order != "fcfs",
             static_chunk(chunk_part) is not None,
             -j.bound.rate,
             chunk_part,

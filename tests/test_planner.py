@@ -329,6 +329,40 @@ def test_other_async_depths_follow_a_layouts_depth_0_candidates_with_their_own_t
     assert DeploymentCandidate(pp4, "predictive").label == "pp4 predictive"
 
 
+def test_another_queue_order_follows_fcfs_at_each_depth_with_its_own_twins():
+    from fastpp.sim.plan_bound import CapacityBound
+    from fastpp.sim.plan_job import CandidateJob, SearchSettings
+    from fastpp.sim.planner import search_order
+
+    pp4 = Layout(1, 1, 4)
+    bound = CapacityBound(8.0, 1, "stage 0", {"stage 0": 8.0})
+    jobs = [
+        CandidateJob(
+            f"{p}/{d}/{q}",
+            DeploymentCandidate(pp4, p, d, q),
+            WorkloadConfig(),
+            DeploymentConfig(),
+            bound,
+            SearchSettings(),
+        )
+        for q in ("late_last", "fcfs")
+        for d in (1, 0)
+        for p in ("static:512", "predictive")
+    ]
+    order = [j.job_id for j in search_order(jobs)]
+    assert order == [
+        "predictive/0/fcfs",
+        "static:512/0/fcfs",
+        "predictive/0/late_last",
+        "static:512/0/late_last",
+        "predictive/1/fcfs",
+        "static:512/1/fcfs",
+        "predictive/1/late_last",
+        "static:512/1/late_last",
+    ]
+    assert DeploymentCandidate(pp4, "predictive", 1, "late_last").label == "pp4 predictive async1 late_last"
+
+
 def test_a_search_stops_once_it_fails_at_or_below_a_goodput_found_elsewhere():
     """The live best (what the process pool publishes to running jobs): a search that has
     failed at a rate no higher than it cannot win and stops there; a best below every failure

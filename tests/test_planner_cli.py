@@ -91,10 +91,46 @@ def test_async_depths_add_pipelined_candidates_and_the_sglang_flag(tmp_path):
     assert plan["commands"]["vllm"].startswith("none: vLLM keeps one batch per stage")
 
 
+def test_queue_orders_add_candidates_with_their_own_rows_and_the_vllm_flag(tmp_path):
+    """A plan folder holds fcfs rows from an earlier plan: --queue-orders fcfs,late_last reuses
+    them (their labels and cache keys are unchanged) and searches the late_last candidates,
+    whose vLLM command carries --queue-order and whose SGLang command is absent."""
+    code, out = _plan([*SMALL, "--layouts", "pp2", "-o", str(tmp_path), "--json"])
+    assert code == 0, out
+    code, out = _plan(
+        [
+            *SMALL,
+            "--layouts",
+            "pp2",
+            "--queue-orders",
+            "fcfs,late_last",
+            "--exhaustive",
+            "-o",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert code == 0, out
+    plan = json.loads(out)
+    rows = {r["label"]: (r["queue_order"], r["cached"]) for r in plan["results"]}
+    assert rows == {"pp2 static:512": ("fcfs", True), "pp2 static:512 late_last": ("late_last", False)}
+    assert all(r["goodput"] > 0 for r in plan["results"])
+
+    code, out = _plan(
+        [*SMALL, "--layouts", "pp2", "--queue-orders", "late_last", "-o", str(tmp_path), "--json"]
+    )
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["best"] == "pp2 static:512 late_last"
+    assert "--queue-order late_last" in plan["commands"]["vllm"]
+    assert plan["commands"]["sglang"].startswith("none: fastpp serve --backend sglang keeps SGLang's own")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["-m", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
+        (["--queue-orders", "fcfs,lifo"], "--queue-orders: 'lifo' is not one of fcfs, late_last"),
         (["--pp-async-batch-depth", "0,x"], "--pp-async-batch-depth takes a comma list of integers"),
         (["--pp-async-batch-depth", "9"], "must be an integer in [0, 8], got 9"),
         (
