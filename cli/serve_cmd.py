@@ -178,7 +178,6 @@ def serve(
             "--seed": seed,
             "--max-running-requests": max_running_requests,
             "--pin-cores": pin_cores or None,
-            "--queue-order": queue_order,
             "--admission": admission,
         }
         named = [flag for flag, value in torch_only.items() if value is not None]
@@ -199,6 +198,7 @@ def serve(
             record_dir=record_dir,
             engine_python=engine_python,
             token_step=token_step,
+            queue_order=queue_order,
         )
     if backend == "vllm":
         torch_only = {
@@ -342,6 +342,7 @@ def _serve_sglang(
     record_dir: Path | None,
     engine_python: str | None,
     token_step: int | None,
+    queue_order: str | None,
 ) -> NoReturn:
     """SGLang's server with the plugin (or plain SGLang without --policy), in the foreground."""
     from fastpp.backends.sglang.launcher import LaunchSpec, serve
@@ -362,6 +363,7 @@ def _serve_sglang(
             port=port,
             sglang_args=tuple(sglang_args),
             engine_python=engine_python,
+            queue_order=queue_order or "fcfs",
         )
         code = serve(spec)
     except (ValueError, FileNotFoundError) as exc:

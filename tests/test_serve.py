@@ -252,7 +252,20 @@ def test_a_dead_stage_is_reported_and_the_server_exits():
         (["--backend", "sglang", "--kv-blocks", "8"], "--kv-blocks apply to --backend torch only"),
         (
             ["--backend", "sglang", "--queue-order", "late_last"],
-            "--queue-order apply to --backend torch only",
+            "--queue-order late_last needs fastpp's plugin: pass --policy",
+        ),
+        (
+            [
+                "--backend",
+                "sglang",
+                "--policy",
+                "static",
+                "--queue-order",
+                "late_last",
+                "--schedule-policy",
+                "lpm",
+            ],
+            "SGLang's --schedule-policy lpm sorts it again",
         ),
         (
             ["--backend", "vllm", "--policy", "stock", "--queue-order", "late_last"],

@@ -36,6 +36,7 @@ def test_settings_round_trip_through_the_environment():
         chunk_candidates=(16, 32),
         token_step=4,
         epoch=12.5,
+        queue_order="late_last",
         inject_fault=("chunk",),
         fault_every=3,
     )
@@ -49,6 +50,10 @@ def test_settings_round_trip_through_the_environment():
         ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_SLO_MS": "1000"}, "TTFT_MS,TPOT_MS"),
         ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_TOKEN_STEP": "x"}, "FASTPP_SGLANG_TOKEN_STEP"),
         ({"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_INJECT_FAULT": "oops"}, "unknown target"),
+        (
+            {"FASTPP_SGLANG_POLICY": "greedy", "FASTPP_SGLANG_QUEUE_ORDER": "lifo"},
+            "FASTPP_SGLANG_QUEUE_ORDER",
+        ),
     ],
 )
 def test_bad_settings_name_the_variable(env, message):
@@ -109,6 +114,35 @@ def test_launch_refuses_flags_fastpp_owns(model_dir):
         launcher.LaunchSpec(model=str(model_dir), sglang_args=("--pp-size", "2"))
     with pytest.raises(FileNotFoundError, match="not a model directory"):
         launcher.build_command(launcher.LaunchSpec(model="/nonexistent"), python="/x/python")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({}, "needs fastpp's plugin: pass --policy"),
+        ({"policy": "slack", "sglang_args": ("--schedule-policy", "lpm")}, "--schedule-policy lpm sorts it"),
+        (
+            {"policy": "slack", "sglang_args": ("--enable-priority-scheduling",)},
+            "--enable-priority-scheduling",
+        ),
+        ({"policy": "slack", "queue_order": "lifo"}, "--queue-order must be one of fcfs, late_last"),
+    ],
+)
+def test_launch_refuses_a_queue_order_sglang_would_undo(model_dir, spec, message):
+    spec = {"queue_order": "late_last", **spec}
+    with pytest.raises(ValueError, match=message):
+        launcher.LaunchSpec(model=str(model_dir), **spec)
+
+
+def test_launch_passes_the_queue_order_to_the_plugin(model_dir, monkeypatch):
+    spec = launcher.LaunchSpec(
+        model=str(model_dir),
+        policy="static:64",
+        queue_order="late_last",
+        sglang_args=("--schedule-policy", "fcfs"),
+    )
+    _, env = launcher.build_command(spec, python="/x/python")
+    assert PluginSettings.from_env(env).queue_order == "late_last"
 
 
 def test_tied_model_is_untied_for_pp(tmp_path, monkeypatch):
@@ -442,3 +476,47 @@ def test_serve_sglang_stops_sglang_on_sigterm_and_finishes_the_record_dir(tmp_pa
         os.kill(engine_pid, 0)
     summary = json.loads((records / "summary.json").read_text())
     assert summary["completed"] == 1
+
+
+# ---------------------------------------------------------------------- queue order
+def _late_last_adapter(order="late_last"):
+    from fastpp.scheduler_config import late_thresholds
+
+    settings = PluginSettings(policy="static:64", slo=SLO(1.0, 0.1), queue_order=order)
+    adapter = SGLangAdapter(settings)
+    config = SchedulerConfig(num_slots=2, kv_capacity_tokens=1000, slo=settings.slo, queue_order=order)
+    adapter._late_after, adapter._late_max_wait = late_thresholds(config)
+    adapter.pp_rank = 0
+    # when rank 0 first saw each request (our clock): a and b long ago, c just now; d was
+    # retracted after its first token, so it is never late
+    adapter._ids.update({"a": (0, 0.0), "b": (1, 0.5), "c": (2, 2.6), "d": (3, 0.2)})
+    return adapter
+
+
+def _queue():
+    return [FakeReq("a", 8), FakeReq("b", 8), FakeReq("d", 8, generated=2), FakeReq("c", 8)]
+
+
+def test_rank_0_puts_the_waiting_queue_in_late_last_order_and_the_other_ranks_follow():
+    leader, follower = _late_last_adapter(), _late_last_adapter()
+    sched = fake_scheduler([[], []], waiting=_queue())
+    order = leader._late_last(sched, now=3.0)
+    # a and b waited past the SLO TTFT without a first token: behind d and c
+    assert order == ("d", "c", "a", "b") and [r.rid for r in sched.waiting_queue] == list(order)
+    assert leader._late_last(sched, now=3.0) == ()  # already in order: nothing to send
+    other = fake_scheduler([[], []], waiting=_queue())
+    follower._apply_order(other, order)
+    assert [r.rid for r in other.waiting_queue] == list(order) and follower.num_divergences == 0
+    # after 10 x the SLO TTFT a late request goes first again (a); b and c are late by then
+    sched = fake_scheduler([[], []], waiting=_queue())
+    assert leader._late_last(sched, now=10.2) == ("a", "d", "b", "c")
+
+
+def test_a_queue_order_that_does_not_match_is_a_divergence_and_fcfs_leaves_the_queue():
+    follower = _late_last_adapter()
+    other = fake_scheduler([[], []], waiting=_queue()[:3])
+    follower._apply_order(other, ("d", "c", "a", "b"))
+    assert [r.rid for r in other.waiting_queue] == ["a", "b", "d"] and follower.num_divergences == 1
+    sched = fake_scheduler([[], []], waiting=_queue())
+    assert _late_last_adapter("fcfs")._late_last(sched, now=3.0) == ()
+    assert [r.rid for r in sched.waiting_queue] == ["a", "b", "d", "c"]

@@ -2,15 +2,17 @@
 
 Needs the SGLang environment and model that scripts/engines/setup_sglang.sh builds (under
 FASTPP_ENGINES_DIR, default <repo>/.engines). Without them the module is skipped, except under CI
-(env CI set), where that is a failure. Four server start-ups of about 2-3.5 minutes each on a
-2-core machine: plain SGLang, then SGLang with the plugin under static, greedy+ds and
-predictive+ds (the last with injected policy faults).
+(env CI set), where that is a failure. Five server start-ups of about 2-3.5 minutes each on a
+2-core machine: plain SGLang, then SGLang with the plugin under static, greedy+ds,
+predictive+ds (with injected policy faults) and static with the late_last queue order.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from fastpp.backends.sglang.launcher import (
 )
 from fastpp.backends.sglang.recorder import finalize_record_dir, read_jsonl
 from fastpp.run_files import read_iterations_csv
+from fastpp.types import SLO
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +50,12 @@ PROMPTS = [
     # others decode
     "Explain pipeline parallelism in one sentence. " * 16,
 ]
+# queue order late_last: a wave of long prompts that takes seconds to prefill at C = 64, then a
+# wave of short ones while most of the first still waits, past the SLO TTFT
+LATE_WAVE = ["Explain pipeline parallelism in one sentence. " * 16] * 16
+ON_TIME_WAVE = PROMPTS[:4]
+LATE_SLO = SLO(ttft_s=0.4, tpot_s=1.0)
+ON_TIME_AFTER_S = 1.0
 
 
 @dataclass
@@ -84,7 +93,22 @@ def _generate_all(url: str, prompts: list[str]) -> list[tuple[list[int], str]]:
     return [([int(t[1]) for t in out["meta_info"]["output_token_logprobs"]], out["text"]) for out in outs]
 
 
-def _serve(tmp_path_factory, name: str, **spec_kw) -> Run:
+def _two_waves(url: str) -> list[tuple[list[int], str]]:
+    """LATE_WAVE at once, ON_TIME_WAVE ``ON_TIME_AFTER_S`` later (its replies last)."""
+    later: list[tuple[list[int], str]] = []
+
+    def send_later() -> None:
+        time.sleep(ON_TIME_AFTER_S)
+        later.extend(_generate_all(url, ON_TIME_WAVE))
+
+    thread = threading.Thread(target=send_later)
+    thread.start()
+    first = _generate_all(url, LATE_WAVE)
+    thread.join()
+    return first + later
+
+
+def _serve(tmp_path_factory, name: str, send=None, **spec_kw) -> Run:
     _engine_ready()
     root = tmp_path_factory.mktemp(name)
     extra = spec_kw.pop("sglang_args", ())
@@ -108,7 +132,7 @@ def _serve(tmp_path_factory, name: str, **spec_kw) -> Run:
     # the long prompt's first chunk, which leaves the two slots' decodes uneven for delay
     # scheduling to even out
     with server:
-        outs = _generate_all(server.spec.url, PROMPTS)
+        outs = (send or (lambda url: _generate_all(url, PROMPTS)))(server.spec.url)
     return Run([t for t, _ in outs], [x for _, x in outs], records, log)
 
 
@@ -144,6 +168,18 @@ def predictive_faulty(tmp_path_factory) -> Run:
     )
 
 
+@pytest.fixture(scope="module")
+def late_last(tmp_path_factory) -> Run:
+    return _serve(
+        tmp_path_factory,
+        "late_last",
+        send=_two_waves,
+        policy=f"static:{CHUNK}",
+        queue_order="late_last",
+        slo=LATE_SLO,
+    )
+
+
 def _decisions(run: Run) -> list[dict]:
     return read_jsonl(run.record_dir / "decisions.jsonl")
 
@@ -171,6 +207,22 @@ def test_greedy_ds_budgets_and_parks_are_what_sglang_ran(greedy_ds):
 def test_pp_ranks_form_identical_microbatches(static, greedy_ds, predictive_faulty):
     for run in (static, greedy_ds, predictive_faulty):
         assert rank_disagreements(run.record_dir, num_ranks=2) == [], run.log
+
+
+def test_late_last_lets_an_on_time_wave_overtake_a_late_one_on_every_rank(late_last):
+    """Most of the long wave still waits, past the SLO TTFT, when the short wave arrives: under
+    late_last the short prompts are admitted before the rest of it (under fcfs every one of them
+    would get its first token after the whole long wave's), and rank 1 applied rank 0's order
+    (its microbatches are rank 0's, field by field)."""
+    assert all(len(t) == MAX_TOKENS for t in late_last.tokens)
+    assert any(d["reordered"] for d in _decisions(late_last))
+    requests = read_jsonl(late_last.record_dir / "requests.jsonl")
+    _, *ours = sorted(requests, key=lambda r: r["arrived_at"])  # SGLang's warm-up first
+    late, on_time = ours[: len(LATE_WAVE)], ours[len(LATE_WAVE) :]
+    assert len(on_time) == len(ON_TIME_WAVE)
+    assert min(r["first_token_at"] for r in on_time) < max(r["first_token_at"] for r in late)
+    assert rank_disagreements(late_last.record_dir, num_ranks=2) == [], late_last.log
+    assert applied_vs_decided(late_last.record_dir) == []
 
 
 def test_raising_policy_falls_back_and_the_server_keeps_serving(predictive_faulty):

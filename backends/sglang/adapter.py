@@ -10,7 +10,8 @@ The plugin (``plugin.py``) routes these SGLang methods here:
   for the slot over ``SGLangSlots`` (slot_state.py: park / restore applied to SGLang's running
   batch, the liveness rule, C) and sends the decision to the other ranks, which apply the same
   park / restore sets. C becomes SGLang's ``chunked_prefill_size`` for this one call (the value
-  ``PrefillAdder`` receives), then the configured value is put back.
+  ``PrefillAdder`` receives), then the configured value is put back. Under queue order
+  late_last rank 0 first puts the waiting queue in that order and the decision carries it.
 * ``PrefillAdder.__init__`` -> ``adder_created``: reads back the chunk budget SGLang's adder got.
 * ``Scheduler._pp_launch_batch`` -> ``launch``: times this rank's stage of the microbatch,
   reads the batch's contents from SGLang's objects, and makes the stage's IterationRecord (rank
@@ -38,6 +39,7 @@ keeps serving.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from itertools import count
@@ -55,8 +57,9 @@ from fastpp.backends.sglang.view import SGLangView
 from fastpp.iteration_log import make_record
 from fastpp.policy_host import PolicyHost
 from fastpp.policy_host_records import RequestLog
-from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, static_chunk
+from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, late_thresholds, static_chunk
 from fastpp.types import IterationRecord, RequestRecord
+from fastpp.waiting_queue import late_last_order
 
 log = logging.getLogger("fastpp.sglang")
 
@@ -76,6 +79,7 @@ class SGLangAdapter:
         self.num_decisions = 0
         self.num_launches = 0
         self.num_divergences = 0
+        self.num_reorders = 0  # steps whose waiting queue was put in late_last order
         self._ids: dict[str, tuple[int, float]] = {}  # rid -> (our id, arrival time)
         self._rid_of: dict[int, str] = {}
         self.slots = SGLangSlots(self._identity, self._rid_of)
@@ -131,7 +135,9 @@ class SGLangAdapter:
             default_chunk=static_chunk(limit=top),
             token_step=token_step,
             slo=self.settings.slo,
+            queue_order=self.settings.queue_order,
         )
+        self._late_after, self._late_max_wait = late_thresholds(self.config)
         from fastpp.policies import make_policies
 
         chunk_policy, balancer = make_policies(self.settings.policy, self.config, profile)
@@ -229,6 +235,8 @@ class SGLangAdapter:
         else:
             decision = self.channel.recv_decision()
             self._check_agreement(sched, slot, running_batch, decision)
+            if decision.order:
+                self._apply_order(sched, decision.order)
             self.slots.begin(sched, slot, running_batch)
             self.slots.apply_rids(decision.park, decision.restore, self.clock())
             running_batch = self.slots.live_batch
@@ -252,6 +260,7 @@ class SGLangAdapter:
                     "park": list(decision.park),
                     "restore": list(decision.restore),
                     "fallback": decision.fallback,
+                    "reordered": bool(decision.order),
                     "adder_chunk_budget": self._adder_budget,
                     "num_parked": len(self.parked),
                 }
@@ -276,6 +285,7 @@ class SGLangAdapter:
         same decision in SGLang's terms (rids) for the other ranks."""
         digest = state_digest(sched, slot, running_batch, self.parked)
         now = self.clock()
+        order = self._late_last(sched, now)
         self.slots.begin(sched, slot, running_batch)
         self.view.begin(now, slot)
         d = self.host.begin_step(slot, now)
@@ -291,8 +301,46 @@ class SGLangAdapter:
             restore=self.slots.rids(d.restore_ids),
             digest=digest,
             fallback=d.fallback,
+            order=order,
         )
         return self.slots.live_batch, decision
+
+    # ------------------------------------------------------------------ queue order
+    def _late_last(self, sched: Any, now: float) -> tuple[str, ...]:
+        """Rank 0, queue order late_last: SGLang admits from the head of its waiting queue
+        (schedule policy fcfs), so before each decision the queue is put in
+        ``late_last_order``, the order our own scheduler admits in: a request that has waited
+        the SLO TTFT (since rank 0 first saw it) without a first token goes behind those that
+        can still meet theirs; a retracted request that had one never is late. The new order
+        (rids) when a request moved, else (); the policies then see the queue in that order.
+        Under "fcfs" the queue is left as it is."""
+        waiting = sched.waiting_queue
+        if math.isinf(self._late_after) or len(waiting) < 2:
+            return ()
+        order = late_last_order(
+            waiting,
+            now,
+            self._late_after,
+            self._late_max_wait,
+            lambda r: self._identity(r)[1],
+            lambda r: bool(r.output_ids),
+        )
+        if all(a is b for a, b in zip(order, waiting, strict=True)):
+            return ()
+        waiting[:] = order
+        self.num_reorders += 1
+        return tuple(r.rid for r in order)
+
+    def _apply_order(self, sched: Any, order: tuple[str, ...]) -> None:
+        """A follower: rank 0's reordering of the same waiting queue (the digest checked that
+        the queues agree); a queue that does not hold exactly those rids is a divergence."""
+        by_rid = {r.rid: r for r in sched.waiting_queue}
+        if len(by_rid) != len(order) or not all(rid in by_rid for rid in order):
+            self.num_divergences += 1
+            log.error("PP rank %d cannot apply rank 0's queue order: its waiting queue differs", self.pp_rank)
+            return
+        sched.waiting_queue[:] = [by_rid[rid] for rid in order]
+        self.num_reorders += 1
 
     def _fit(self, chunk: int, reason: str) -> tuple[int, str]:
         """C within what SGLang allocated at start-up and on the page grid."""

@@ -51,6 +51,8 @@ class Decision:
     restore: tuple[str, ...]
     digest: str
     fallback: str = ""  # which policy failed and fell back this step, "" when none
+    # the waiting queue's new order (rids) when rank 0 reordered it (queue order late_last)
+    order: tuple[str, ...] = ()
 
 
 class DecisionChannel:

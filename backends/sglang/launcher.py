@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastpp.backends.sglang.settings import PluginSettings
-from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK
+from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK, QUEUE_ORDERS
 from fastpp.types import SLO
 
 SGLANG_VERSION = "0.5.23"
@@ -109,10 +109,13 @@ class LaunchSpec:
     inject_fault: tuple[str, ...] = ()
     fault_every: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
+    queue_order: str = "fcfs"  # late_last: the plugin reorders SGLang's waiting queue
 
     def __post_init__(self) -> None:
         if self.pp < 1:
             raise ValueError(f"--pp must be >= 1, got {self.pp}")
+        if self.queue_order != "fcfs":
+            check_queue_order(self)
         for flag in ("--model-path", "--pp-size", "--port", "--host"):
             if flag in self.sglang_args:
                 raise ValueError(f"pass {flag} through fastpp's own option, not among the SGLang arguments")
@@ -157,6 +160,7 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
             chunk_candidates=spec.chunk_candidates,
             token_step=spec.token_step,
             epoch=time.time(),
+            queue_order=spec.queue_order,
             inject_fault=spec.inject_fault,
             fault_every=spec.fault_every,
         )
@@ -200,6 +204,27 @@ def check_policy(spec: LaunchSpec) -> None:
         needs_profile = profile is None and "needs the deployment's profile" in str(exc)
         hint = " (pass --profile FILE)" if needs_profile else ""
         raise ValueError(f"--policy {spec.policy}: {exc}{hint}") from None
+
+
+def check_queue_order(spec: LaunchSpec) -> None:
+    """A queue order other than fcfs is the plugin's: it needs a policy, and it reorders the
+    waiting queue that SGLang admits from in order only under its fcfs schedule policy without
+    priorities (any other sorts the queue again)."""
+    if spec.queue_order not in QUEUE_ORDERS:
+        raise ValueError(f"--queue-order must be one of {', '.join(QUEUE_ORDERS)}, got {spec.queue_order!r}")
+    if spec.policy is None:
+        raise ValueError(f"--queue-order {spec.queue_order} needs fastpp's plugin: pass --policy")
+    schedule = _flag_value(spec.sglang_args, "--schedule-policy")
+    if schedule not in (None, "fcfs"):
+        raise ValueError(
+            f"--queue-order {spec.queue_order} reorders SGLang's FCFS queue; SGLang's "
+            f"--schedule-policy {schedule} sorts it again: drop one of them"
+        )
+    if "--enable-priority-scheduling" in spec.sglang_args:
+        raise ValueError(
+            f"--queue-order {spec.queue_order} and SGLang's --enable-priority-scheduling both "
+            "order the waiting queue: drop one of them"
+        )
 
 
 def _default_ceiling(spec: LaunchSpec) -> int | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fastpp.scheduler_config import parse_chunk_candidates
+from fastpp.scheduler_config import QUEUE_ORDERS, parse_chunk_candidates
 from fastpp.types import SLO
 
 ENV_POLICY = "FASTPP_SGLANG_POLICY"
@@ -26,6 +26,7 @@ ENV_FAULT = "FASTPP_SGLANG_INJECT_FAULT"
 ENV_FAULT_EVERY = "FASTPP_SGLANG_FAULT_EVERY"
 ENV_TOKEN_STEP = "FASTPP_SGLANG_TOKEN_STEP"
 ENV_EPOCH = "FASTPP_SGLANG_EPOCH"  # wall-clock origin (time.time()) of the run's clock, all ranks
+ENV_QUEUE_ORDER = "FASTPP_SGLANG_QUEUE_ORDER"  # SchedulerConfig.queue_order: fcfs | late_last
 
 FAULT_TARGETS = ("chunk", "balancer")
 
@@ -47,6 +48,9 @@ class PluginSettings:
     chunk_candidates: tuple[int, ...] | None = None  # None: derived from the chunk ceiling
     token_step: int | None = None  # tile step in tokens; None: the profile's (0 without one)
     epoch: float = 0.0  # records and the policies' clock read time.time() - epoch
+    # "fcfs" (SGLang's own order) or "late_last": rank 0 puts SGLang's waiting queue in
+    # fastpp.waiting_queue.late_last_order before each decision, the other ranks apply its order
+    queue_order: str = "fcfs"
     inject_fault: tuple[str, ...] = ()
     fault_every: int = 1
 
@@ -57,6 +61,10 @@ class PluginSettings:
             raise ValueError(f"{ENV_TOKEN_STEP} must be >= 0 tokens, got {self.token_step}")
         if self.fault_every < 1:
             raise ValueError(f"{ENV_FAULT_EVERY} must be >= 1, got {self.fault_every}")
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(
+                f"{ENV_QUEUE_ORDER} must be one of {', '.join(QUEUE_ORDERS)}, got {self.queue_order!r}"
+            )
         bad = [f for f in self.inject_fault if f not in FAULT_TARGETS]
         if bad:
             raise ValueError(f"{ENV_FAULT}: unknown target(s) {bad}; known: {', '.join(FAULT_TARGETS)}")
@@ -69,6 +77,8 @@ class PluginSettings:
         }
         if self.token_step is not None:
             env[ENV_TOKEN_STEP] = str(self.token_step)
+        if self.queue_order != "fcfs":
+            env[ENV_QUEUE_ORDER] = self.queue_order
         if self.profile:
             env[ENV_PROFILE] = self.profile
         if self.record_dir:
@@ -104,6 +114,7 @@ class PluginSettings:
             chunk_candidates=candidates,
             token_step=_int(env, ENV_TOKEN_STEP),
             epoch=_float(env, ENV_EPOCH) or 0.0,
+            queue_order=env.get(ENV_QUEUE_ORDER, "").strip() or "fcfs",
             inject_fault=faults,
             fault_every=_int(env, ENV_FAULT_EVERY) or 1,
         )
