@@ -83,7 +83,7 @@ def plan(
         str | None,
         typer.Option(
             "--queue-orders",
-            help="Queue orders to try each candidate with, comma list: fcfs, late_last (a request past its SLO TTFT waits behind those that can still meet theirs; torch and vLLM backends). [default: fcfs]",
+            help="Queue orders to try each candidate with, comma list: fcfs, late_last (a request past its SLO TTFT waits behind those that can still meet theirs). [default: fcfs]",
         ),
     ] = None,
     chunk_candidates: ChunkCandidatesOpt = None,

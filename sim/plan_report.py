@@ -6,9 +6,9 @@ Engine flags: fastpp's ``--pp`` sets SGLang's ``--pp-size`` and vLLM's
 the rest pass through to the engine: SGLang ``--tp-size`` and ``--chunked-prefill-size``, vLLM
 ``--tensor-parallel-size`` and ``--max-num-batched-tokens``, and SGLang's
 ``--pp-async-batch-depth`` for a candidate with microbatches in flight beyond one per stage
-(vLLM has no such flag: no vLLM command for it); fastpp's ``--queue-order`` for a candidate
-with a queue order other than fcfs (vLLM only: no SGLang command for it). The chunk ceiling
-is the policy's largest microbatch (a static chunk, or the largest dynamic candidate).
+(vLLM has no such flag: no vLLM command for it), and fastpp's ``--queue-order`` for a
+candidate with a queue order other than fcfs. The chunk ceiling is the policy's largest
+microbatch (a static chunk, or the largest dynamic candidate).
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ VLLM_PORT = 8000
 NO_VLLM_ASYNC = (
     "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
     "plan with --host-loop batch-queue for vLLM"
-)
-# what a plan says instead of an SGLang command for a pick with a queue order other than fcfs
-NO_SGLANG_ORDER = (
-    "none: fastpp serve --backend sglang keeps SGLang's own queue order (no --queue-order {order})"
 )
 
 
@@ -158,6 +154,7 @@ def serve_commands(
     layout, policy = result.candidate.layout, result.candidate.policy
     depth, order = result.candidate.async_depth, result.candidate.queue_order
     chunk = static_chunk(policy) or max(DEFAULT_CANDIDATES)
+    order_flags = ["--queue-order", order] if order != "fcfs" else []
     common = [
         "--policy",
         policy,
@@ -180,6 +177,7 @@ def serve_commands(
         "--pp",
         str(layout.pp),
         *common,
+        *order_flags,
         "--tp-size",
         str(layout.tp),
         "--chunked-prefill-size",
@@ -195,7 +193,7 @@ def serve_commands(
         "--pp",
         str(layout.pp),
         *common,
-        *(["--queue-order", order] if order != "fcfs" else []),
+        *order_flags,
         "--tensor-parallel-size",
         str(layout.tp),
         "--max-num-batched-tokens",
@@ -203,10 +201,7 @@ def serve_commands(
     ]
     if depth:
         sglang += ["--pp-async-batch-depth", str(depth)]
-    out = {
-        "sglang": NO_SGLANG_ORDER.format(order=order) if order != "fcfs" else shlex.join(sglang),
-        "vllm": NO_VLLM_ASYNC if depth else shlex.join(vllm),
-    }
+    out = {"sglang": shlex.join(sglang), "vllm": NO_VLLM_ASYNC if depth else shlex.join(vllm)}
     if layout.dp > 1:
         out["replicas"] = (
             f"run {layout.dp} replicas of {layout.tp * layout.pp} GPUs each "

@@ -40,7 +40,15 @@ PLAN = {
 
 def test_every_block_the_script_writes_is_marked_on_the_page():
     page = (ROOT / "docs" / "PLANNER.md").read_text(encoding="utf-8")
-    for name in ("example", "example-reading", "other-plans", "interconnect", "speed"):
+    for name in (
+        "example",
+        "example-reading",
+        "other-plans",
+        "interconnect",
+        "async-depth",
+        "queue-order",
+        "speed",
+    ):
         assert SCRIPT["replace_block"](page, name, "X").count(f"generated: {name} -->\nX\n") == 1
     with pytest.raises(SystemExit, match="no generated block 'missing'"):
         SCRIPT["replace_block"](page, "missing", "X")
@@ -61,3 +69,21 @@ def test_the_interconnect_words_follow_which_tp_layouts_were_pruned():
     tp_row = _row("tp4 greedy", "greedy", "searched", 4, 4.0)
     searched_tp = {**PLAN, "results": [*PLAN["results"][:3], tp_row]}
     assert "the best of them, tp4 greedy, reaches 4.00 req/s" in SCRIPT["tp_words"](searched_tp, "NVLink")
+
+
+def test_the_queue_order_rows_name_the_best_under_each_order():
+    plan = {
+        "best": "pp4 slack late_last",
+        "results": [
+            {**_row("pp4 slack late_last", "slack", "searched", goodput=6.44), "queue_order": "late_last"},
+            {
+                **_row("pp4 static:512 late_last", "static:512", "beaten", below=6.44),
+                "queue_order": "late_last",
+            },
+            {**_row("pp4 slack", "slack", "searched", goodput=6.22), "queue_order": "fcfs"},
+            {**_row("pp4 static:2048", "static:2048", "pruned", below=6.22), "queue_order": "fcfs"},
+        ],
+    }
+    row = SCRIPT["queue_rows"](plan)[2]
+    assert "| slack: 6.22 req/s | slack: 6.44 req/s | pp4 slack late_last (6.44 req/s) |" in row
+    assert "--queue-orders fcfs,late_last" in row
