@@ -50,12 +50,17 @@ PROMPTS = [
     # others decode
     "Explain pipeline parallelism in one sentence. " * 16,
 ]
-# queue order late_last: a wave of long prompts that takes seconds to prefill at C = 64, then a
-# wave of short ones while most of the first still waits, past the SLO TTFT
+# queue order late_last: a wave of long prompts that takes seconds to prefill at C = 64 (18 s
+# here, 27 s in a loaded CI run), then a wave of short ones after the long ones are late (their
+# SLO TTFT passed) while most of them still wait. The long ones go first again once they have
+# waited 10 x the SLO TTFT, so that must leave the short ones a few scheduling steps (a loaded
+# CI machine took 1-3 s per step): an SLO TTFT of 0.4 s left them 2.5 s there, too little; with
+# 2 s, two busy loops beside the test delayed the short wave's arrival to 7.7 s and its first
+# token to 21.9 s, near the 20 s at which the long ones go first again.
 LATE_WAVE = ["Explain pipeline parallelism in one sentence. " * 16] * 16
 ON_TIME_WAVE = PROMPTS[:4]
-LATE_SLO = SLO(ttft_s=0.4, tpot_s=1.0)
-ON_TIME_AFTER_S = 1.0
+LATE_SLO = SLO(ttft_s=3.0, tpot_s=1.0)
+ON_TIME_AFTER_S = 3.5
 
 
 @dataclass
