@@ -51,8 +51,14 @@ def check_queue_options(
         )
     if retraction not in RETRACTIONS:
         raise ValueError(f"{retraction_name} must be one of {', '.join(RETRACTIONS)}, got {retraction!r}")
+    check_queue_order(queue_order, queue_order_name)
+
+
+def check_queue_order(queue_order: str, name: str = "queue_order") -> None:
+    """``ValueError`` naming the option (as the caller calls it) unless ``queue_order`` is one
+    of QUEUE_ORDERS."""
     if queue_order not in QUEUE_ORDERS:
-        raise ValueError(f"{queue_order_name} must be one of {', '.join(QUEUE_ORDERS)}, got {queue_order!r}")
+        raise ValueError(f"{name} must be one of {', '.join(QUEUE_ORDERS)}, got {queue_order!r}")
 
 
 def parse_chunk_candidates(text: str) -> tuple[int, ...]:

@@ -175,3 +175,21 @@ def late_last_order(
         else:
             late.append(r)
     return due + on_time + late
+
+
+def late_last_reorder(
+    waiting: Sequence[T],
+    now: float,
+    late_after: float,
+    late_max_wait: float,
+    arrived_at: Callable[[T], float],
+    has_first_token: Callable[[T], bool],
+) -> list[T] | None:
+    """``late_last_order`` of an engine's queue when it moves a request, else None (nothing to
+    reorder: fcfs, where ``late_after`` is inf, or fewer than two requests waiting)."""
+    if late_after == inf or len(waiting) < 2:
+        return None
+    order = late_last_order(waiting, now, late_after, late_max_wait, arrived_at, has_first_token)
+    if all(a is b for a, b in zip(order, waiting, strict=True)):
+        return None
+    return order

@@ -297,26 +297,29 @@ def test_search_order_puts_dynamic_policies_first_and_each_ds_twin_before_its_ba
     ]
 
 
-def test_other_async_depths_follow_a_layouts_depth_0_candidates_with_their_own_twins():
+def _search_order(candidates: dict[str, DeploymentCandidate]) -> list[str]:
+    """The ids of ``candidates`` (id -> candidate, all with the same bound) in search order."""
     from fastpp.sim.plan_bound import CapacityBound
     from fastpp.sim.plan_job import CandidateJob, SearchSettings
     from fastpp.sim.planner import search_order
 
-    pp4 = Layout(1, 1, 4)
     bound = CapacityBound(8.0, 1, "stage 0", {"stage 0": 8.0})
     jobs = [
-        CandidateJob(
-            f"{p}/{d}",
-            DeploymentCandidate(pp4, p, d),
-            WorkloadConfig(),
-            DeploymentConfig(),
-            bound,
-            SearchSettings(),
-        )
-        for d in (1, 0)
-        for p in ("static:512", "predictive+ds", "predictive")
+        CandidateJob(job_id, cand, WorkloadConfig(), DeploymentConfig(), bound, SearchSettings())
+        for job_id, cand in candidates.items()
     ]
-    order = [j.job_id for j in search_order(jobs)]
+    return [j.job_id for j in search_order(jobs)]
+
+
+def test_other_async_depths_follow_a_layouts_depth_0_candidates_with_their_own_twins():
+    pp4 = Layout(1, 1, 4)
+    order = _search_order(
+        {
+            f"{p}/{d}": DeploymentCandidate(pp4, p, d)
+            for d in (1, 0)
+            for p in ("static:512", "predictive+ds", "predictive")
+        }
+    )
     assert order == [
         "predictive+ds/0",
         "predictive/0",
@@ -330,26 +333,15 @@ def test_other_async_depths_follow_a_layouts_depth_0_candidates_with_their_own_t
 
 
 def test_another_queue_order_follows_fcfs_at_each_depth_with_its_own_twins():
-    from fastpp.sim.plan_bound import CapacityBound
-    from fastpp.sim.plan_job import CandidateJob, SearchSettings
-    from fastpp.sim.planner import search_order
-
     pp4 = Layout(1, 1, 4)
-    bound = CapacityBound(8.0, 1, "stage 0", {"stage 0": 8.0})
-    jobs = [
-        CandidateJob(
-            f"{p}/{d}/{q}",
-            DeploymentCandidate(pp4, p, d, q),
-            WorkloadConfig(),
-            DeploymentConfig(),
-            bound,
-            SearchSettings(),
-        )
-        for q in ("late_last", "fcfs")
-        for d in (1, 0)
-        for p in ("static:512", "predictive")
-    ]
-    order = [j.job_id for j in search_order(jobs)]
+    order = _search_order(
+        {
+            f"{p}/{d}/{q}": DeploymentCandidate(pp4, p, d, q)
+            for q in ("late_last", "fcfs")
+            for d in (1, 0)
+            for p in ("static:512", "predictive")
+        }
+    )
     assert order == [
         "predictive/0/fcfs",
         "static:512/0/fcfs",

@@ -95,30 +95,17 @@ def test_queue_orders_add_candidates_with_their_own_rows_and_the_vllm_flag(tmp_p
     """A plan folder holds fcfs rows from an earlier plan: --queue-orders fcfs,late_last reuses
     them (their labels and cache keys are unchanged) and searches the late_last candidates,
     whose serve commands carry --queue-order."""
-    code, out = _plan([*SMALL, "--layouts", "pp2", "-o", str(tmp_path), "--json"])
+    pp2 = [*SMALL, "--layouts", "pp2", "-o", str(tmp_path), "--json"]
+    code, out = _plan(pp2)
     assert code == 0, out
-    code, out = _plan(
-        [
-            *SMALL,
-            "--layouts",
-            "pp2",
-            "--queue-orders",
-            "fcfs,late_last",
-            "--exhaustive",
-            "-o",
-            str(tmp_path),
-            "--json",
-        ]
-    )
+    code, out = _plan([*pp2, "--queue-orders", "fcfs,late_last", "--exhaustive"])
     assert code == 0, out
     plan = json.loads(out)
     rows = {r["label"]: (r["queue_order"], r["cached"]) for r in plan["results"]}
     assert rows == {"pp2 static:512": ("fcfs", True), "pp2 static:512 late_last": ("late_last", False)}
     assert all(r["goodput"] > 0 for r in plan["results"])
 
-    code, out = _plan(
-        [*SMALL, "--layouts", "pp2", "--queue-orders", "late_last", "-o", str(tmp_path), "--json"]
-    )
+    code, out = _plan([*pp2, "--queue-orders", "late_last"])
     assert code == 0, out
     plan = json.loads(out)
     assert plan["best"] == "pp2 static:512 late_last"

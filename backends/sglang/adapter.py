@@ -39,7 +39,6 @@ keeps serving.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import zlib
 from itertools import count
@@ -59,7 +58,7 @@ from fastpp.policy_host import PolicyHost
 from fastpp.policy_host_records import RequestLog
 from fastpp.scheduler_config import DEFAULT_CANDIDATES, SchedulerConfig, late_thresholds, static_chunk
 from fastpp.types import IterationRecord, RequestRecord
-from fastpp.waiting_queue import late_last_order
+from fastpp.waiting_queue import late_last_reorder
 
 log = logging.getLogger("fastpp.sglang")
 
@@ -315,9 +314,7 @@ class SGLangAdapter:
         (rids) when a request moved, else (); the policies then see the queue in that order.
         Under "fcfs" the queue is left as it is."""
         waiting = sched.waiting_queue
-        if math.isinf(self._late_after) or len(waiting) < 2:
-            return ()
-        order = late_last_order(
+        order = late_last_reorder(
             waiting,
             now,
             self._late_after,
@@ -325,7 +322,7 @@ class SGLangAdapter:
             lambda r: self._identity(r)[1],
             lambda r: bool(r.output_ids),
         )
-        if all(a is b for a, b in zip(order, waiting, strict=True)):
+        if order is None:
             return ()
         waiting[:] = order
         self.num_reorders += 1

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastpp.backends.sglang.settings import PluginSettings
-from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK, QUEUE_ORDERS
+from fastpp.scheduler_config import DEFAULT_STATIC_CHUNK, check_queue_order
 from fastpp.types import SLO
 
 SGLANG_VERSION = "0.5.23"
@@ -115,7 +115,7 @@ class LaunchSpec:
         if self.pp < 1:
             raise ValueError(f"--pp must be >= 1, got {self.pp}")
         if self.queue_order != "fcfs":
-            check_queue_order(self)
+            check_plugin_queue_order(self)
         for flag in ("--model-path", "--pp-size", "--port", "--host"):
             if flag in self.sglang_args:
                 raise ValueError(f"pass {flag} through fastpp's own option, not among the SGLang arguments")
@@ -206,12 +206,11 @@ def check_policy(spec: LaunchSpec) -> None:
         raise ValueError(f"--policy {spec.policy}: {exc}{hint}") from None
 
 
-def check_queue_order(spec: LaunchSpec) -> None:
+def check_plugin_queue_order(spec: LaunchSpec) -> None:
     """A queue order other than fcfs is the plugin's: it needs a policy, and it reorders the
     waiting queue that SGLang admits from in order only under its fcfs schedule policy without
     priorities (any other sorts the queue again)."""
-    if spec.queue_order not in QUEUE_ORDERS:
-        raise ValueError(f"--queue-order must be one of {', '.join(QUEUE_ORDERS)}, got {spec.queue_order!r}")
+    check_queue_order(spec.queue_order, "--queue-order")
     if spec.policy is None:
         raise ValueError(f"--queue-order {spec.queue_order} needs fastpp's plugin: pass --policy")
     schedule = _flag_value(spec.sglang_args, "--schedule-policy")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fastpp.scheduler_config import QUEUE_ORDERS, parse_chunk_candidates
+from fastpp.scheduler_config import check_queue_order, parse_chunk_candidates
 from fastpp.types import SLO
 
 ENV_POLICY = "FASTPP_SGLANG_POLICY"
@@ -61,10 +61,7 @@ class PluginSettings:
             raise ValueError(f"{ENV_TOKEN_STEP} must be >= 0 tokens, got {self.token_step}")
         if self.fault_every < 1:
             raise ValueError(f"{ENV_FAULT_EVERY} must be >= 1, got {self.fault_every}")
-        if self.queue_order not in QUEUE_ORDERS:
-            raise ValueError(
-                f"{ENV_QUEUE_ORDER} must be one of {', '.join(QUEUE_ORDERS)}, got {self.queue_order!r}"
-            )
+        check_queue_order(self.queue_order, ENV_QUEUE_ORDER)
         bad = [f for f in self.inject_fault if f not in FAULT_TARGETS]
         if bad:
             raise ValueError(f"{ENV_FAULT}: unknown target(s) {bad}; known: {', '.join(FAULT_TARGETS)}")

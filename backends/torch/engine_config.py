@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastpp.profile import Profile
-from fastpp.scheduler_config import ADMISSION_RESERVES, DEFAULT_ADMISSION_RESERVE, QUEUE_ORDERS
+from fastpp.scheduler_config import ADMISSION_RESERVES, DEFAULT_ADMISSION_RESERVE, check_queue_order
 from fastpp.types import SLO
 
 CPU_CHUNK_CANDIDATES: tuple[int, ...] = tuple(range(32, 1025, 32))
@@ -50,9 +50,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not self.stage_timeout_s > 0:
             raise ValueError(f"stage_timeout_s must be > 0, got {self.stage_timeout_s!r}")
-        if self.queue_order not in QUEUE_ORDERS:
-            known = ", ".join(QUEUE_ORDERS)
-            raise ValueError(f"queue_order must be one of {known}, got {self.queue_order!r}")
+        check_queue_order(self.queue_order)
         if self.admission_reserve not in ADMISSION_RESERVES:
             known = ", ".join(ADMISSION_RESERVES)
             raise ValueError(f"admission_reserve must be one of {known}, got {self.admission_reserve!r}")

@@ -29,7 +29,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from math import inf
 from typing import Any, Protocol
 
 from fastpp.backends.vllm.tracked import TrackedRequest
@@ -40,7 +39,7 @@ from fastpp.policy_host import BatchFeatures, PolicyHost
 from fastpp.policy_host_records import RequestLog
 from fastpp.scheduler_config import SchedulerConfig, late_thresholds
 from fastpp.types import FinishReason, IterationRecord, RequestRecord
-from fastpp.waiting_queue import late_last_order
+from fastpp.waiting_queue import late_last_reorder
 
 log = logging.getLogger("fastpp.vllm")
 
@@ -170,8 +169,6 @@ class Adapter:
         order our own scheduler admits in. A request is late once it has waited the SLO TTFT
         (since its arrival on our clock) without a first token; a preempted request that had
         one never is. True when a request moved. Under "fcfs" the deque is left as it is."""
-        if self._late_after == inf or len(waiting) < 2:
-            return False
         tracked = self.tracked
 
         def arrived_at(r: Any) -> float:
@@ -181,10 +178,10 @@ class Adapter:
         def has_first_token(r: Any) -> bool:
             return r.num_output_tokens > 0
 
-        order = late_last_order(
+        order = late_last_reorder(
             waiting, self.clock(), self._late_after, self._late_max_wait, arrived_at, has_first_token
         )
-        if all(a is b for a, b in zip(order, waiting, strict=True)):
+        if order is None:
             return False
         waiting.clear()
         waiting.extend(order)

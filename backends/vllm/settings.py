@@ -20,8 +20,8 @@ from fastpp.policies import make_policies
 from fastpp.profile import Profile
 from fastpp.scheduler_config import (
     DEFAULT_CANDIDATES,
-    QUEUE_ORDERS,
     SchedulerConfig,
+    check_queue_order,
     parse_chunk_candidates,
     static_chunk,
 )
@@ -65,9 +65,7 @@ class VllmSchedulerSettings:
             raise ValueError(f"default_chunk must be >= 1 token, got {self.default_chunk}")
         if self.token_step < 0:
             raise ValueError(f"token_step must be >= 0, got {self.token_step}")
-        if self.queue_order not in QUEUE_ORDERS:
-            known = ", ".join(QUEUE_ORDERS)
-            raise ValueError(f"queue_order must be one of {known}, got {self.queue_order!r}")
+        check_queue_order(self.queue_order)
 
     def build_policies(
         self, config: SchedulerConfig, profile: Profile | None = None
