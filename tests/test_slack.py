@@ -4,6 +4,8 @@ park their richest decodes."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from conftest import FakeClock, make_profile, make_scheduler
@@ -89,14 +91,27 @@ def test_deadlines_are_cumulative_fcfs_prompt_tokens_and_slack():
     slack = slack_for(deadline_ratio=1.0)
     sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
     clock.t = sched.view.now = 1.5
-    assert slack._deadlines(sched.view) == [(100, 0.5), (200, 1.0), (300, 1.5)]
+    assert [(a, s) for a, _, s in slack._deadlines(sched.view)] == [(100, 0.5), (200, 1.0), (300, 1.5)]
+
+
+def test_while_the_kv_pool_has_room_a_request_also_counts_against_the_early_deadline():
+    """Early slack = arrival + early_ratio x SLO TTFT - now while less than early_kv_share of
+    the pool is used (here it is empty); -inf (never used) once that share is reached."""
+    slack = slack_for()
+    sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
+    clock.t = sched.view.now = 1.5
+    assert [round(e, 9) for _, e, _ in slack._deadlines(sched.view)] == [-0.1, 0.4, 0.9]
+    full = slack_for(early_kv_share=0.0)
+    sched, clock = queued(full, [0.0, 0.5, 1.0], prompt=100)
+    clock.t = sched.view.now = 1.5
+    assert [e for _, e, _ in full._deadlines(sched.view)] == [-math.inf] * 3
 
 
 def test_the_default_deadline_keeps_a_tenth_of_the_ttft_slo_in_hand():
     slack = slack_for()
     sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
     clock.t = sched.view.now = 1.5
-    got = [(a, round(s, 9)) for a, s in slack._deadlines(sched.view)]
+    got = [(a, round(s, 9)) for a, _, s in slack._deadlines(sched.view)]
     assert got == [(100, 0.3), (200, 0.8), (300, 1.3)]
 
 
@@ -105,7 +120,7 @@ def test_deadlines_follow_the_admission_order_a_late_request_last():
     sched, clock = queued(slack, [0.0, 2.0, 2.2], prompt=100, queue_order="late_last")
     clock.t = sched.view.now = 2.5
     sched._queue.defer_late(2.5)  # as the scheduler does before it admits
-    assert [round(s, 9) for _, s in slack._deadlines(sched.view)] == [1.5, 1.7, -0.5]
+    assert [round(s, 9) for _, _, s in slack._deadlines(sched.view)] == [1.5, 1.7, -0.5]
 
 
 def test_a_decode_only_slot_just_over_a_tile_parks_its_richest_decodes_and_restores_them():
@@ -178,6 +193,10 @@ def test_bad_config_is_named():
         SlackConfig(catchup_tpot_ratio=0.5)
     with pytest.raises(ValueError, match="deadline_ratio"):
         SlackConfig(deadline_ratio=1.5)
+    with pytest.raises(ValueError, match="early_ratio"):
+        SlackConfig(early_ratio=0.95)
+    with pytest.raises(ValueError, match="early_kv_share"):
+        SlackConfig(early_kv_share=1.5)
 
 
 def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():

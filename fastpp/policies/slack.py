@@ -14,7 +14,12 @@ whose slot round takes R(C) (its D_p microbatches + the round overhead) and pref
 tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
 the deadline of every request that can still make it (s_i > R(C); a request already past that
 point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
-inflow. The first ``max_walk`` waiting requests are checked.
+inflow. The first ``max_walk`` waiting requests are checked. While less than ``early_kv_share``
+(half) of the KV pool is in use, a request counts against the earlier deadline arrival_i +
+``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it: with memory to spare
+a larger chunk's longer KV residency costs nothing, and the margin absorbs a burst that lands
+on the queue; with the pool fuller, the chunk stays just in time, since larger chunks hold KV
+longer.
 
 TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
 (``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
@@ -68,6 +73,10 @@ class SlackConfig:
     max_walk: int = 64  # waiting requests whose TTFT deadlines are checked
     # a waiting request's deadline: arrival + this x SLO TTFT (a margin for the prediction)
     deadline_ratio: float = 0.9
+    # while less than early_kv_share of the KV pool is used: the earlier deadline arrival +
+    # early_ratio x SLO TTFT, for each request that can still make it (module docstring)
+    early_ratio: float = 0.7
+    early_kv_share: float = 0.5
     bank_quantile: float = 0.5  # catch-up stretches the round to this quantile of b_j ...
     catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
     park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
@@ -79,6 +88,10 @@ class SlackConfig:
             raise ValueError(f"max_walk must be >= 1, got {self.max_walk!r}")
         if not 0 < self.deadline_ratio <= 1:
             raise ValueError(f"deadline_ratio must be in (0, 1], got {self.deadline_ratio!r}")
+        if not 0 < self.early_ratio <= self.deadline_ratio:
+            raise ValueError(f"early_ratio must be in (0, deadline_ratio], got {self.early_ratio!r}")
+        if not 0 <= self.early_kv_share <= 1:
+            raise ValueError(f"early_kv_share must be in [0, 1], got {self.early_kv_share!r}")
         if not 0 <= self.bank_quantile < 1:
             raise ValueError(f"bank_quantile must be in [0, 1), got {self.bank_quantile!r}")
         if not self.catchup_tpot_ratio >= 1:
@@ -151,7 +164,9 @@ class SlackPolicy(PredictiveChunkPolicy):
         def meets(capacity: float, round_s: float) -> bool:
             if capacity < inflow:
                 return False
-            for ahead, slack in deadlines:
+            for ahead, early, slack in deadlines:
+                if early > round_s:
+                    slack = early
                 if slack > round_s and ahead > capacity * (slack - round_s):
                     return False
             return True
@@ -181,19 +196,25 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(cands[k], "best-effort" + tag, inflow, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, inflow)
 
-    def _deadlines(self, view: PolicyView) -> list[tuple[int, float]]:
-        """(prompt tokens at or ahead of it, TTFT slack in s) of the first ``max_walk`` waiting
-        requests, FCFS, the continuing chunk first."""
-        now, ttft = view.now, self.slack.deadline_ratio * view.slo.ttft_s
-        out: list[tuple[int, float]] = []
+    def _deadlines(self, view: PolicyView) -> list[tuple[int, float, float]]:
+        """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
+        the first ``max_walk`` waiting requests, in admission order, the continuing chunk
+        first. The early slack is -inf (never used) while the KV pool is at least
+        ``early_kv_share`` used."""
+        scfg = self.slack
+        now, ttft = view.now, scfg.deadline_ratio * view.slo.ttft_s
+        total = view.kv_total_tokens
+        roomy = total > 0 and total - view.kv_free_tokens < scfg.early_kv_share * total
+        early = scfg.early_ratio * view.slo.ttft_s if roomy else -inf
+        out: list[tuple[int, float, float]] = []
         ahead = 0
         chunked = view.chunked
         if chunked is not None:
             ahead = chunked.remaining_prefill
-            out.append((ahead, chunked.arrived_at + ttft - now))
-        for r in islice(view.iter_waiting(), self.slack.max_walk):
+            out.append((ahead, chunked.arrived_at + early - now, chunked.arrived_at + ttft - now))
+        for r in islice(view.iter_waiting(), scfg.max_walk):
             ahead += r.remaining_prefill
-            out.append((ahead, r.arrived_at + ttft - now))
+            out.append((ahead, r.arrived_at + early - now, r.arrived_at + ttft - now))
         return out
 
     # ------------------------------------------------------------------ TPOT slack
