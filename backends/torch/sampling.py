@@ -125,7 +125,10 @@ def _draw(shifted: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
     others in [0, 1]; the sum is at least 1, never NaN."""
     probs = torch.softmax(shifted / temperature, dim=-1)
     if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True, stable=True)
+        # ranked by logit, not by probability: two logits a float32 probability cannot tell
+        # apart keep their order, so the nucleus always starts at the greedy token
+        order = shifted.argsort(descending=True, stable=True)
+        sorted_p = probs[order]
         keep = sorted_p.cumsum(0) - sorted_p < top_p
         keep[0] = True  # the most likely token stays, however small top_p is (or rounds to in float32)
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
