@@ -107,6 +107,50 @@ def test_while_the_kv_pool_has_room_a_request_also_counts_against_the_early_dead
     assert [e for _, e, _ in full._deadlines(sched.view)] == [-math.inf] * 3
 
 
+def _chunk_after_filling(kv: int, **cfg) -> tuple[int, float, float]:
+    """(chunk, used KV share, required rate) for 40 prompts that arrived over the last second,
+    their deadlines far off (SLO TTFT 20 s), behind 16 requests already decoding in a pool of
+    ``kv`` tokens; the inflow, scaled up by throughput_coeff, only the largest chunk covers."""
+    slack = slack_for(predictive=PredictiveConfig(throughput_coeff=10.0), **cfg)
+    sched, clock = queued(slack, [], slo=SLO(20.0, 0.2), kv=kv)
+    for i in range(16):
+        sched.add_request(Request(i, 0.0, 1000, 1000))
+    while sched.view.num_waiting or sched.view.chunked is not None:
+        for slot in range(2):
+            plan = sched.schedule(slot)
+            if plan is not None:
+                clock.t += 0.001
+                sched.update(plan)
+    view = sched.view
+    used = 1 - view.kv_free_tokens / view.kv_total_tokens
+    t0 = clock.t
+    for i in range(40):
+        sched.add_request(Request(100 + i, t0 + 10 + i / 40, 1500, 50))
+    clock.t = view.now = t0 + 11.0
+    chunk = slack.choose(view)
+    assert slack.last.reason.startswith("optimal")
+    return chunk, used, slack.last.required_tok_s
+
+
+def test_with_half_the_kv_pool_used_and_tpot_room_the_deadlines_alone_set_the_chunk():
+    """With the pool nearly empty the chunk covers the inflow; with more than half of it used
+    (the same requests in a smaller pool) and token gaps far under the SLO TPOT, the inflow no
+    longer counts and the smallest chunk the tile floor allows meets every deadline."""
+    roomy, used, required = _chunk_after_filling(400_000)
+    assert used < 0.5 and required == pytest.approx(60_000) and roomy == CANDS[-1]
+    tight, used, required = _chunk_after_filling(24_000)
+    assert used >= 0.5 and required == 0.0 and tight == 128
+
+
+def test_without_tpot_room_the_chunk_covers_the_inflow_however_full_the_pool():
+    # the same half-used pool; token gaps counted as near the SLO (inflow_tpot_ratio tiny)
+    chunk, used, required = _chunk_after_filling(24_000, inflow_tpot_ratio=1e-9)
+    assert used >= 0.5 and required == pytest.approx(60_000) and chunk == CANDS[-1]
+    # and inflow_kv_share 1 keeps the inflow at any share below a full pool
+    chunk, used, required = _chunk_after_filling(24_000, inflow_kv_share=1.0)
+    assert required == pytest.approx(60_000) and chunk == CANDS[-1]
+
+
 def test_the_default_deadline_keeps_a_tenth_of_the_ttft_slo_in_hand():
     slack = slack_for()
     sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
@@ -197,6 +241,10 @@ def test_bad_config_is_named():
         SlackConfig(early_ratio=0.95)
     with pytest.raises(ValueError, match="early_kv_share"):
         SlackConfig(early_kv_share=1.5)
+    with pytest.raises(ValueError, match="inflow_kv_share"):
+        SlackConfig(inflow_kv_share=-0.1)
+    with pytest.raises(ValueError, match="inflow_tpot_ratio"):
+        SlackConfig(inflow_tpot_ratio=0.0)
 
 
 def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():

@@ -14,12 +14,17 @@ whose slot round takes R(C) (its D_p microbatches + the round overhead) and pref
 tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
 the deadline of every request that can still make it (s_i > R(C); a request already past that
 point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
-inflow. The first ``max_walk`` waiting requests are checked. While less than ``early_kv_share``
-(half) of the KV pool is in use, a request counts against the earlier deadline arrival_i +
-``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it: with memory to spare
-a larger chunk's longer KV residency costs nothing, and the margin absorbs a burst that lands
-on the queue; with the pool fuller, the chunk stays just in time, since larger chunks hold KV
-longer.
+inflow. The first ``max_walk`` waiting requests are checked. Once ``inflow_kv_share`` (half)
+of the KV pool is used while TPOT has room (the median of the last 32 token gaps is under
+``inflow_tpot_ratio`` x SLO TPOT), the deadlines alone set the chunk: a prompt that waits holds
+no KV, while a larger chunk lengthens the round and so keeps every running request resident
+longer, and the TPOT room lets a later, larger chunk drain what waits. With the token gap near
+the SLO there is no such room, and the chunk covers the inflow again. While less than
+``early_kv_share`` (half) of the KV pool is in use, a request counts against the earlier
+deadline arrival_i + ``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it:
+with memory to spare a larger chunk's longer KV residency costs nothing, and the margin absorbs
+a burst that lands on the queue; with the pool fuller, the chunk stays just in time, since
+larger chunks hold KV longer.
 
 TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
 (``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
@@ -63,6 +68,7 @@ from fastpp.types import IterationRecord
 from fastpp.view import PolicyView
 
 _PRUNE_EVERY = 4096  # decisions between prunings of the first-sighting table
+_GAP_SAMPLES = 32  # token gaps whose median says whether TPOT has room (8 rounds of 4 slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,10 @@ class SlackConfig:
     # early_ratio x SLO TTFT, for each request that can still make it (module docstring)
     early_ratio: float = 0.7
     early_kv_share: float = 0.5
+    # from this used share of the KV pool, while the token gap is under inflow_tpot_ratio x SLO
+    # TPOT, the chunk need not cover the prompt-token inflow (module docstring; 1 = always does)
+    inflow_kv_share: float = 0.5
+    inflow_tpot_ratio: float = 0.85
     bank_quantile: float = 0.5  # catch-up stretches the round to this quantile of b_j ...
     catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
     park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
@@ -90,8 +100,11 @@ class SlackConfig:
             raise ValueError(f"deadline_ratio must be in (0, 1], got {self.deadline_ratio!r}")
         if not 0 < self.early_ratio <= self.deadline_ratio:
             raise ValueError(f"early_ratio must be in (0, deadline_ratio], got {self.early_ratio!r}")
-        if not 0 <= self.early_kv_share <= 1:
-            raise ValueError(f"early_kv_share must be in [0, 1], got {self.early_kv_share!r}")
+        for name in ("early_kv_share", "inflow_kv_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not self.inflow_tpot_ratio > 0:
+            raise ValueError(f"inflow_tpot_ratio must be > 0, got {self.inflow_tpot_ratio!r}")
         if not 0 <= self.bank_quantile < 1:
             raise ValueError(f"bank_quantile must be in [0, 1), got {self.bank_quantile!r}")
         if not self.catchup_tpot_ratio >= 1:
@@ -158,6 +171,8 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(n_dec, "tile-cap: decode only")
 
         inflow = self._inflow(view, view.now) * cfg.throughput_coeff
+        if _used_share(view) >= scfg.inflow_kv_share and self._tpot_has_room(view):
+            inflow = 0.0  # the waiting queue is the cheaper buffer (module docstring)
         deadlines = self._deadlines(view)
         slo_tpot = view.slo.tpot_s
 
@@ -203,8 +218,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         ``early_kv_share`` used."""
         scfg = self.slack
         now, ttft = view.now, scfg.deadline_ratio * view.slo.ttft_s
-        total = view.kv_total_tokens
-        roomy = total > 0 and total - view.kv_free_tokens < scfg.early_kv_share * total
+        roomy = _used_share(view) < scfg.early_kv_share
         early = scfg.early_ratio * view.slo.ttft_s if roomy else -inf
         out: list[tuple[int, float, float]] = []
         ahead = 0
@@ -295,6 +309,12 @@ class SlackPolicy(PredictiveChunkPolicy):
         total = view.num_parked + sum(view.num_running(s) for s in range(view.num_slots))
         return -(-total // view.num_slots)
 
+    def _tpot_has_room(self, view: PolicyView) -> bool:
+        """True when the median of the last ``_GAP_SAMPLES`` token gaps is under
+        ``inflow_tpot_ratio`` x SLO TPOT (False before any gap is measured)."""
+        gaps = sorted(gap for _, gap in islice(reversed(view.recent_token_gap), _GAP_SAMPLES))
+        return bool(gaps) and gaps[len(gaps) // 2] < self.slack.inflow_tpot_ratio * view.slo.tpot_s
+
     def _round_estimate(self, view: PolicyView) -> float:
         """The last slot round (a token gap sample), else the SLO TPOT."""
         gaps = view.recent_token_gap
@@ -313,3 +333,9 @@ class SlackPolicy(PredictiveChunkPolicy):
             return
         self._last_rec = rec
         super().observe(rec)
+
+
+def _used_share(view: PolicyView) -> float:
+    """The used share of the KV pool (1 for a pool of no tokens: nothing has room)."""
+    total = view.kv_total_tokens
+    return (total - view.kv_free_tokens) / total if total > 0 else 1.0
