@@ -107,10 +107,14 @@ def test_while_the_kv_pool_has_room_a_request_also_counts_against_the_early_dead
     assert [e for _, e, _ in full._deadlines(sched.view)] == [-math.inf] * 3
 
 
-def _chunk_after_filling(kv: int, **cfg) -> tuple[int, float, float]:
+def _chunk_after_filling(
+    kv: int, pause: float = 10.0, optimal: bool = True, **cfg
+) -> tuple[int, float, float]:
     """(chunk, used KV share, required rate) for 40 prompts that arrived over the last second,
     their deadlines far off (SLO TTFT 20 s), behind 16 requests already decoding in a pool of
-    ``kv`` tokens; the inflow, scaled up by throughput_coeff, only the largest chunk covers."""
+    ``kv`` tokens, ``pause`` seconds after those filled it; the inflow, scaled up by
+    throughput_coeff, only the largest chunk covers. With ``optimal`` the decision must meet
+    every deadline."""
     slack = slack_for(predictive=PredictiveConfig(throughput_coeff=10.0), **cfg)
     sched, clock = queued(slack, [], slo=SLO(20.0, 0.2), kv=kv)
     for i in range(16):
@@ -125,10 +129,10 @@ def _chunk_after_filling(kv: int, **cfg) -> tuple[int, float, float]:
     used = 1 - view.kv_free_tokens / view.kv_total_tokens
     t0 = clock.t
     for i in range(40):
-        sched.add_request(Request(100 + i, t0 + 10 + i / 40, 1500, 50))
-    clock.t = view.now = t0 + 11.0
+        sched.add_request(Request(100 + i, t0 + pause + i / 40, 1500, 50))
+    clock.t = view.now = t0 + pause + 1.0
     chunk = slack.choose(view)
-    assert slack.last.reason.startswith("optimal")
+    assert slack.last.reason.startswith("optimal") or not optimal
     return chunk, used, slack.last.required_tok_s
 
 
@@ -140,6 +144,16 @@ def test_with_half_the_kv_pool_used_and_tpot_room_the_deadlines_alone_set_the_ch
     assert used < 0.5 and required == pytest.approx(60_000) and roomy == CANDS[-1]
     tight, used, required = _chunk_after_filling(24_000)
     assert used >= 0.5 and required == 0.0 and tight == 128
+
+
+def test_while_the_pool_fills_fast_the_chunk_covers_the_inflow():
+    # the same half-used pool one second after it filled (from empty, in under 0.1 s): a queue
+    # that grows with the pool is not a buffer (the inflow now counts the 16 first prompts too)
+    chunk, used, required = _chunk_after_filling(24_000, pause=0.0, optimal=False)
+    assert used >= 0.5 and required > 60_000 and chunk == CANDS[-1]
+    # the same instant with the slope limit above that fill rate: the deadlines alone again
+    chunk, used, required = _chunk_after_filling(24_000, pause=0.0, inflow_kv_slope=10.0)
+    assert required == 0.0 and chunk == 128
 
 
 def test_without_tpot_room_the_chunk_covers_the_inflow_however_full_the_pool():
@@ -245,6 +259,8 @@ def test_bad_config_is_named():
         SlackConfig(inflow_kv_share=-0.1)
     with pytest.raises(ValueError, match="inflow_tpot_ratio"):
         SlackConfig(inflow_tpot_ratio=0.0)
+    with pytest.raises(ValueError, match="inflow_kv_slope"):
+        SlackConfig(inflow_kv_slope=-0.01)
 
 
 def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():

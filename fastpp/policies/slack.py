@@ -15,11 +15,13 @@ tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up 
 the deadline of every request that can still make it (s_i > R(C); a request already past that
 point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
 inflow. The first ``max_walk`` waiting requests are checked. Once ``inflow_kv_share`` (half)
-of the KV pool is used while TPOT has room (the median of the last 32 token gaps is under
+of the KV pool is used, while the pool fills no faster than ``inflow_kv_slope`` (1%) of itself
+per second and TPOT has room (the median of the last 32 token gaps is under
 ``inflow_tpot_ratio`` x SLO TPOT), the deadlines alone set the chunk: a prompt that waits holds
 no KV, while a larger chunk lengthens the round and so keeps every running request resident
-longer, and the TPOT room lets a later, larger chunk drain what waits. With the token gap near
-the SLO there is no such room, and the chunk covers the inflow again. While less than
+longer, and the TPOT room lets a later, larger chunk drain what waits. A pool filling fast is a
+queue that grows with it (a burst still arriving), and with the token gap near the SLO there
+is no room to drain it later: then the chunk covers the inflow. While less than
 ``early_kv_share`` (half) of the KV pool is in use, a request counts against the earlier
 deadline arrival_i + ``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it:
 with memory to spare a larger chunk's longer KV residency costs nothing, and the margin absorbs
@@ -83,9 +85,11 @@ class SlackConfig:
     # early_ratio x SLO TTFT, for each request that can still make it (module docstring)
     early_ratio: float = 0.7
     early_kv_share: float = 0.5
-    # from this used share of the KV pool, while the token gap is under inflow_tpot_ratio x SLO
-    # TPOT, the chunk need not cover the prompt-token inflow (module docstring; 1 = always does)
+    # from this used share of the KV pool, while the pool fills no faster than inflow_kv_slope of
+    # itself per second and the token gap is under inflow_tpot_ratio x SLO TPOT, the chunk need
+    # not cover the prompt-token inflow (module docstring; inflow_kv_share 1 = it always does)
     inflow_kv_share: float = 0.5
+    inflow_kv_slope: float = 0.01
     inflow_tpot_ratio: float = 0.85
     bank_quantile: float = 0.5  # catch-up stretches the round to this quantile of b_j ...
     catchup_tpot_ratio: float = 1.5  # ... and at most to this x SLO TPOT
@@ -103,8 +107,9 @@ class SlackConfig:
         for name in ("early_kv_share", "inflow_kv_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not self.inflow_tpot_ratio > 0:
-            raise ValueError(f"inflow_tpot_ratio must be > 0, got {self.inflow_tpot_ratio!r}")
+        for name in ("inflow_kv_slope", "inflow_tpot_ratio"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.bank_quantile < 1:
             raise ValueError(f"bank_quantile must be in [0, 1), got {self.bank_quantile!r}")
         if not self.catchup_tpot_ratio >= 1:
@@ -171,7 +176,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(n_dec, "tile-cap: decode only")
 
         inflow = self._inflow(view, view.now) * cfg.throughput_coeff
-        if _used_share(view) >= scfg.inflow_kv_share and self._tpot_has_room(view):
+        if self._queue_buffers(view):
             inflow = 0.0  # the waiting queue is the cheaper buffer (module docstring)
         deadlines = self._deadlines(view)
         slo_tpot = view.slo.tpot_s
@@ -309,11 +314,17 @@ class SlackPolicy(PredictiveChunkPolicy):
         total = view.num_parked + sum(view.num_running(s) for s in range(view.num_slots))
         return -(-total // view.num_slots)
 
-    def _tpot_has_room(self, view: PolicyView) -> bool:
-        """True when the median of the last ``_GAP_SAMPLES`` token gaps is under
-        ``inflow_tpot_ratio`` x SLO TPOT (False before any gap is measured)."""
+    def _queue_buffers(self, view: PolicyView) -> bool:
+        """True when the waiting queue, not the chunk, should absorb the inflow: at least
+        ``inflow_kv_share`` of the KV pool used, the pool filling no faster than
+        ``inflow_kv_slope`` of itself per second (the KV trend, updated by ``choose``), and the
+        median of the last ``_GAP_SAMPLES`` token gaps under ``inflow_tpot_ratio`` x SLO TPOT
+        (False before any gap is measured)."""
+        scfg = self.slack
+        if _used_share(view) < scfg.inflow_kv_share or self.kv.slope > scfg.inflow_kv_slope:
+            return False
         gaps = sorted(gap for _, gap in islice(reversed(view.recent_token_gap), _GAP_SAMPLES))
-        return bool(gaps) and gaps[len(gaps) // 2] < self.slack.inflow_tpot_ratio * view.slo.tpot_s
+        return bool(gaps) and gaps[len(gaps) // 2] < scfg.inflow_tpot_ratio * view.slo.tpot_s
 
     def _round_estimate(self, view: PolicyView) -> float:
         """The last slot round (a token gap sample), else the SLO TPOT."""
