@@ -70,7 +70,7 @@ from fastpp.types import IterationRecord
 from fastpp.view import PolicyView
 
 _PRUNE_EVERY = 4096  # decisions between prunings of the first-sighting table
-_GAP_SAMPLES = 32  # token gaps whose median says whether TPOT has room (8 rounds of 4 slots)
+_GAP_SAMPLES = 32  # token gaps whose median says whether TPOT has room (8 rounds at D_p = 4)
 
 
 @dataclass(frozen=True, slots=True)
