@@ -316,12 +316,12 @@ class SlackPolicy(PredictiveChunkPolicy):
 
     def _queue_buffers(self, view: PolicyView) -> bool:
         """True when the waiting queue, not the chunk, should absorb the inflow: at least
-        ``inflow_kv_share`` of the KV pool used, the pool filling no faster than
-        ``inflow_kv_slope`` of itself per second (the KV trend, updated by ``choose``), and the
-        median of the last ``_GAP_SAMPLES`` token gaps under ``inflow_tpot_ratio`` x SLO TPOT
-        (False before any gap is measured)."""
+        ``inflow_kv_share`` of the KV pool used and the pool filling no faster than
+        ``inflow_kv_slope`` of itself per second (both read from the KV trend ``choose`` has just
+        updated), and the median of the last ``_GAP_SAMPLES`` token gaps under
+        ``inflow_tpot_ratio`` x SLO TPOT (False before any gap is measured)."""
         scfg = self.slack
-        if _used_share(view) < scfg.inflow_kv_share or self.kv.slope > scfg.inflow_kv_slope:
+        if self.kv.share < scfg.inflow_kv_share or self.kv.slope > scfg.inflow_kv_slope:
             return False
         gaps = sorted(gap for _, gap in islice(reversed(view.recent_token_gap), _GAP_SAMPLES))
         return bool(gaps) and gaps[len(gaps) // 2] < scfg.inflow_tpot_ratio * view.slo.tpot_s
