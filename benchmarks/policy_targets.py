@@ -38,7 +38,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-FINE_GRID = (*range(128, 1025, 128), 1536, 2048)
+from fastpp.sim.plan_candidates import DEFAULT_STATIC_GRID as FINE_GRID  # the planner's static grid
+
 WORKLOADS = ("azure-conv", "sharegpt-synthetic", "cnn-dailymail-synthetic", "cnn-reversed-synthetic")
 DYNAMIC = ("predictive", "slack")
 CACHE = Path(__file__).parent / "out" / "policy_targets.json"

@@ -46,7 +46,7 @@ def plan(
         str | None,
         typer.Option(
             "--policies",
-            help="Narrow or widen the policy grid: comma list of static (chunks 256,512,1024,2048), static:N, greedy, predictive, any other chunk policy of `fastpp policies` (slack, greedy:tile), specs such as predictive+ds, and ds (only +ds) or no-ds. [default: static, greedy and predictive, each with and without +ds]",
+            help="Narrow or widen the policy grid: comma list of static (chunks 128..1024 step 128, 1536, 2048), static:N, greedy, predictive, slack, any other chunk policy of `fastpp policies` (greedy:tile), specs such as predictive+ds, and ds (only +ds) or no-ds. [default: static, greedy, predictive and slack, each with and without +ds]",
         ),
     ] = None,
     layouts: Annotated[

@@ -115,7 +115,12 @@ def example_text(plan: dict[str, Any]) -> str:
     best = best_row(plan)
     ups = runners_up(plan, 2)
     counts = plan["counts"]
-    pruned = sorted({layout_of(r) for r in plan["results"] if r["status"] == "pruned"})
+    layouts = {layout_of(r) for r in plan["results"]}
+    whole = sorted(
+        x for x in layouts if all(r["status"] == "pruned" for r in plan["results"] if layout_of(r) == x)
+    )
+    some = [r["label"] for r in plan["results"] if r["status"] == "pruned" and layout_of(r) not in whole]
+    pruned = ", ".join(whole) + (f"; and {', '.join(some)}" if some else "")
     big = [
         r
         for r in plan["results"]
@@ -128,7 +133,7 @@ def example_text(plan: dict[str, Any]) -> str:
         f"{best['bound_share']:.0%} of its bound, limited by {best['binding']}); next come "
         + ", ".join(f"{r['label']} ({r['goodput']:.2f})" for r in ups)
         + f". Pruned without a probe, because even their bubble-free bounds are below the best "
-        f"goodput: {', '.join(pruned) or 'none'}. Large static chunks on the same layout: "
+        f"goodput: {pruned or 'none'}. Large static chunks on the same layout: "
         f"{big_words} (long chunks stall the decodes that share their microbatch). The probes "
         f"column is what each candidate cost: {plan['probes_run']} probes for "
         f"{len(plan['results'])} candidates; {counts.get('pruned', 0)} were pruned by their bound, "

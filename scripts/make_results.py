@@ -45,7 +45,7 @@ from fastpp.sim import plots
 from fastpp.sim.goodput import slo_goodput
 from fastpp.sim.goodput_fixed import PRESETS
 from fastpp.sim.plan_bound import RequestLengths, capacity_bound
-from fastpp.sim.plan_candidates import DeploymentCandidate, Layout
+from fastpp.sim.plan_candidates import DEFAULT_STATIC_GRID, DeploymentCandidate, Layout
 from fastpp.sim.planner import sample_lengths
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, parse_deployment
 from fastpp.sim.sweep import SweepGrid, SweepPoint, evaluate_point, execute_plans, plan_sweep
@@ -53,9 +53,10 @@ from fastpp.sim.sweep_table import RESULTS_JSONL, read_rows, rewrite_rows
 
 MODELS = ("Qwen2.5-32B", "Qwen2.5-14B")
 WORKLOADS = ("azure-conv", "sharegpt-synthetic", "cnn-dailymail-synthetic", "cnn-reversed-synthetic")
-# The static grid (benchmarks/policy_targets.py's FINE_GRID): every multiple of 128 up to 1024,
-# then 1536 and 2048; "best static" (the paper's PP_static) is the best of it on a workload.
-FINE_GRID = (*range(128, 1025, 128), 1536, 2048)
+# The static grid (the planner's default, as benchmarks/policy_targets.py uses it): every multiple
+# of 128 up to 1024, then 1536 and 2048; "best static" (the paper's PP_static) is the best of it
+# on a workload.
+FINE_GRID = DEFAULT_STATIC_GRID
 STATIC = {"Qwen2.5-32B": FINE_GRID, "Qwen2.5-14B": FINE_GRID}
 DYNAMIC = ("greedy", "greedy:tile", "predictive", "predictive+ds", "slack")
 DYNAMIC_LABEL = {

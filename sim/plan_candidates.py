@@ -7,9 +7,9 @@ weights, the runtime reserve and the activation headroom (the share of memory th
 out of its static pool, 1 - mem_fraction) with room left for a KV pool that holds at least the
 workload's P99 request (prompt + output). Each excluded layout says why.
 
-Policies per layout: static chunks from a grid, greedy and predictive, each with and without
-delay scheduling (``+ds``) when pp > 1 (with one stage there is no other microbatch to park a
-decode behind); on request, each of those again at other async batch depths when pp > 1
+Policies per layout: static chunks from a grid, greedy, predictive and slack, each with and
+without delay scheduling (``+ds``) when pp > 1 (with one stage there is no other microbatch to
+park a decode behind); on request, each of those again at other async batch depths when pp > 1
 (``async_depths``).
 """
 
@@ -26,8 +26,11 @@ from fastpp.sim.hardware import GpuSpec
 from fastpp.sim.sweep_grid import check_policy_name, static_chunk
 
 GIB = 1024**3
-DEFAULT_STATIC_GRID: tuple[int, ...] = (256, 512, 1024, 2048)  # tokens
-DYNAMIC_POLICIES: tuple[str, ...] = ("greedy", "predictive")
+# Every multiple of 128 up to 1024, then 1536 and 2048 (tokens): the best static chunk is often
+# between the powers of two (384 for Qwen2.5-32B on azure-conv, docs/RESULTS.md), and a plan that
+# skipped it would credit a dynamic policy with what a tuned static chunk also serves.
+DEFAULT_STATIC_GRID: tuple[int, ...] = (*range(128, 1025, 128), 1536, 2048)
+DYNAMIC_POLICIES: tuple[str, ...] = ("greedy", "predictive", "slack")
 MEM_FRACTION = 0.9  # the analytic profiles' static pool share (fastpp.sim.analytic)
 
 
