@@ -24,6 +24,7 @@ from fastpp.sim.sweep_grid import static_chunk
 
 SGLANG_PORT = 30000
 VLLM_PORT = 8000
+NEAR_SHOWN = 4  # candidates named on the "as good within one search step" line
 # what a plan says instead of a vLLM command for a pick at an async batch depth
 NO_VLLM_ASYNC = (
     "none: vLLM keeps one batch per stage in flight (no --pp-async-batch-depth); "
@@ -131,6 +132,11 @@ def verdict(plan: DeploymentPlan) -> list[str]:
         f"({best.goodput_per_gpu:.3g} per GPU), {_f(best.bound_share, '{:.0%}')} of its "
         f"bound {best.bound.describe()}; the limit at goodput: {best.binding}"
     )
+    near = plan.near_best
+    if near:
+        shown = ", ".join(f"{r.label} {r.goodput:.3g}" for r in near[:NEAR_SHOWN])
+        more = f" and {len(near) - NEAR_SHOWN} more" if len(near) > NEAR_SHOWN else ""
+        lines.append(f"as good within one search step ({plan.precision:g} req/s per replica): {shown}{more}")
     return lines
 
 

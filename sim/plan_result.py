@@ -165,6 +165,31 @@ class DeploymentPlan:
         top = [r for r in self.results if r.status == "searched" and (r.goodput or 0) > 0]
         return top[0] if top else None
 
+    @property
+    def near_best(self) -> list[CandidateResult]:
+        """Other searched candidates whose goodput lies within one search step (``precision``
+        per replica, times the larger replica count) of the recommendation's: this plan cannot
+        tell them apart from it. Of a candidate and its ``+ds`` twin at the same goodput (the
+        twin's delay scheduling never acted), only the first in rank order."""
+        best = self.best
+        if best is None or best.goodput is None:
+            return []
+
+        def key(r: CandidateResult) -> tuple:
+            c = r.candidate
+            return (c.layout, c.policy.removesuffix("+ds"), c.async_depth, c.queue_order, r.goodput)
+
+        seen = {key(best)}
+        out = []
+        for r in self.results:
+            if r.status != "searched" or r.goodput is None or key(r) in seen:
+                continue
+            seen.add(key(r))
+            step = self.precision * max(best.candidate.layout.dp, r.candidate.layout.dp)
+            if r.goodput >= best.goodput - step - 1e-9:
+                out.append(r)
+        return out
+
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
 
@@ -205,6 +230,7 @@ class DeploymentPlan:
             "seeds": list(self.seeds),
             "routing": ROUTING_NOTE,
             "best": None if best is None else best.label,
+            "near_best": [r.label for r in self.near_best],
             "counts": {s: self.count(s) for s in STATUSES},
             "shared_with_twin": self.num_shared,
             "probes_run": self.probes_run,

@@ -441,3 +441,40 @@ def test_a_plan_under_bursty_arrivals_searches_them_and_says_so(tmp_path):
 
     with pytest.raises(ValueError, match="cv=2.0 needs arrival='gamma'"):
         PlanConfig(cv=2.0)
+
+
+def _result(layout, policy, goodput, status="searched", shared_with=""):
+    from fastpp.sim.plan_bound import CapacityBound
+    from fastpp.sim.plan_result import CandidateResult
+
+    bound = CapacityBound(8.0 * layout.dp, layout.dp, "stage 0", {"stage 0": 8.0})
+    return CandidateResult(
+        DeploymentCandidate(layout, policy), bound, status, goodput, shared_with=shared_with
+    )
+
+
+def test_candidates_within_one_search_step_of_the_pick_are_named():
+    from fastpp.sim.plan_report import verdict
+    from fastpp.sim.plan_result import DeploymentPlan
+
+    pipe, pairs = Layout(1, 1, 4), Layout(2, 1, 2)
+    results = (
+        _result(pipe, "slack", 6.44),
+        _result(pipe, "slack+ds", 6.42),
+        _result(pipe, "predictive", 6.22, shared_with="pp4 predictive+ds"),
+        _result(pipe, "predictive+ds", 6.22),  # the same search as predictive: named once
+        _result(pairs, "greedy", 6.0),  # 2 replicas: within 2 x 0.25 of 6.44
+        _result(pipe, "greedy", 6.18),  # just outside 6.44 - 0.25
+        _result(pipe, "static:384", None, status="beaten"),
+    )
+    plan = DeploymentPlan(
+        "Qwen2.5-32B", "A100-40GB-PCIe", "calibrated", "pcie4", 4, "azure-conv", 2000.0, 200.0,
+        results, (), 0.8, 0.25, (0, 1), 1.0,
+    )  # fmt: skip
+    assert plan.best is results[0]
+    assert [r.label for r in plan.near_best] == ["pp4 slack+ds", "pp4 predictive", "dp2 x pp2 greedy"]
+    assert plan.to_dict()["near_best"] == ["pp4 slack+ds", "pp4 predictive", "dp2 x pp2 greedy"]
+    line = verdict(plan)[-1]
+    assert line.startswith("as good within one search step (0.25 req/s per replica): pp4 slack+ds 6.42")
+    alone = dataclasses.replace(plan, results=results[:1] + results[5:])
+    assert alone.near_best == [] and not verdict(alone)[-1].startswith("as good")
