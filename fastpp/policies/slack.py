@@ -220,10 +220,11 @@ class SlackPolicy(PredictiveChunkPolicy):
         """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
         the first ``max_walk`` waiting requests, in admission order, the continuing chunk
         first. The early slack is -inf (never used) while the KV pool is at least
-        ``early_kv_share`` used."""
+        ``early_kv_share`` used (the share of the KV trend ``choose`` has just updated; a pool of
+        no tokens has no room)."""
         scfg = self.slack
         now, ttft = view.now, scfg.deadline_ratio * view.slo.ttft_s
-        roomy = _used_share(view) < scfg.early_kv_share
+        roomy = view.kv_total_tokens > 0 and self.kv.share < scfg.early_kv_share
         early = scfg.early_ratio * view.slo.ttft_s if roomy else -inf
         out: list[tuple[int, float, float]] = []
         ahead = 0
@@ -344,9 +345,3 @@ class SlackPolicy(PredictiveChunkPolicy):
             return
         self._last_rec = rec
         super().observe(rec)
-
-
-def _used_share(view: PolicyView) -> float:
-    """The used share of the KV pool (1 for a pool of no tokens: nothing has room)."""
-    total = view.kv_total_tokens
-    return (total - view.kv_free_tokens) / total if total > 0 else 1.0
