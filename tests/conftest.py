@@ -8,7 +8,11 @@ checks the compiled build gives the same results and keeps the public classes su
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 os.environ["FASTPP_NATIVE"] = "0"  # before the fastpp imports below (a shell's 1 is overridden)
 
@@ -22,6 +26,22 @@ from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import Request
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def script_module(path: Path) -> Iterator:
+    """A script or benchmark of the repository loaded as a module named after its file, in
+    ``sys.modules`` while in use (dataclasses look their module up there) and removed after."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(path.stem, None)
 
 
 class FakeClock:

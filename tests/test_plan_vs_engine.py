@@ -3,29 +3,17 @@ ranks, pair agreement, errors and the table (no engine, no bench)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from conftest import REPO_ROOT, script_module
 from fastpp.sim.goodput import ProbeResult
 from fastpp.sim.plan_candidates import Layout, PolicyGrid
-
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_vs_engine.py"
 
 
 @pytest.fixture(scope="module")
 def pve():
-    spec = importlib.util.spec_from_file_location("plan_vs_engine", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plan_vs_engine"] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module(REPO_ROOT / "benchmarks" / "plan_vs_engine.py") as module:
         yield module
-    finally:
-        sys.modules.pop("plan_vs_engine", None)
 
 
 def threshold_probe(goodput: float, seen: list[float]):

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT, script_module
 from fastpp.policies.slack import SlackPolicy
 from fastpp.sim.run import DeploymentConfig
-
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "slack_knob_search.py"
 
 
 @pytest.fixture(scope="module")
 def search():
-    spec = importlib.util.spec_from_file_location("slack_knob_search", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slack_knob_search"] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module(REPO_ROOT / "benchmarks" / "slack_knob_search.py") as module:
         yield module
-    finally:
-        sys.modules.pop("slack_knob_search", None)
 
 
 def test_every_draw_is_a_valid_configuration_set_on_both_configs(search):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO_ROOT, script_module
 from fastpp.workloads import (
     WORKLOADS,
     EmpiricalLengths,
@@ -29,7 +29,6 @@ from fastpp.workloads import (
     workload_stats,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # CI clones the repo beside a copy of shared/, so keep this relative layout.
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 CONV = DATA_DIR / "azure" / "AzureLLMInferenceTrace_conv.csv"
@@ -357,13 +356,9 @@ def test_builtin_json_loads_without_data_dir(tmp_path: Path, monkeypatch) -> Non
 
 @needs_data
 def test_builtin_json_matches_a_fresh_derivation(tmp_path: Path) -> None:
-    script = REPO_ROOT / "scripts" / "derive_length_tables.py"
-    module_spec = importlib.util.spec_from_file_location("derive_length_tables", script)
-    assert module_spec is not None and module_spec.loader is not None
-    derive_script = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(derive_script)
     out = tmp_path / "tables.json"
-    derive_script.main(["--data-dir", str(DATA_DIR), "--out", str(out)])
+    with script_module(REPO_ROOT / "scripts" / "derive_length_tables.py") as derive_script:
+        derive_script.main(["--data-dir", str(DATA_DIR), "--out", str(out)])
     assert json.loads(out.read_text()) == load_builtin_tables()
     tables = load_builtin_tables()["tables"]
     assert tables["azure-conv"]["sha256"].startswith("2f1e5b666d4e3055")  # as in the data README
@@ -434,14 +429,11 @@ def test_cnn_reversed_output_spread_matches_the_article_histogram() -> None:
     """cnn-reversed-synthetic's output CV lies in the band scripts/cnn_article_spread.py derives
     from the published CNN/DailyMail article-length histogram, whose bars reproduce the
     figure's printed mean within 1.5%."""
-    script = REPO_ROOT / "scripts" / "cnn_article_spread.py"
-    module_spec = importlib.util.spec_from_file_location("cnn_article_spread", script)
-    assert module_spec is not None and module_spec.loader is not None
-    spread = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(spread)
-    (_, mean_low, cv_low), (_, mean_high, cv_high) = spread.cv_bounds()
+    with script_module(REPO_ROOT / "scripts" / "cnn_article_spread.py") as spread:
+        (_, mean_low, cv_low), (_, mean_high, cv_high) = spread.cv_bounds()
+        printed_mean = spread.PRINTED_MEAN_CHARS
     for mean in (mean_low, mean_high):
-        assert abs(mean / spread.PRINTED_MEAN_CHARS - 1) < 0.015
+        assert abs(mean / printed_mean - 1) < 0.015
     _, out = WORKLOADS["cnn-reversed-synthetic"].make_sampler().sample(np.random.default_rng(0), 100_000)
     cv = out.std() / out.mean()
     assert cv_low - 0.01 <= cv <= cv_high + 0.01, (cv_low, cv, cv_high)
