@@ -193,6 +193,7 @@ def bench(
     except ValueError as exc:
         fail(str(exc))
         return
+    _check_output_file(output_file)
     try:
         result = _run(config, quiet=quiet or not sys.stderr.isatty())
     except BenchError as exc:
@@ -201,13 +202,29 @@ def bench(
     _report(result, output_file, output_details, quiet)
 
 
+def _check_output_file(path: Path | None) -> None:
+    """Fail naming --output-file, before the run, when its line could not be appended there."""
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"--output-file {path} is a folder; give the JSONL file's path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--output-file {path}: cannot create its folder ({exc.strerror or exc})")
+
+
 def _base_url(base_url: str | None, host: str | None, port: int | None, default: str) -> str | None:
     if host is None and port is None:
         return base_url
     if base_url is not None:
         fail("give --base-url or --host/--port, not both")
+    if host is not None and not host.strip():
+        fail("--host must name a host, got ''")
+    if port is not None and not 1 <= port <= 65535:
+        fail(f"--port must be in 1..65535, got {port}")
     parts = urlsplit(default)
-    return f"http://{host or parts.hostname}:{port or parts.port}"
+    return f"http://{host or parts.hostname}:{port if port is not None else parts.port}"
 
 
 def _slos(
@@ -272,7 +289,10 @@ def _report(result: BenchResult, output_file: Path | None, output_details: bool,
         for line in failure_lines(result):
             err_console.print(line, markup=False, highlight=False)
     if output_file is not None:
-        append_jsonl(result, output_file, details=output_details)
+        try:
+            append_jsonl(result, output_file, details=output_details)
+        except OSError as exc:
+            fail(f"--output-file {output_file}: cannot append the run ({exc.strerror or exc})")
         if not quiet:
             err_console.print(f"appended the run to {output_file}", markup=False, highlight=False)
     if result.is_interrupted:

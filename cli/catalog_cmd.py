@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console
+from fastpp.cli.common import console, fail
 from fastpp.cli.render import workloads_table
 
 
@@ -15,7 +15,10 @@ def workloads(
     samples: Annotated[int, typer.Option(help="Samples drawn per workload for the statistics.")] = 20000,
 ) -> None:
     """List the built-in workloads with their length statistics."""
-    from fastpp.workloads import WORKLOADS, WorkloadError, workload_stats
+    from fastpp.workloads import MAX_REQUESTS, WORKLOADS, WorkloadError, workload_stats
+
+    if not 1 <= samples <= MAX_REQUESTS:
+        fail(f"--samples must be in [1, {MAX_REQUESTS:,}], got {samples:,}")
 
     rows, missing = [], []
     for name in WORKLOADS:

@@ -3,6 +3,7 @@ the options a user set (so the config dataclasses' defaults stay the single sour
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import fields
@@ -13,8 +14,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: a user's text such as ``random:a:b`` must print as typed, not with ``:a:`` as 🅰
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def fail(message: str) -> NoReturn:
@@ -59,9 +61,11 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
 
 
 def positive(value: float | None, option: str) -> None:
-    """Fail naming ``option`` unless ``value`` is None or > 0."""
-    if value is not None and not value > 0:
+    """Fail naming ``option`` unless ``value`` is None or a finite number > 0."""
+    if value is not None and not value > 0:  # NaN included
         fail(f"{option} must be > 0, got {value:g}")
+    if value is not None and not math.isfinite(value):
+        fail(f"{option} must be a finite number, got {value:g}")
 
 
 def slo_from_flags(ttft_ms: float | None, tpot_ms: float | None):

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console, err_console, fail, given, slo_from_flags, writable_dir
+from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
 from fastpp.cli.options import (
     AdmissionOpt,
     ArrivalOpt,
@@ -25,6 +25,7 @@ from fastpp.cli.options import (
 
 
 def goodput(
+    ctx: typer.Context,
     workload: Annotated[
         str | None, typer.Option("--workload", "-w", help="Length distribution. [default: azure-conv]")
     ] = None,
@@ -138,6 +139,24 @@ def goodput(
         fail(f"--first-seed must be >= 0, got {first_seed}")
     if attainment is not None and not 0 < attainment <= 1:  # NaN included
         fail(f"--attainment must be in (0, 1] (a share of requests), got {attainment}")
+    if num_requests is not None and num_requests < 2:
+        fail(f"--num-requests (-n) must be >= 2 per seed, got {num_requests}")
+    positive(precision, "--precision")
+    positive(low, "--low")
+    positive(high, "--high")
+    if not low < high:
+        fail(f"--low must be below --high, got --low {low:g} and --high {high:g}")
+    if protocol != "steady":
+        ignored = {
+            "--low": _typed(ctx, "low"),
+            "--high": _typed(ctx, "high"),
+            "--attainment": attainment is not None,
+        }
+        if given_names := [name for name, value in ignored.items() if value]:
+            fail(
+                f"{', '.join(given_names)}: --protocol {protocol} probes a fixed grid of rates and "
+                "judges the P90s; these apply to --protocol steady only"
+            )
     try:
         wl = WorkloadConfig(**given(WorkloadConfig, name=workload, arrival=arrival, cv=cv, data_dir=data_dir))
         base = DeploymentConfig(
@@ -214,7 +233,7 @@ def goodput(
                     dep,
                     seeds=tuple(range(first_seed, first_seed + seeds)),
                     num_requests=num_requests,
-                    precision=precision or 0.1,
+                    precision=precision or 0.1,  # a given 0 was refused above
                     low=low,
                     high=high,
                     criterion="p90" if attainment is None else "attainment",
@@ -257,3 +276,10 @@ def goodput(
             slo_ttft_ms=slo.ttft_s * 1e3,
             slo_tpot_ms=slo.tpot_s * 1e3,
         )
+
+
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option ``name`` rather than leaving its default (compared by name:
+    Typer may bring its own copy of Click's ParameterSource)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console, err_console, fail
+from fastpp.cli.common import console, err_console, fail, positive, writable_dir
 from fastpp.sim.plot_inputs import PlotKind
 
 
@@ -46,6 +46,10 @@ def plot(
     A folder holding several `fastpp simulate` runs (runs/simulate after several invocations)
     plots the newest of them and says so; pass a run's own folder to plot another. What is
     plotted and each figure as it is drawn are logged to stderr; the files written go to stdout."""
+    positive(slo_ttft_ms, "--slo-ttft-ms")
+    positive(slo_tpot_ms, "--slo-tpot-ms")
+    if out is not None:
+        writable_dir(out, "--out")
     draw(results, out, kind=kind, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
 
 

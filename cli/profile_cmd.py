@@ -101,6 +101,9 @@ def profile(
     ] = False,
 ) -> None:
     """Write a profile: analytic (roofline calibrated on measured GPU tables), measured on the CPU engine, or fitted to a recorded run (--from-records)."""
+    if pp is not None and pp < 1:
+        fail(f"--pp must be >= 1, got {pp}")
+    _check_out(out)
     if from_records is not None:
         others = {
             "--backend": backend,
@@ -147,7 +150,7 @@ def profile(
         _analytic(
             model or ANALYTIC_MODEL,
             gpu or ANALYTIC_GPU,
-            deploy or (f"pp{pp}" if pp else ANALYTIC_DEPLOY),
+            deploy or (f"pp{pp}" if pp is not None else ANALYTIC_DEPLOY),
             out,
         )
         return
@@ -170,8 +173,29 @@ def profile(
     )
 
 
-def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
+def _check_out(out: Path | None) -> None:
+    """Fail naming --out, before any work, when the profile could not be written there."""
+    if out is None:
+        return
+    if out.is_dir():
+        fail(f"--out {out} is a folder; give the JSON file's path, such as {out / 'profile.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out {out}: cannot create its folder ({exc.strerror or exc})")
+
+
+def _save(profile, path: Path) -> None:
+    """``save_profile``, failing with the path and the reason (not a traceback) on an OS error."""
     from fastpp.profile import save_profile
+
+    try:
+        save_profile(profile, path)
+    except OSError as exc:
+        fail(f"--out {path}: cannot write the profile ({exc.strerror or exc})")
+
+
+def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
     from fastpp.records_profile import profile_from_records
     from fastpp.sim.models import resolve_model
 
@@ -188,14 +212,13 @@ def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
         fail(str(exc))
         return
     path = out or Path(f"{result.profile.name}.json")
-    save_profile(result.profile, path)
+    _save(result.profile, path)
     for line in result.summary_lines():
         console.print(line)
     console.print(f"wrote {path}; simulate with: fastpp simulate --profile {path}")
 
 
 def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
-    from fastpp.profile import save_profile
     from fastpp.sim.analytic import analytic_profile
     from fastpp.sim.run import parse_deployment
 
@@ -206,7 +229,7 @@ def _analytic(model: str, gpu: str, deploy: str, out: Path | None) -> None:
         fail(str(exc))
         return
     path = out or Path(f"{prof.name}.json")
-    save_profile(prof, path)
+    _save(prof, path)
     st = prof.stages
     console.print(
         f"wrote {path}: {prof.model.name} on {prof.gpu} pp={pp} tp={tp}, "

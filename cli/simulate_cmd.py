@@ -122,6 +122,19 @@ def simulate(
 
     if chunk is not None and policy is not None:
         fail("give --policy or --chunk, not both")
+    _check_replay_options(
+        replay,
+        {"--replay-start": replay_start, "--replay-window": replay_window, "--replay-speed": replay_speed},
+        {
+            "--workload": workload,
+            "--rate": rate,
+            "--num-requests": num_requests,
+            "--duration": duration,
+            "--arrival": arrival,
+            "--cv": cv,
+            "--seed": seed,
+        },
+    )
     positive(max_time, "--max-time")
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     try:
@@ -169,6 +182,25 @@ def simulate(
     _check_table_format(table_format)
     out = _out_dir(out, overwrite)
     _run_and_report(wl, deployments, requests, out, timeline, as_json, max_time, table_format)
+
+
+def _check_replay_options(
+    replay: str | None, replay_options: dict[str, object], synthetic_options: dict[str, object]
+) -> None:
+    """Fail on options the run would ignore: the --replay-* ones without --replay, or those of
+    synthetic arrivals with it (a trace brings its own arrival times and lengths)."""
+    if replay is None:
+        if given_names := [name for name, value in replay_options.items() if value is not None]:
+            fail(
+                f"{', '.join(given_names)} {'applies' if len(given_names) == 1 else 'apply'} to --replay only"
+            )
+    elif given_names := [name for name, value in synthetic_options.items() if value is not None]:
+        verb = "does" if len(given_names) == 1 else "do"
+        fail(
+            f"{', '.join(given_names)} {verb} not apply to --replay {replay} (the trace brings its own "
+            "arrival times and lengths); narrow it with --replay-start / --replay-window, "
+            "scale its rate with --replay-speed"
+        )
 
 
 DEFAULT_RUNS = Path("runs/simulate")  # each run without --out gets a new folder in here

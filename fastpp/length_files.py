@@ -129,30 +129,55 @@ def _rows(path: Path, required: tuple[str, ...]):
     """Yield (line, texts of the ``required`` columns in that order) for each data row, after
     checking that the header names every required column."""
     path = Path(path)
+    if path.is_dir():
+        raise WorkloadError(f"data file {path} is a folder, not a CSV file", path=path)
     try:
-        handle = path.open(newline="", encoding="utf-8-sig")  # -sig: tolerate a BOM
+        # -sig: tolerate a BOM; surrogateescape: a byte that is not UTF-8 is named with its line
+        handle = path.open(newline="", encoding="utf-8-sig", errors="surrogateescape")
     except FileNotFoundError:
         raise WorkloadError(f"data file not found: {path}", path=path) from None
+    except OSError as exc:
+        raise WorkloadError(f"data file {path}: cannot read it ({exc.strerror or exc})", path=path) from None
     with handle:
         reader = csv.reader(handle)
-        header = [name.strip() for name in next(reader, [])]
-        for name in required:
-            if name not in header:
-                expected = ", ".join(required)
-                raise WorkloadError.at(
-                    path, 1, name, f"missing column; expected {expected}, got header {header}"
-                )
-        pick = operator.itemgetter(*(header.index(name) for name in required))
-        for row in reader:
-            if not row:  # a blank line holds no request
-                continue
-            line = reader.line_num
-            if len(row) != len(header):
-                column = header[len(row)] if len(row) < len(header) else f"field {len(header) + 1}"
-                raise WorkloadError.at(
-                    path, line, column, f"row has {len(row)} fields, header has {len(header)}"
-                )
-            yield line, pick(row)
+        try:
+            header = [name.strip() for name in next(reader, [])]
+            _check_text(path, 1, [], header)
+            for name in required:
+                if name not in header:
+                    expected = ", ".join(required)
+                    raise WorkloadError.at(
+                        path, 1, name, f"missing column; expected {expected}, got header {header}"
+                    )
+            pick = operator.itemgetter(*(header.index(name) for name in required))
+            for row in reader:
+                if not row:  # a blank line holds no request
+                    continue
+                line = reader.line_num
+                if len(row) != len(header):
+                    column = header[len(row)] if len(row) < len(header) else f"field {len(header) + 1}"
+                    raise WorkloadError.at(
+                        path, line, column, f"row has {len(row)} fields, header has {len(header)}"
+                    )
+                _check_text(path, line, header, row)
+                yield line, pick(row)
+        except csv.Error as exc:  # a field over the csv module's limit, a NUL byte, ...
+            raise WorkloadError.at(path, reader.line_num, "row", f"not readable as CSV: {exc}") from None
+
+
+def _check_text(path: Path, line: int, header: list[str], row: list[str]) -> None:
+    """Raise naming the line and column (``header``'s name, else the field number) when a cell
+    holds bytes that are not UTF-8 (read with surrogateescape, they show as lone surrogates)."""
+    if all(cell.isascii() for cell in row):
+        return
+    for i, cell in enumerate(row):
+        try:
+            cell.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            column = header[i] if i < len(header) else f"field {i + 1}"
+            byte = ord(cell[exc.start]) - 0xDC00
+            problem = f"not UTF-8 text (byte 0x{byte:02x}); is this a CSV file?"
+            raise WorkloadError.at(path, line, column, problem) from None
 
 
 def _count(path: Path, line: int, column: str, text: str, minimum: int) -> int:

@@ -123,10 +123,10 @@ class ModelShape:
             "head_dim",
             "intermediate_size",
             "vocab_size",
-            "max_context",
             "dtype_bytes",
         ):
             _check_int(name, getattr(self, name), 1)
+        _check_int("max_context", self.max_context, 2)  # a prompt token and an output token
         for name in ("qkv_bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ProfileError(f"expected a bool, got {getattr(self, name)!r}", name)
@@ -413,6 +413,12 @@ class Profile:
             ("activation_bytes_per_token", 1),
         ):
             _check_int(name, getattr(self, name), minimum)
+        if self.page_size > self.kv_capacity_tokens:
+            raise ProfileError(
+                f"{self.page_size} tokens is more than kv_capacity_tokens {self.kv_capacity_tokens}: "
+                "the KV pool must hold at least one page",
+                "page_size",
+            )
         _check_float("host_overhead_s", self.host_overhead_s)
         _check_float("token_return_s", self.token_return_s)
         if not isinstance(self.link, LinkCost):
@@ -605,7 +611,14 @@ def json_depth_error(text: str, limit: int = MAX_JSON_DEPTH) -> str | None:
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; errors name the file and the field (or the line)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): not a profile JSON file",
+            "",
+            path.name,
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

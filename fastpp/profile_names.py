@@ -35,6 +35,8 @@ def resolve_profile(value: str | Path) -> Path:
         shipped = resources.files(_SHIPPED_PACKAGE) / name
         if shipped.is_file():
             return Path(str(shipped))  # installed packages are plain directories (no zip imports)
+    if path.is_dir():
+        raise FileNotFoundError(f"profile {str(value)!r} is a folder; give a profile JSON file")
     raise FileNotFoundError(
         f"profile {str(value)!r}: no such file, and no shipped profile of that name "
         f"(shipped: {', '.join(shipped_profiles())})"

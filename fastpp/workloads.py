@@ -423,6 +423,8 @@ def replay_requests(
         path = _data_file(data_dir, TRACE_FILES[name])
     else:
         path = Path(trace_path_or_name)
+        if path.is_dir():
+            raise WorkloadError(f"trace {path} is a folder; give an Azure-format CSV file", path=path)
         if not path.is_file():
             raise WorkloadError(
                 f"trace not found: {path} (known trace names: {', '.join(TRACE_FILES)})", path=path

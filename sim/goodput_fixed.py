@@ -54,7 +54,7 @@ def parse_protocol(name: str, num_requests: int | None) -> FixedProtocol | None:
     if name == "steady":
         return None
     if name == "fixed":
-        return FixedProtocol(num_requests or 1000)
+        return FixedProtocol(1000 if num_requests is None else num_requests)
     preset = PRESETS.get(name)
     if preset is None:
         known = ", ".join(["steady", "fixed", *PRESETS])

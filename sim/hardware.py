@@ -21,6 +21,7 @@ Spec sheets:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MIB = 1024**2
@@ -307,6 +308,9 @@ DATASHEET_KEYS = {
 }
 
 
+MAX_DATASHEET_NUMBER = 1e9  # far above any GPU's TFLOP/s, GB/s, GiB or SM count; stops inf-like values
+
+
 def parse_gpu_datasheet(text: str) -> GpuSpec:
     """A GPU from its datasheet numbers: ``L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48``
     (optional ``interconnect=pcie4``, ``family=A100``, ``sms=142``). Its achieved fractions are
@@ -333,6 +337,12 @@ def parse_gpu_datasheet(text: str) -> GpuSpec:
         sms = int(values.get("sms", "108"))
     except ValueError as exc:
         raise ValueError(f"GPU {name}: datasheet numbers must be numbers ({exc})") from None
+    for key, number in (("bf16_tflops", flops), ("hbm_gbps", bw), ("memory_gib", mem), ("sms", sms)):
+        if not (math.isfinite(number) and number > 0) or number > MAX_DATASHEET_NUMBER:
+            raise ValueError(
+                f"GPU {name}: {key} must be a number in (0, {MAX_DATASHEET_NUMBER:g}], "
+                f"got {values.get(key, number)}"
+            )
     link = values.get("interconnect", "pcie4")
     get_interconnect(link)
     family = values.get("family", "A100").upper()

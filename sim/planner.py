@@ -164,9 +164,11 @@ def plan_deployment(
     stats = RequestLengths.of(lengths)
     layouts, excluded, model, gpu, source = _layouts(config, p99)
     if config.layouts is not None:
-        wanted = {k.strip().lower().replace(" ", "").replace("x", "") for k in config.layouts}
+        # "dp2 x pp2" names dp2pp2; the user's own spelling is kept for the error
+        given = {k.strip().lower().replace(" ", "").replace("x", ""): k.strip() for k in config.layouts}
+        wanted = set(given)
         known = {lay.fit.layout.key for lay in layouts} | {e.layout.key for e in excluded}
-        unknown = sorted(wanted - known)
+        unknown = sorted(given[k] for k in wanted - known)
         if unknown:
             raise ValueError(
                 f"--layouts: {', '.join(unknown)} is not a layout of "

@@ -22,6 +22,8 @@ Units are those of the files: timestamps in seconds, latencies in ms.
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -116,9 +118,40 @@ def _cell(text: str) -> Any:
     return text
 
 
+def _read_text(path: Path) -> str:
+    """The file's text; PlotInputError naming it when it is not UTF-8 (not a result file)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise PlotInputError(f"{path}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start})") from None
+
+
+def _load_json(path: Path) -> Any:
+    """The file's JSON value; PlotInputError naming it when it is not UTF-8 or not JSON."""
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise PlotInputError(f"{path}: not JSON ({exc.msg})") from exc
+
+
+def _csv_rows(path: Path, limit: int | None = None) -> list[list[str]]:
+    """The rows of a CSV file (header first; the first ``limit`` only, when given);
+    PlotInputError naming the file when it is not UTF-8 text or the csv module cannot read it."""
+    with io.StringIO(_read_text(path), newline="") as f:
+        reader = csv.reader(f)
+        try:
+            return list(itertools.islice(reader, limit))
+        except csv.Error as exc:
+            raise PlotInputError(f"{path}:{reader.line_num}: not readable as CSV ({exc})") from None
+
+
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return [{k: _cell(v or "") for k, v in row.items()} for row in csv.DictReader(f)]
+    rows = _csv_rows(path)
+    header = rows[0] if rows else []
+    return [
+        {k: _cell(row[i] if i < len(row) else "") for i, k in enumerate(header)} for row in rows[1:] if row
+    ]
 
 
 PLOT_ITERATION_COLUMNS = (
@@ -140,10 +173,9 @@ def read_columns(path: str | Path, names: Sequence[str] | None = None) -> Column
     strings. Numeric columns are parsed by ``numpy.loadtxt`` (C speed: 160,000 rows in about
     0.3 s); columnar, so the plots never loop over rows."""
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        first = next(reader, None)
+    rows = _csv_rows(path, 2)  # refuses a file that is not UTF-8 text before numpy reads it
+    header = rows[0] if rows else []
+    first = rows[1] if len(rows) > 1 else None
     wanted = [i for i, n in enumerate(header) if names is None or n in names]
     if first is None:
         return {header[i]: np.zeros(0) for i in wanted}
@@ -180,8 +212,10 @@ def _is_number(text: str) -> bool:
 
 
 def _read_columns_slowly(path: Path, header: Sequence[str], wanted: Sequence[int]) -> dict[str, np.ndarray]:
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))[1:]
+    rows = _csv_rows(path)[1:]
+    for line, row in enumerate(rows, 2):
+        if len(row) != len(header):
+            raise PlotInputError(f"{path}:{line}: row has {len(row)} fields, header has {len(header)}")
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in header]
     return {header[i]: _column(columns[i]) for i in wanted}
 
@@ -216,7 +250,7 @@ def _fast_loads() -> Any:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     fast = _fast_loads()
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -254,10 +288,7 @@ def load_results(path: str | Path) -> list[dict[str, Any]]:
 def load_goodput_json(path: str | Path) -> list[dict[str, Any]]:
     """The results of ``fastpp goodput --json`` (a list, or one object), each with ``probes``."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PlotInputError(f"{path}: not JSON ({exc.msg})") from exc
+    data = _load_json(path)
     results = [data] if isinstance(data, dict) else data
     if not (
         isinstance(results, list)
@@ -311,10 +342,7 @@ def _summary_list(path: Path) -> list[dict[str, Any]] | None:
     listed = path / "summary.json"
     if not listed.is_file() or _is_run(path):
         return None
-    try:
-        data = json.loads(listed.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PlotInputError(f"{listed}: not JSON ({exc.msg})") from exc
+    data = _load_json(listed)
     return data if isinstance(data, list) else None
 
 
@@ -367,7 +395,7 @@ def load_run_dir(path: str | Path, notes: list[str] | None = None) -> list[RunDa
     dirs = [path] if _is_run(path) else [d for d in _subdirs(path) if _is_run(d)]
     if not dirs and not order:
         raise PlotInputError(f"{path}: no run folders and no summary.json: not a simulate or run folder")
-    summaries = {d: json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in dirs}
+    summaries = {d: _load_json(d / "summary.json") for d in dirs}
     if order:
         listed = [d for d in dirs if summaries[d] in order]
         stale = [d.name for d in dirs if d not in listed]

@@ -332,8 +332,8 @@ MAX_CDF_POINTS = 2000  # per curve: more steps than a figure has pixels only slo
 def _cdf_points(finite: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
     """The steps of the empirical CDF of sorted ``finite`` values out of ``total`` requests,
     thinned to at most MAX_CDF_POINTS evenly spaced quantiles (the last point kept)."""
-    xs = np.concatenate([finite[:1], finite])
-    ys = np.arange(finite.size + 1) / max(total, 1)
+    xs = np.concatenate([finite[:1], finite])  # empty when no request finished: no steps
+    ys = np.arange(xs.size) / max(total, 1)
     if xs.size > MAX_CDF_POINTS:
         keep = np.unique(np.linspace(0, xs.size - 1, MAX_CDF_POINTS).round().astype(int))
         xs, ys = xs[keep], ys[keep]

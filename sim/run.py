@@ -72,6 +72,8 @@ class WorkloadConfig:
             raise ValueError("give num_requests or duration_s (or a trace to replay)")
         if self.num_requests is not None and self.duration_s is not None:
             raise ValueError("give num_requests or duration_s, not both")
+        if self.seed < 0:  # numpy's generator refuses it later without naming the option
+            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
         if self.replay is None:  # refused now, not at the first run, naming the field
             check_workload_extent(self.rate, self.num_requests, self.duration_s)
             check_arrival(self.arrival, self.cv)

@@ -490,6 +490,8 @@ def grid_from_mapping(values: dict[str, Any]) -> SweepGrid:
     unknown = sorted(set(values) - set(GRID_KEYS))
     if unknown:
         raise ValueError(f"unknown grid key(s) {', '.join(unknown)}; known: {', '.join(GRID_KEYS)}")
+    for key, value in values.items():
+        _check_grid_type(key, value)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         name = GRID_KEYS[key]
@@ -520,13 +522,80 @@ def grid_from_mapping(values: dict[str, Any]) -> SweepGrid:
     return SweepGrid(**kwargs)
 
 
+# What each grid key holds, for the type check of a grid file's values (the CLI's are typed).
+_STRING_KEYS = (
+    "workload",
+    "model",
+    "gpu",
+    "deploy",
+    "policy",
+    "metric",
+    "profile",
+    "host_loop",
+    "data_dir",
+    "admission",
+    "retraction",
+    "queue_order",
+)
+_NUMBER_KEYS = ("rate", "slo_scale", "precision", "slo_ttft_ms", "slo_tpot_ms")
+_INTEGER_KEYS = ("chunk", "seeds", "num_requests", "pp_async_batch_depth")
+_BOOL_KEYS = ("steady", "best_static")
+_LIST_KEYS = ("workload", "model", "gpu", "deploy", "policy", "chunk", "rate", "slo_scale", "seeds")
+
+
+def _is_kind(value: Any, key: str) -> bool:
+    if key in _STRING_KEYS:
+        return isinstance(value, str)
+    if key in _BOOL_KEYS:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # TOML's true is no number
+        return False
+    if key in _INTEGER_KEYS:
+        return isinstance(value, int)
+    return isinstance(value, int | float)
+
+
+def _check_grid_type(key: str, value: Any) -> None:
+    """Raise ValueError naming ``key`` when a grid file gives it a value of the wrong type (a
+    string for a number, a table, a float count): the checks after it compare numbers."""
+    if key == "chunk_candidates":  # "START:STOP:STEP" / "a,b,c", or a list of integers
+        ok = isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        )
+        kind = "a string such as '128:2048:128' or a list of integers"
+    else:
+        items = value if key in _LIST_KEYS and isinstance(value, list) else [value]
+        ok = all(_is_kind(v, key) for v in items)
+        kind = next(
+            name
+            for keys, name in (
+                (_STRING_KEYS, "a string"),
+                (_BOOL_KEYS, "true or false"),
+                (_INTEGER_KEYS, "an integer"),
+                (_NUMBER_KEYS, "a number"),
+            )
+            if key in keys
+        )
+        if key in _LIST_KEYS:
+            kind += " or a list of them"
+    if not ok:
+        raise ValueError(f"grid key {key!r}: expected {kind}, got {type(value).__name__} {value!r}")
+
+
 def load_grid_file(path: Path) -> dict[str, Any]:
-    """The key/value pairs of a grid TOML file (top level, CLI option names as keys)."""
+    """The key/value pairs of a grid TOML file (top level, CLI option names as keys); ValueError
+    naming the file when it cannot be read or is not TOML."""
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"grid file {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"grid file {path}: not UTF-8 text, not a TOML file ({exc.reason})") from None
+    except FileNotFoundError:
+        raise ValueError(f"grid file {path}: no such file") from None
+    except OSError as exc:
+        raise ValueError(f"grid file {path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def _hash(key: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastpp.types import SLO, Request
 from fastpp.uniform_lengths import UniformLengths
@@ -45,6 +46,20 @@ class Backend(StrEnum):
     @property
     def path(self) -> str:
         return "/v1/completions" if self is Backend.OPENAI else "/v1/chat/completions"
+
+
+def _check_host_and_port(url: str) -> None:
+    """Raise ValueError naming ``url`` when it has no host or its port is not 1..65535 (the
+    HTTP client would fail with a bare OverflowError or InvalidURL)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # an out-of-range or non-numeric port, a broken IPv6 address
+        raise ValueError(f"base_url {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"base_url {url!r} names no host")
+    if port == 0:
+        raise ValueError(f"base_url {url!r}: port must be in 1..65535, got 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +98,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        _check_host_and_port(self.base_url)
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
         try:
             object.__setattr__(self, "backend", Backend(self.backend))
@@ -120,6 +136,11 @@ class BenchConfig:
             # a trace brings its own arrival times: a rate or arrival process would be ignored
             if math.isfinite(self.request_rate) or self.arrival != "poisson" or self.cv != 1.0:
                 raise ValueError("request_rate, arrival and cv do not apply to a replay; use replay_speed")
+        elif self.replay_start_s != 0.0 or self.replay_window_s is not None or self.replay_speed != 1.0:
+            raise ValueError(
+                "replay_start_s, replay_window_s and replay_speed (--replay-start, --replay-window, "
+                "--replay-speed) apply to a replay (--replay) only"
+            )
         elif self.workload.startswith("random:"):
             UniformLengths.parse(self.workload)  # raises naming the bad part
         elif self.workload not in WORKLOADS:
