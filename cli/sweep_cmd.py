@@ -84,7 +84,7 @@ def sweep(
         ),
     ] = None,
     gpu: Annotated[
-        list[str] | None, typer.Option("--gpu", help="GPU axis. [default: A100-40GB-PCIe]")
+        list[str] | None, typer.Option("--gpu", help="GPU axis: names, or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (repeat the option). [default: A100-40GB-PCIe]")
     ] = None,
     model: Annotated[
         list[str] | None, typer.Option("--model", "-m", help="Model axis. [default: Qwen2.5-32B]")
@@ -195,7 +195,7 @@ def sweep(
     from fastpp.cli.run_dirs import RunDirError, fresh_run_dir
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
 
-    models, gpus = _split(model), _split(gpu)
+    models, gpus = _split(model), _split_gpus(gpu)
     if profile is not None and (models or gpus):
         models, gpus = _profile_axes(profile, models, gpus)
     try:
@@ -342,6 +342,14 @@ def _split(
     except ValueError:
         bad = next(v for v in items if not _converts(convert, v))
         raise ValueError(f"{option} takes {convert.__name__} values, got {bad!r}") from None
+
+
+def _split_gpus(values: list[str] | None) -> list[str] | None:
+    """``_split`` for --gpu, where a GPU given by its datasheet (NAME:key=value,...) is one item
+    whose commas separate its numbers, not GPUs."""
+    if values is None:
+        return None
+    return [g for text in values for g in ([text.strip()] if ":" in text else _split([text]) or [])]
 
 
 def _converts(convert: Callable[[str], Any], text: str) -> bool:

@@ -34,8 +34,8 @@ from fastpp.sim.hardware import (
     InterconnectSpec,
     KernelEfficiency,
     efficiency_for,
-    get_gpu,
     get_interconnect,
+    resolve_gpu,
 )
 from fastpp.sim.models import get_model, kv_bytes_per_token_per_layer, layer_weight_params
 
@@ -296,7 +296,7 @@ def analytic_profile(
     Raises ValueError for unknown names, impossible splits or a model that does not fit.
     """
     shape = model if isinstance(model, ModelShape) else get_model(model)  # or a config.json's
-    spec = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu)  # or datasheet numbers
+    spec = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)  # a name, or NAME:datasheet numbers
     eff = efficiency_for(spec)
     link = get_interconnect(interconnect or spec.interconnect)
     if pp < 1 or tp < 1:

@@ -352,8 +352,16 @@ def parse_gpu_datasheet(text: str) -> GpuSpec:
 
 
 def resolve_gpu(text: str) -> GpuSpec:
-    """A known GPU by name or alias, or one given by its datasheet numbers (``NAME:...``)."""
-    return parse_gpu_datasheet(text) if ":" in text else get_gpu(text)
+    """A known GPU by name or alias, or one given by its datasheet numbers (``NAME:...``).
+    An unknown name's error says how to give it by its numbers."""
+    if ":" in text:
+        return parse_gpu_datasheet(text)
+    try:
+        return get_gpu(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}; or give it by its datasheet: {text.strip()}:bf16_tflops=..,hbm_gbps=..,memory_gib=.."
+        ) from None
 
 
 def is_calibrated(gpu: GpuSpec) -> bool:

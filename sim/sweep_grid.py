@@ -40,7 +40,7 @@ from fastpp.scheduler_config import DEFAULT_ADMISSION_RESERVE, check_queue_optio
 from fastpp.sim.engine import HOST_LOOPS
 from fastpp.sim.goodput import GOODPUT_METHOD, slo_goodput
 from fastpp.sim.goodput_fixed import parse_protocol
-from fastpp.sim.hardware import get_gpu
+from fastpp.sim.hardware import resolve_gpu
 from fastpp.sim.models import get_model
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, parse_deployment
 from fastpp.types import SLO
@@ -83,7 +83,7 @@ class SweepPoint:
     metric: str  # "simulate" | "goodput" (best-static candidates are goodput points)
     workload: str  # registry name (fastpp.workloads.WORKLOADS)
     model: str  # canonical model name
-    gpu: str  # canonical GPU name
+    gpu: str  # canonical GPU name, or NAME:datasheet numbers
     pp: int
     tp: int
     policy: str  # policy spec, e.g. static:512 or predictive+ds
@@ -323,7 +323,7 @@ class SweepGrid:
         for name in self.models or ():
             get_model(name)
         for name in self.gpus or ():
-            get_gpu(name)
+            resolve_gpu(name)
         for spec in self.policies or ():
             check_policy_name(spec)
         for text in self.deployments or ():
@@ -350,7 +350,7 @@ class SweepGrid:
         precision = None if precision is None else float(precision)
         seed_sets = (tuple(seeds),) if goodput else tuple((s,) for s in seeds)
         default_deploy = f"pp{_DEPLOY_DEFAULT.pp}tp{_DEPLOY_DEFAULT.tp}"
-        names = lambda model, gpu: (get_model(model).name, get_gpu(gpu).name)  # noqa: E731
+        names = lambda model, gpu: (get_model(model).name, _gpu_name(gpu))  # noqa: E731
         models, gpus = self.models, self.gpus
         if self.profile is not None:  # the file says what it is
             prof = load_profile(resolve_profile(self.profile))
@@ -596,6 +596,12 @@ def load_grid_file(path: Path) -> dict[str, Any]:
         raise ValueError(f"grid file {path}: no such file") from None
     except OSError as exc:
         raise ValueError(f"grid file {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _gpu_name(text: str) -> str:
+    """A known GPU's canonical name; a GPU given by its datasheet numbers as given (the numbers
+    are what the point simulates, and they are part of its key)."""
+    return text.strip() if ":" in text else resolve_gpu(text).name
 
 
 def _hash(key: dict[str, Any]) -> str:

@@ -489,3 +489,54 @@ def test_plot_of_a_folder_of_sweeps_draws_the_newest_alone(tmp_path):
     from fastpp.sim.plot_inputs import detect
 
     assert detect(tmp_path) == ("sweep", tmp_path / "new")
+
+
+def test_a_gpu_given_by_its_datasheet_runs_in_simulate_profile_and_sweep(tmp_path):
+    """`fastpp plan` takes an uncalibrated GPU by its numbers; simulate, profile and sweep take
+    the same text (the sweep keeps its commas as the GPU's, not as a list of GPUs)."""
+    gpu = "L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48"
+    res = invoke(
+        "simulate",
+        "--gpu",
+        gpu,
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2",
+        "-n",
+        "20",
+        "--json",
+        "-o",
+        str(tmp_path / "s"),
+    )
+    assert res.exit_code == 0, res.output
+    (summary,) = json.loads(res.output)
+    assert summary["completed"] == 20
+    res = invoke("profile", "--gpu", gpu, "-m", "Qwen2.5-14B", "-d", "pp2", "-o", str(tmp_path / "p.json"))
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "p.json").read_text())["gpu"] == "L40S"
+    out = tmp_path / "sweep"
+    res = invoke(
+        "sweep",
+        "--gpu",
+        gpu,
+        "--gpu",
+        "H100",
+        "-m",
+        "Qwen2.5-14B",
+        "-d",
+        "pp2",
+        "-r",
+        "2",
+        "-n",
+        "20",
+        "-o",
+        str(out),
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["gpu"] for r in rows] == [gpu, "H100-SXM"] and all(r["completed"] == 20 for r in rows)
+    res = invoke("simulate", "--gpu", "L40S", "-n", "20", "-o", str(tmp_path / "bad"))
+    assert res.exit_code == 2 and "give it by its datasheet: L40S:bf16_tflops=" in " ".join(
+        res.output.split()
+    )

@@ -196,7 +196,7 @@ def test_a_gpu_by_its_datasheet_is_uncalibrated():
         resolve_gpu("X:bf16_tflops=1,hbm_gbps=2")
     with pytest.raises(ValueError, match="unknown datasheet entry 'speed=3'"):
         resolve_gpu("X:bf16_tflops=1,hbm_gbps=2,memory_gib=3,speed=3")
-    with pytest.raises(ValueError, match="unknown GPU 'B300'"):
+    with pytest.raises(ValueError, match="unknown GPU 'B300'.*give it by its datasheet: B300:bf16_tflops="):
         resolve_gpu("B300")
 
 
