@@ -226,6 +226,7 @@ def find_goodput(
     confirm: Callable[[float], ProbeResult] | None = None,
     high_fails: bool = False,
     defer_confirmation: bool = False,
+    grid: float | None = None,
 ) -> GoodputResult:
     """Highest rate r with ``criterion(r).ok``, assuming feasibility falls monotonically with r.
 
@@ -255,7 +256,23 @@ def find_goodput(
     (the bisection between that pass and the withdrawn rate is the one the rule above runs
     once it has confirmed the pass), one confirmation fewer whenever a pass above it confirms;
     ``fastpp goodput`` keeps the rule above.
+
+    ``grid``: probe only whole multiples of ``grid`` req/s (``low`` rounded down, ``high`` and
+    ``max_rate`` up, every halving, doubling and midpoint to a multiple; below one ``grid`` the
+    halvings go on as halves), and stop when the bracket's ends are neighbours. The answer is
+    then the highest multiple that passes, which, with monotone verdicts, does not depend on
+    where the bracket started: two searches of the same deployment from different brackets
+    (the planner's, which start from the goodput of whichever candidate finished first) agree.
     """
+    if grid is not None:
+        if not (math.isfinite(grid) and grid > 0):
+            raise ValueError(f"grid must be > 0 req/s, got {grid!r}")
+        low = _on_grid(low, grid, math.floor)
+        high = max(_on_grid(high, grid, math.ceil), low + grid)
+        if max_rate is not None:
+            max_rate = _on_grid(max_rate, grid, math.ceil)
+        if min_rate is not None:
+            min_rate = min(min_rate, low)
     floor = low / EXPANSION_FACTOR if min_rate is None else min_rate
     cap = high * EXPANSION_FACTOR if max_rate is None else max_rate
     if not 0 < floor <= low < high <= cap:
@@ -314,18 +331,28 @@ def find_goodput(
         )
         return done(0.0, hi, why)
 
+    def snap(rate: float, rounding: Callable[[float], float] = round) -> float:
+        return rate if grid is None else _on_grid(rate, grid, rounding)
+
+    def half(hi: float) -> float:
+        """The next rate down from ``hi``: its half, on the grid while the grid has a point
+        below ``hi`` (below one grid step the halves go on, the same from any bracket)."""
+        return hi / 2 if grid is None or hi <= grid * (1 + 1e-9) else snap(hi / 2, math.floor)
+
     def halve_below(hi: float) -> tuple[float, float]:
         """Halve down from ``hi`` (infeasible) to the floor: (first feasible or 0, hi)."""
-        rate = hi / 2
+        rate = half(hi)
         while rate >= floor * (1 - 1e-9) and budget_left():
             if probe(rate):
                 return rate, hi
-            hi, rate = rate, rate / 2
+            hi, rate = rate, half(rate)
         return 0.0, hi
 
     def bisect(lo: float, hi: float) -> tuple[float, float]:
         while hi - lo >= precision and math.isfinite(hi) and budget_left():
-            mid = (lo + hi) / 2
+            mid = snap((lo + hi) / 2)
+            if not lo < mid < hi:  # neighbours on the grid
+                break
             if probe(mid):
                 lo = mid
             else:
@@ -346,7 +373,7 @@ def find_goodput(
             lo = rate
             if rate >= cap:
                 break
-            rate = min(rate * 2, cap)
+            rate = min(snap(rate * 2, math.ceil), cap)
         if lo >= high and math.isfinite(hi):
             notes.append(f"high {high:g} req/s was feasible: expanded upward to {hi:g}")
     else:
@@ -398,6 +425,13 @@ def find_goodput(
     elif math.isinf(hi) and lo >= high:
         notes.append(f"high {high:g} req/s was feasible: expanded upward past {lo:g}")
     return done(lo, hi)
+
+
+def _on_grid(rate: float, grid: float, rounding: Callable[[float], float]) -> float:
+    """``rate`` rounded (``math.floor``, ``math.ceil`` or ``round``) to a whole multiple of
+    ``grid``, at least one ``grid``; the same multiple always gives the same float."""
+    nudge = {math.floor: 1e-9, math.ceil: -1e-9}.get(rounding, 0.0)  # 0.3 / 0.1 = 2.9999999999999996
+    return max(1, int(rounding(rate / grid + nudge))) * grid
 
 
 def probe_span_s(workload: WorkloadConfig, slo: SLO, samples: int = 4000) -> float:
@@ -452,6 +486,7 @@ def slo_goodput(
     high_fails: bool = False,
     defer_confirmation: bool = False,
     on_open: Callable[[PipelineSimulation], None] | None = None,
+    grid: float | None = None,
 ) -> GoodputResult:
     """Goodput of ``deployment`` on ``workload``'s length distribution (module docstring rules).
 
@@ -466,7 +501,8 @@ def slo_goodput(
     not share (module docstring); ``num_requests`` is then the starting length. Off, every probe
     is one run of ``num_requests`` (the fixed-run protocol).
     ``high_fails``: ``high`` is known infeasible and not probed; ``defer_confirmation``: the
-    first withdrawal's highest pass below is confirmed last (both ``find_goodput``).
+    first withdrawal's highest pass below is confirmed last; ``grid``: probe only whole multiples
+    of it, so the answer does not depend on the bracket (all three ``find_goodput``).
     ``on_open`` sees every simulation the search opens (to read its counters afterwards).
     """
     converge = require_steady if converge is None else converge
@@ -640,6 +676,7 @@ def slo_goodput(
         confirm=_collector_paused(confirm) if converge else None,
         high_fails=high_fails,
         defer_confirmation=defer_confirmation,
+        grid=grid,
     )
     result = replace(result, seeds=tuple(seeds), seed_rates=_seed_rates(result.probes, len(seeds)))
     if criterion == "p90":

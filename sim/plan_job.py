@@ -7,7 +7,10 @@ is the row a rerun would give.
 - Goodput: ``fastpp.sim.goodput.slo_goodput`` on one replica (a replica of dp under random
   routing of a Poisson stream sees rate / dp), the same search ``fastpp goodput`` runs; the
   deployment's goodput is dp times the replica's. The bracket starts from the capacity bound:
-  [bound / 2, bound], or, when a goodput to beat is given, [beat, bound]. Under the
+  [bound / 2, bound], or, when a goodput to beat is given, [beat, bound]. It probes only whole
+  multiples of the precision (``find_goodput``'s ``grid``), so a candidate's goodput is the
+  highest multiple that passes wherever its bracket started: the beat a job is given depends
+  on which candidates finished before it, and so on the worker count, and the plan does not. Under the
   steady-queue rule the bound is not probed: at it the busiest resource is 100% busy and no
   queue is stationary, so it is infeasible by the goodput definition (a probe there would
   only close the bracket where it already is). When the first answer fails confirmation, the
@@ -188,6 +191,7 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
             high_fails=high_fails,
             defer_confirmation=True,
             on_open=moves,
+            grid=settings.precision,
         )
     except _Beaten as beaten:
         row.update(

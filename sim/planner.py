@@ -78,7 +78,8 @@ from fastpp.workloads import WORKLOADS, check_arrival
 
 PLAN_JSONL = "plan.jsonl"
 LENGTH_SAMPLES = 4000  # workload requests sampled for the P99 request and the bound
-PLAN_METHOD = 3  # version of the job rules; part of every cache key (3: the bound unprobed)
+# version of the job rules; part of every cache key (3: the bound unprobed; 4: probes on the precision's grid)
+PLAN_METHOD = 4
 Progress = Callable[[int, int, str], None]  # (candidates done, candidates, last finished label)
 
 

@@ -170,6 +170,63 @@ def test_deferring_the_first_confirmation_below_a_withdrawal_finds_the_same_answ
         assert deferred.best.metrics["look"] == 2.0
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    looks=st.floats(0.3, 30.0),
+    confirmed=st.floats(0.3, 1.0),
+    starts=st.lists(
+        st.tuples(st.floats(0.1, 25.0), st.floats(1.05, 6.0), st.booleans()), min_size=2, max_size=4
+    ),
+    grid=st.sampled_from([0.1, 0.25, 0.5]),
+)
+def test_on_a_grid_the_answer_does_not_depend_on_the_bracket(looks, confirmed, starts, grid):
+    """With ``grid``, searches from different brackets (with or without an infeasible ``high``
+    known, as the planner's) probe only multiples of the grid and agree on the answer: the
+    highest multiple that passes its confirmation, whose neighbour above fails."""
+    truth = looks * confirmed
+    answers = set()
+    for low, span, known in starts:
+        high = low * span
+        result = find_goodput(
+            lambda r: ProbeResult(r, r <= looks),
+            low=low,
+            high=high,
+            precision=grid,
+            max_probes=60,
+            min_rate=grid,  # the default floors (low / 16, high x 16) would differ between starts
+            max_rate=256.0,
+            confirm=lambda r: ProbeResult(r, r <= truth, {"look": 2.0}),
+            high_fails=known and high > looks,
+            defer_confirmation=True,
+            grid=grid,
+        )
+        assert_consistent(result)
+        for p in result.probes:
+            assert math.isclose(p.rate / grid, round(p.rate / grid))
+        answers.add(round(result.rate / grid))
+    expected = math.floor(truth / grid) + 1
+    while expected > 0 and expected * grid > truth:  # the multiples as the search computes them
+        expected -= 1
+    assert answers == {expected}
+
+
+def test_on_a_grid_rates_below_one_step_are_halved_as_before():
+    """A goodput below one grid step is not rounded to 0: under the grid the search halves on,
+    from any bracket to the same rates."""
+    for low, high in ((4.0, 8.0), (6.5, 9.0), (1.0, 2.0)):
+        result = find_goodput(
+            lambda r: ProbeResult(r, r <= 0.3),
+            low=low,
+            high=high,
+            precision=2.0,
+            max_probes=20,
+            min_rate=0.1,
+            grid=2.0,
+        )
+        assert result.rate == 0.25 and result.margin == 0.25
+        assert [p.rate for p in result.probes][-4:] == [2.0, 1.0, 0.5, 0.25]
+
+
 def test_a_deferred_confirmation_is_saved_when_a_pass_above_it_confirms():
     """First looks pass to 6.6 req/s, the longest to 6.3: 6.5 is withdrawn; confirming 6.0
     first (the rule) costs a confirmation the bisection's confirmed 6.25 makes moot."""
