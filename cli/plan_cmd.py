@@ -163,6 +163,13 @@ def plan(
 
     if seeds < 1:
         fail(f"--seeds must be >= 1, got {seeds}")
+    for option, given_text in (
+        ("--policies", policies),
+        ("--layouts", layouts),
+        ("--queue-orders", queue_orders),
+    ):
+        if given_text is not None and not given_text.strip(" ,"):
+            fail(f"{option} is empty; leave it out for the default")
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     try:
         settings = SearchSettings(

@@ -178,7 +178,8 @@ def deployments_for(base: DeploymentConfig, specs: Sequence[str] | None) -> list
     fixes pp and tp: no specs means ``base`` itself, and specs may only name policies on the
     file's shape (``pp2@greedy`` for a pp2 file); another shape raises naming both."""
     if base.profile_path is None:
-        return [base.with_parallel(*parse_deployment(d)) for d in (specs or DEFAULT_COMPARISON)]
+        specs = specs or DEFAULT_COMPARISON
+        return _distinct(specs, [base.with_parallel(*parse_deployment(d)) for d in specs])
     if not specs:
         return [base]
     shape = base.load_profile()
@@ -188,7 +189,18 @@ def deployments_for(base: DeploymentConfig, specs: Sequence[str] | None) -> list
         if (pp, tp) != (shape.pp, shape.tp):
             raise ValueError(f"-d {d}: the profile {base.profile_path} is for pp{shape.pp}tp{shape.tp}")
         out.append(base.with_parallel(pp, tp, policy))
-    return out
+    return _distinct(specs, out)
+
+
+def _distinct(specs: Sequence[str], deployments: list[DeploymentConfig]) -> list[DeploymentConfig]:
+    """``deployments``, refusing one that repeats an earlier one (its rows and run folder would
+    be the earlier one's twice over)."""
+    first: dict[DeploymentConfig, str] = {}
+    for spec, dep in zip(specs, deployments, strict=True):
+        if dep in first:
+            raise ValueError(f"-d {spec} names the same deployment as -d {first[dep]}; give each once")
+        first[dep] = spec
+    return deployments
 
 
 def check_deployment(deployment: DeploymentConfig) -> None:

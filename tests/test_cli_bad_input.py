@@ -43,6 +43,24 @@ def test_an_infinite_slo_is_refused_naming_the_flag(command, tmp_path):
     refused(command, "--slo-ttft-ms", "inf", *out, needle="--slo-ttft-ms must be a finite number, got inf")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("simulate", "-d", "pp4", "-d", "pp4@static:2048", "-n", "10"),
+        ("goodput", "-d", "pp4@predictive", "-d", "pp4@predictive"),
+    ],
+)
+def test_a_deployment_given_twice_is_refused(args, tmp_path):
+    """Two -d naming one deployment would write one run folder twice and show two rows."""
+    out = ("-o", str(tmp_path / "o")) if args[0] == "simulate" else ()
+    refused(*args, *out, needle=f"-d {args[4]} names the same deployment as -d {args[2]}")
+
+
+@pytest.mark.parametrize("option", ["--policies", "--layouts", "--queue-orders"])
+def test_an_empty_plan_list_is_refused_not_taken_as_the_default(option, tmp_path):
+    refused("plan", option, " ", "-o", str(tmp_path), needle=f"{option} is empty")
+
+
 def test_a_random_workload_spec_prints_as_typed(tmp_path):
     # rich used to turn ":a:" into an emoji, so the message did not show what was typed
     refused("simulate", "-n", "5", "-w", "random:a:b", "-o", str(tmp_path), needle="'random:a:b'")
