@@ -36,7 +36,7 @@ def timed(config: PlanConfig, workers: int) -> tuple:
 
 def describe(name: str, plan, wall: float, cpu: float) -> str:
     best = plan.best
-    pick = "none" if best is None else f"{best.label} at {best.goodput:.3g} req/s"
+    pick = "none" if best is None else f"{best.label} at {best.goodput:.2f} req/s"
     head = (
         f"{name}: wall {wall:.1f} s, CPU {cpu:.1f} s; {len(plan.results)} candidates: "
         f"{plan.count('searched')} searched, {plan.count('beaten')} beaten, "

@@ -155,13 +155,13 @@ def other_row(name: str, plan: dict[str, Any]) -> str:
     ups = runners_up(plan, 1)
     below = sorted({layout_of(r) for r in plan["results"] if r["status"] == "beaten"} - {layout_of(best)})
     tp = [r for r in plan["results"] if r["tp"] > 1]
-    parts = [f"{r['label']} {r['goodput']:.1f}" for r in ups]
+    parts = [f"{r['label']} {r['goodput']:.2f}" for r in ups]
     if below:
-        parts.append(f"{', '.join(below)} failed at or below {best['goodput']:.1f}")
+        parts.append(f"{', '.join(below)} failed at or below {best['goodput']:.2f}")
     if tp and all(r["status"] == "pruned" for r in tp):
         parts.append(f"every layout with TP pruned (bounds at most {max(r['bound'] for r in tp):.1f})")
     return (
-        f"| `{command(name)}` | {best['label']} | {best['goodput']:.1f} req/s "
+        f"| `{command(name)}` | {best['label']} | {best['goodput']:.2f} req/s "
         f"({best['bound_share']:.0%} of its bound) | {'; '.join(parts)} | {best['binding']} |"
     )
 

@@ -128,13 +128,13 @@ def verdict(plan: DeploymentPlan) -> list[str]:
         lines.append("no feasible deployment: " + no_feasible_reason(plan))
         return lines
     lines.append(
-        f"recommended: {best.label}: goodput {best.goodput:.3g} req/s "
-        f"({best.goodput_per_gpu:.3g} per GPU), {_f(best.bound_share, '{:.0%}')} of its "
+        f"recommended: {best.label}: goodput {best.goodput:.2f} req/s "
+        f"({best.goodput_per_gpu:.2f} per GPU), {_f(best.bound_share, '{:.0%}')} of its "
         f"bound {best.bound.describe()}; the limit at goodput: {best.binding}"
     )
     near = plan.near_best
     if near:
-        shown = ", ".join(f"{r.label} {r.goodput:.3g}" for r in near[:NEAR_SHOWN])
+        shown = ", ".join(f"{r.label} {r.goodput:.2f}" for r in near[:NEAR_SHOWN])
         more = f" and {len(near) - NEAR_SHOWN} more" if len(near) > NEAR_SHOWN else ""
         lines.append(f"as good within one search step ({plan.precision:g} req/s per replica): {shown}{more}")
     return lines
@@ -218,11 +218,9 @@ def serve_commands(
 
 
 def _goodput(r: CandidateResult) -> str:
-    if r.status == "pruned":
-        return f"<{r.below:.3g}"
-    if r.status == "beaten":
-        return f"<{r.below:.3g}"
-    return f"{r.goodput:.3g}"
+    if r.status in ("pruned", "beaten"):
+        return f"<{r.below:.2f}"
+    return f"{r.goodput:.2f}"  # a multiple of the precision (0.25 by default): two decimals show it
 
 
 def _binding(r: CandidateResult) -> str:
