@@ -46,7 +46,10 @@ def profile(
         ),
     ] = None,
     gpu: Annotated[
-        str | None, typer.Option(help=f"GPU name (analytic only), or an uncalibrated one by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (`fastpp plan --gpu list`). [default: {ANALYTIC_GPU}]")
+        str | None,
+        typer.Option(
+            help=f"GPU name (analytic only), or an uncalibrated one by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (`fastpp plan --gpu list`). [default: {ANALYTIC_GPU}]"
+        ),
     ] = None,
     deploy: Annotated[
         str | None,

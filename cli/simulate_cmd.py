@@ -52,7 +52,12 @@ def simulate(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model name. [default: Qwen2.5-32B]")
     ] = None,
-    gpu: Annotated[str | None, typer.Option(help="GPU name, or an uncalibrated one by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (`fastpp plan --gpu list`). [default: A100-40GB-PCIe]")] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU name, or an uncalibrated one by its datasheet: NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (`fastpp plan --gpu list`). [default: A100-40GB-PCIe]"
+        ),
+    ] = None,
     deploy: Annotated[
         list[str] | None,
         typer.Option(

@@ -84,7 +84,11 @@ def sweep(
         ),
     ] = None,
     gpu: Annotated[
-        list[str] | None, typer.Option("--gpu", help="GPU axis: names, or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (repeat the option). [default: A100-40GB-PCIe]")
+        list[str] | None,
+        typer.Option(
+            "--gpu",
+            help="GPU axis: names, or NAME:bf16_tflops=..,hbm_gbps=..,memory_gib=.. (repeat the option). [default: A100-40GB-PCIe]",
+        ),
     ] = None,
     model: Annotated[
         list[str] | None, typer.Option("--model", "-m", help="Model axis. [default: Qwen2.5-32B]")
