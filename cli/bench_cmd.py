@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from fastpp.cli.common import err_console, fail, given
+from fastpp.cli.common import err_console, fail, given, writable_file
 from fastpp.cli.options import (
     ArrivalOpt,
     CvOpt,
@@ -193,25 +193,13 @@ def bench(
     except ValueError as exc:
         fail(str(exc))
         return
-    _check_output_file(output_file)
+    writable_file(output_file, "--output-file", "the JSONL file's path")  # before the run
     try:
         result = _run(config, quiet=quiet or not sys.stderr.isatty())
     except BenchError as exc:
         fail(str(exc))
         return
     _report(result, output_file, output_details, quiet)
-
-
-def _check_output_file(path: Path | None) -> None:
-    """Fail naming --output-file, before the run, when its line could not be appended there."""
-    if path is None:
-        return
-    if path.is_dir():
-        fail(f"--output-file {path} is a folder; give the JSONL file's path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"--output-file {path}: cannot create its folder ({exc.strerror or exc})")
 
 
 def _base_url(base_url: str | None, host: str | None, port: int | None, default: str) -> str | None:

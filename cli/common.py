@@ -60,6 +60,19 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def writable_file(path: Path | None, option: str, what: str) -> None:
+    """Fail naming ``option``, before any work, when ``path`` (if given) is a folder or its
+    folder cannot be created; ``what`` says what to give instead ("the JSON file's path")."""
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"{option} {path} is a folder; give {what}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"{option} {path}: cannot create its folder ({exc.strerror or exc})")
+
+
 def positive(value: float | None, option: str) -> None:
     """Fail naming ``option`` unless ``value`` is None or a finite number > 0."""
     if value is not None and not value > 0:  # NaN included

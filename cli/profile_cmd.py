@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console, err_console, fail, given
+from fastpp.cli.common import console, err_console, fail, given, writable_file
 
 BACKENDS = ("analytic", "torch")
 ANALYTIC_MODEL, ANALYTIC_GPU, ANALYTIC_DEPLOY = "Qwen2.5-32B", "A100-40GB-PCIe", "pp4"
@@ -106,7 +106,8 @@ def profile(
     """Write a profile: analytic (roofline calibrated on measured GPU tables), measured on the CPU engine, or fitted to a recorded run (--from-records)."""
     if pp is not None and pp < 1:
         fail(f"--pp must be >= 1, got {pp}")
-    _check_out(out)
+    if out is not None:
+        writable_file(out, "--out", f"the JSON file's path, such as {out / 'profile.json'}")
     if from_records is not None:
         others = {
             "--backend": backend,
@@ -174,18 +175,6 @@ def profile(
         no_link,
         concurrent_load,
     )
-
-
-def _check_out(out: Path | None) -> None:
-    """Fail naming --out, before any work, when the profile could not be written there."""
-    if out is None:
-        return
-    if out.is_dir():
-        fail(f"--out {out} is a folder; give the JSON file's path, such as {out / 'profile.json'}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"--out {out}: cannot create its folder ({exc.strerror or exc})")
 
 
 def _save(profile, path: Path) -> None:

@@ -353,7 +353,7 @@ def _split_gpus(values: list[str] | None) -> list[str] | None:
     whose commas separate its numbers, not GPUs."""
     if values is None:
         return None
-    return [g for text in values for g in ([text.strip()] if ":" in text else _split([text]) or [])]
+    return [g.strip() for text in values for g in ([text] if ":" in text else text.split(",")) if g.strip()]
 
 
 def _converts(convert: Callable[[str], Any], text: str) -> bool:
