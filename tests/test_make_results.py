@@ -109,3 +109,30 @@ def test_bursty_section_names_the_best_static_chunk_and_who_falls_behind(tmp_pat
     assert f"(C = 384, 512, {chunks[-1]} at cv 1, 2, 4)" in text
     assert f"below the best static chunk: slack at cv {cvs[-1]:g} (4.50 vs 5.00)" in text
     assert "At least 5% ahead: slack at cv 1 (+7.1%)." in text
+
+
+def test_overload_words_name_the_worst_gap_and_what_five_percent_would_take(script):
+    from fastpp.sim.overload import OverloadThroughput
+
+    def t(rate: float) -> OverloadThroughput:
+        return OverloadThroughput(rate, (10.0, 20.0), 0.0, 100)
+
+    found = {
+        ("M", "a"): {"best_goodput": 9.0, "pp4@slack": 9.0},
+        ("M", "b"): {"best_goodput": 4.0, "pp4@slack": 4.0},
+    }
+    out = {
+        ("M", "a"): {
+            "best": 384,
+            "cells": {"static:384": (t(10), t(10)), "predictive": (t(9), t(10)), "slack": (t(10), t(10.5))},
+        },
+        ("M", "b"): {
+            "best": 128,
+            "cells": {"static:128": (t(5), t(5)), "predictive": (t(5), t(5)), "slack": (t(4.5), t(4.2))},
+        },
+    }
+    text = script.overload_words(out, found)
+    assert "predictive -10.0% (M a, backlog); slack -16.0% (M b, overload)" in text
+    assert "goodput is 80%..90% of its throughput under overload" in text
+    # 1.05 x 9 / 10.5 = 90% (M a) and 1.05 x 4 / 4.2 = 100% (M b)
+    assert "at least 90% of slack's overload throughput (M a), and 100% where it is most" in text

@@ -87,6 +87,23 @@ def test_a_request_past_its_deadline_does_not_drive_the_chunk_up():
     assert sched3.chunk_policy.choose(sched3.view) >= got
 
 
+def test_a_queue_every_request_of_which_is_past_its_deadline_drains_at_the_tpot_bound():
+    """No chunk saves a request already past its deadline, so with nobody else waiting the
+    smallest chunk would meet the (absent) deadlines, and a backlog served so would drain at
+    the tile floor's pace (14B sharegpt-synthetic, 12,000 requests at once: 43 req/s against
+    static:768's 50). Overflowing, the queue drains as fast as the TPOT bound allows."""
+    slack = slack_for()
+    sched, clock = queued(slack, [0.0] * 4)
+    clock.t = sched.view.now = 2.5
+    assert slack.choose(sched.view) == CANDS[-1]
+    assert slack.last.reason == "best-effort: overflowing queue"
+    # one request still in time behind them: its deadline sets the chunk again
+    sched2, clock2 = queued(slack_for(), [0.0] * 4 + [2.4])
+    clock2.t = sched2.view.now = 2.5
+    assert sched2.chunk_policy.choose(sched2.view) < CANDS[-1]
+    assert sched2.chunk_policy.last.reason == "optimal"
+
+
 def test_deadlines_are_cumulative_fcfs_prompt_tokens_and_slack():
     slack = slack_for(deadline_ratio=1.0)
     sched, clock = queued(slack, [0.0, 0.5, 1.0], prompt=100)
@@ -108,13 +125,13 @@ def test_while_the_kv_pool_has_room_a_request_also_counts_against_the_early_dead
 
 
 def _chunk_after_filling(
-    kv: int, pause: float = 10.0, optimal: bool = True, **cfg
+    kv: int, pause: float = 10.0, optimal: bool = True, head_waited: float | None = None, **cfg
 ) -> tuple[int, float, float]:
     """(chunk, used KV share, required rate) for 40 prompts that arrived over the last second,
     their deadlines far off (SLO TTFT 20 s), behind 16 requests already decoding in a pool of
     ``kv`` tokens, ``pause`` seconds after those filled it; the inflow, scaled up by
     throughput_coeff, only the largest chunk covers. With ``optimal`` the decision must meet
-    every deadline."""
+    every deadline. ``head_waited``: one more prompt ahead of the 40, waiting that long."""
     slack = slack_for(predictive=PredictiveConfig(throughput_coeff=10.0), **cfg)
     sched, clock = queued(slack, [], slo=SLO(20.0, 0.2), kv=kv)
     for i in range(16):
@@ -128,6 +145,8 @@ def _chunk_after_filling(
     view = sched.view
     used = 1 - view.kv_free_tokens / view.kv_total_tokens
     t0 = clock.t
+    if head_waited is not None:
+        sched.add_request(Request(99, t0 + pause + 1.0 - head_waited, 100, 50))
     for i in range(40):
         sched.add_request(Request(100 + i, t0 + pause + i / 40, 1500, 50))
     clock.t = view.now = t0 + pause + 1.0
@@ -154,6 +173,19 @@ def test_while_the_pool_fills_fast_the_chunk_covers_the_inflow():
     # the same instant with the slope limit above that fill rate: the deadlines alone again
     chunk, used, required = _chunk_after_filling(24_000, pause=0.0, inflow_kv_slope=10.0)
     assert required == 0.0 and chunk == 128
+
+
+def test_once_the_head_of_the_queue_is_past_its_deadline_the_chunk_covers_the_inflow():
+    """A queue whose head has waited past deadline_ratio x SLO TTFT overflows, it buffers
+    nothing: under sustained overload the pool would otherwise hover at inflow_kv_share while
+    the queue grows without end (14B sharegpt-synthetic at 70 req/s: 41 req/s completed against
+    static:768's 50)."""
+    # the head waited 17.9 s of its 18 s deadline (0.9 x 20 s): the queue still buffers
+    chunk, used, required = _chunk_after_filling(24_000, pause=20.0, optimal=False, head_waited=17.9)
+    assert used >= 0.5 and required == 0.0
+    # 18.1 s: past it, the inflow counts again and only the largest chunk covers it
+    chunk, used, required = _chunk_after_filling(24_000, pause=20.0, optimal=False, head_waited=18.1)
+    assert used >= 0.5 and required == pytest.approx(60_000) and chunk == CANDS[-1]
 
 
 def test_without_tpot_room_the_chunk_covers_the_inflow_however_full_the_pool():

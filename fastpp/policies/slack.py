@@ -14,14 +14,19 @@ whose slot round takes R(C) (its D_p microbatches + the round overhead) and pref
 tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
 the deadline of every request that can still make it (s_i > R(C); a request already past that
 point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
-inflow. The first ``max_walk`` waiting requests are checked. Once ``inflow_kv_share`` (half)
+inflow. The first ``max_walk`` waiting requests are checked. When every one of them is past its
+deadline, no chunk saves any, and the smallest chunk would let a backlog drain at the tile
+floor's pace: the queue overflows, and the chunk is the largest within the TPOT bound. Once ``inflow_kv_share`` (half)
 of the KV pool is used, while the pool fills no faster than ``inflow_kv_slope`` (1%) of itself
 per second and TPOT has room (the median of the last 32 token gaps is under
 ``inflow_tpot_ratio`` x SLO TPOT), the deadlines alone set the chunk: a prompt that waits holds
 no KV, while a larger chunk lengthens the round and so keeps every running request resident
 longer, and the TPOT room lets a later, larger chunk drain what waits. A pool filling fast is a
 queue that grows with it (a burst still arriving), and with the token gap near the SLO there
-is no room to drain it later: then the chunk covers the inflow. While less than
+is no room to drain it later: then the chunk covers the inflow. So it does once the head of the
+queue is past its deadline: the queue then overflows rather than buffers, and under sustained
+overload a queue left to grow while the pool hovers at ``inflow_kv_share`` wastes the other
+half of it. While less than
 ``early_kv_share`` (half) of the KV pool is in use, a request counts against the earlier
 deadline arrival_i + ``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it:
 with memory to spare a larger chunk's longer KV residency costs nothing, and the margin absorbs
@@ -180,9 +185,11 @@ class SlackPolicy(PredictiveChunkPolicy):
             inflow = 0.0  # the waiting queue is the cheaper buffer (module docstring)
         deadlines = self._deadlines(view)
         slo_tpot = view.slo.tpot_s
+        # every checked request past its deadline: no chunk saves one, the queue must drain
+        overflowing = bool(deadlines) and all(slack <= 0 for _, _, slack in deadlines)
 
         def meets(capacity: float, round_s: float) -> bool:
-            if capacity < inflow:
+            if capacity < inflow or overflowing:
                 return False
             for ahead, early, slack in deadlines:
                 if early > round_s:
@@ -201,7 +208,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
         # only while the pool is not projected to fill: the lift restores the budget, never stretches
-        if not found[3] and found[0] >= 0 and not filling:
+        if not found[3] and found[0] >= 0 and not filling and not overflowing:
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
@@ -209,7 +216,7 @@ class SlackPolicy(PredictiveChunkPolicy):
                 if wider[3]:  # only a stretch that saves the deadlines is worth its round
                     found, reason = wider, ": catch-up on banked slack"
         k, capacity, beat, met = found
-        tag = reason or (": kv-bound" if kv_bound else "")
+        tag = reason or (": overflowing queue" if overflowing else ": kv-bound" if kv_bound else "")
         if met:
             return self._done(cands[k], "optimal" + tag, inflow, capacity, beat)
         if k >= 0:
@@ -319,11 +326,16 @@ class SlackPolicy(PredictiveChunkPolicy):
         """True when the waiting queue, not the chunk, should absorb the inflow: at least
         ``inflow_kv_share`` of the KV pool used and the pool filling no faster than
         ``inflow_kv_slope`` of itself per second (both read from the KV trend ``choose`` has just
-        updated), and the median of the last ``_GAP_SAMPLES`` token gaps under
-        ``inflow_tpot_ratio`` x SLO TPOT (False before any gap is measured)."""
+        updated), the head of the queue (the continuing chunk, else the first waiting request)
+        not yet past its deadline (``deadline_ratio`` x SLO TTFT since it arrived), and the
+        median of the last ``_GAP_SAMPLES`` token gaps under ``inflow_tpot_ratio`` x SLO TPOT
+        (False before any gap is measured)."""
         scfg = self.slack
         if self.kv.share < scfg.inflow_kv_share or self.kv.slope > scfg.inflow_kv_slope:
             return False
+        head = view.chunked or next(view.iter_waiting(), None)
+        if head is not None and view.now - head.arrived_at > scfg.deadline_ratio * view.slo.ttft_s:
+            return False  # a queue whose head is past its deadline overflows: it buffers nothing
         gaps = sorted(gap for _, gap in islice(reversed(view.recent_token_gap), _GAP_SAMPLES))
         return bool(gaps) and gaps[len(gaps) // 2] < scfg.inflow_tpot_ratio * view.slo.tpot_s
 
