@@ -199,7 +199,11 @@ def sweep(
     from fastpp.cli.run_dirs import RunDirError, fresh_run_dir
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
 
-    models, gpus = _split(model), _split_gpus(gpu)
+    try:
+        models, gpus = _split(model, option="-m"), _split_gpus(gpu)
+    except ValueError as exc:
+        fail(str(exc))
+        return
     if profile is not None and (models or gpus):
         models, gpus = _profile_axes(profile, models, gpus)
     try:
@@ -208,11 +212,11 @@ def sweep(
             {
                 k: v
                 for k, v in {
-                    "workload": _split(workload),
-                    "policy": _split(policy),
+                    "workload": _split(workload, option="-w"),
+                    "policy": _split(policy, option="-p"),
                     "rate": _split(rate, float, "--rate"),
                     "chunk": _split(chunk, int, "--chunk"),
-                    "deploy": _split(deploy),
+                    "deploy": _split(deploy, option="-d"),
                     "gpu": gpus,
                     "model": models,
                     "slo_scale": _split(slo_scale, float, "--slo-scale"),
@@ -337,9 +341,14 @@ def clear_sweep_dir(out: Path) -> None:
 def _split(
     values: list[str] | None, convert: Callable[[str], Any] = str, option: str = ""
 ) -> list[Any] | None:
-    """Repeated options and comma lists as one list (None when not given; [] when given empty)."""
+    """Repeated options and comma lists as one list (None when not given; [] when given empty).
+    An empty item inside a list (``1,,2``, ``1,2,``) is refused: it is a typo, not a value."""
     if values is None:
         return None
+    for text in values:
+        if text.strip() and any(not v.strip() for v in text.split(",")):
+            name = f"{option} " if option else ""
+            raise ValueError(f"{name}{text!r} has an empty item between its commas")
     items = [v.strip() for text in values for v in text.split(",") if v.strip()]
     try:
         return [convert(v) for v in items]
@@ -353,6 +362,7 @@ def _split_gpus(values: list[str] | None) -> list[str] | None:
     whose commas separate its numbers, not GPUs."""
     if values is None:
         return None
+    _split([text for text in values if ":" not in text], option="--gpu")  # refuses empty items
     return [g.strip() for text in values for g in ([text] if ":" in text else text.split(",")) if g.strip()]
 
 

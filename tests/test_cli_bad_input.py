@@ -241,6 +241,20 @@ def test_a_grid_file_that_is_not_utf8_or_missing_is_named(tmp_path):
     refused("sweep", "--grid", str(tmp_path / "none.toml"), needle="none.toml: no such file")
 
 
+@pytest.mark.parametrize(
+    ("option", "text"),
+    [
+        ("-r", "1,,2"),
+        ("--chunk", "256,"),
+        ("-p", ",static:512"),
+        ("-m", "Qwen2.5-32B,,"),
+        ("--gpu", "A100,,H100"),
+    ],
+)
+def test_a_sweep_axis_with_an_empty_item_is_refused_not_shortened(option, text):
+    refused("sweep", option, text, needle=f"{text!r} has an empty item between its commas")
+
+
 # ------------------------------------------------------------------ plot inputs
 
 

@@ -7,26 +7,25 @@ ALP predictor, packing the next D_p microbatches, the tile floor and the KV tren
 changes is what the load and the TPOT budget are measured against.
 
 TTFT slack (the chunk's lower bound). A waiting request i has slack s_i = arrival_i +
-``deadline_ratio`` (0.9) x SLO TTFT - now and, in admission order, A_i prompt tokens at or
-ahead of it (the continuing chunk included). The 10% margin covers what the prediction leaves
-out (the pipeline's other slots, the first token's trip back). A chunk C
-whose slot round takes R(C) (its D_p microbatches + the round overhead) and prefills K(C)
-tokens per second meets i's deadline iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets
-the deadline of every request that can still make it (s_i > R(C); a request already past that
-point misses whatever C is, so it does not drive the chunk up) and K(C) covers the prompt-token
-inflow. The first ``max_walk`` waiting requests are checked. When every one of them is past its
-deadline, no chunk saves any, and the smallest chunk would let a backlog drain at the tile
-floor's pace: the queue overflows, and the chunk is the largest within the TPOT bound. Once ``inflow_kv_share`` (half)
-of the KV pool is used, while the pool fills no faster than ``inflow_kv_slope`` (1%) of itself
-per second and TPOT has room (the median of the last 32 token gaps is under
-``inflow_tpot_ratio`` x SLO TPOT), the deadlines alone set the chunk: a prompt that waits holds
-no KV, while a larger chunk lengthens the round and so keeps every running request resident
-longer, and the TPOT room lets a later, larger chunk drain what waits. A pool filling fast is a
-queue that grows with it (a burst still arriving), and with the token gap near the SLO there
-is no room to drain it later: then the chunk covers the inflow. So it does once the head of the
-queue is past its deadline: the queue then overflows rather than buffers, and under sustained
-overload a queue left to grow while the pool hovers at ``inflow_kv_share`` wastes the other
-half of it. While less than
+``deadline_ratio`` (0.9) x SLO TTFT - now and, in admission order, A_i prompt tokens at or ahead
+of it (the continuing chunk included). The 10% margin covers what the prediction leaves out (the
+pipeline's other slots, the first token's trip back). A chunk C whose slot round takes R(C) (its
+D_p microbatches + the round overhead) and prefills K(C) tokens per second meets i's deadline
+iff A_i <= K(C) x (s_i - R(C)). C keeps up iff it meets the deadline of every request that can
+still make it (s_i > R(C); a request already past that point misses whatever C is, so it does
+not drive the chunk up) and K(C) covers the prompt-token inflow. The first ``max_walk`` waiting
+requests are checked. When every one of them is past its deadline, no chunk saves any, and the
+smallest chunk would let a backlog drain at the tile floor's pace: the queue overflows, and the
+chunk is the largest within the TPOT bound. Once ``inflow_kv_share`` (half) of the KV pool is
+used, while the pool fills no faster than ``inflow_kv_slope`` (1%) of itself per second and TPOT
+has room (the median of the last 32 token gaps is under ``inflow_tpot_ratio`` x SLO TPOT), the
+deadlines alone set the chunk: a prompt that waits holds no KV, while a larger chunk lengthens
+the round and so keeps every running request resident longer, and the TPOT room lets a later,
+larger chunk drain what waits. A pool filling fast is a queue that grows with it (a burst still
+arriving), and with the token gap near the SLO there is no room to drain it later: then the
+chunk covers the inflow. So it does once the head of the queue is past its deadline: the queue
+then overflows rather than buffers, and under sustained overload a queue left to grow while the
+pool hovers at ``inflow_kv_share`` wastes the other half of it. While less than
 ``early_kv_share`` (half) of the KV pool is in use, a request counts against the earlier
 deadline arrival_i + ``early_ratio`` (0.7) x SLO TTFT as long as the round can still make it:
 with memory to spare a larger chunk's longer KV residency costs nothing, and the margin absorbs
