@@ -44,7 +44,11 @@ class OverloadThroughput:
 
     def describe(self) -> str:
         start, end = self.window_s
-        state = "queue never empty" if self.saturated else "queue emptied: the arrivals ended too early"
+        state = (
+            "queue never empty"
+            if self.saturated
+            else f"queue emptied for {self.empty_s:.0f} s of it: give more requests or a higher rate"
+        )
         return f"{self.rate:.2f} req/s completed over {start:.0f}..{end:.0f} s ({state})"
 
 
@@ -67,8 +71,9 @@ def completion_rate(records: list[RequestRecord]) -> OverloadThroughput:
 
 def _queue_empty_s(records: list[RequestRecord], start: float, end: float) -> float:
     """Seconds of [start, end] in which no request was waiting: between its arrival and its
-    first microbatch (never admitted: waiting until the end)."""
-    waits = sorted((r.arrived_at, end if r.scheduled_at is None else r.scheduled_at) for r in records)
+    first microbatch (one never admitted waits until it left, rejected or aborted, or until the
+    end if it never did)."""
+    waits = sorted((r.arrived_at, _left_queue(r, end)) for r in records)
     empty, covered = 0.0, start
     for arrived, admitted in waits:
         if arrived > covered:
@@ -77,6 +82,12 @@ def _queue_empty_s(records: list[RequestRecord], start: float, end: float) -> fl
         if covered >= end:
             return empty
     return empty + end - covered
+
+
+def _left_queue(r: RequestRecord, end: float) -> float:
+    if r.scheduled_at is not None:
+        return r.scheduled_at
+    return end if r.finished_at is None else r.finished_at
 
 
 def overload_throughput(

@@ -41,9 +41,10 @@ def test_the_time_no_request_waited_is_measured_inside_the_window():
     assert got.window_s == (35.0, 85.0)
     assert got.empty_s == pytest.approx(0.75 * 50) and not got.saturated
     assert "queue emptied" in got.describe()
-    # a request never admitted waits until the end of the window
-    records.append(RequestRecord(200, 30.0, 100, 10, finish_reason=FinishReason.REJECTED))
-    assert completion_rate(records).saturated
+    # one rejected on arrival never waited; one never admitted nor ended waits until the end
+    rejected = RequestRecord(200, 30.0, 100, 10, finished_at=30.0, finish_reason=FinishReason.REJECTED)
+    assert completion_rate([*records, rejected]).empty_s == pytest.approx(0.75 * 50)
+    assert completion_rate([*records, RequestRecord(201, 30.0, 100, 10)]).saturated
 
 
 def test_a_backlog_keeps_the_queue_full_and_a_light_load_does_not():
