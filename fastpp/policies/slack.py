@@ -179,13 +179,14 @@ class SlackPolicy(PredictiveChunkPolicy):
         if self.at_tile_cap(view, n_dec):
             return self._done(n_dec, "tile-cap: decode only")
 
-        inflow = self._inflow(view, view.now) * cfg.throughput_coeff
-        if self._queue_buffers(view):
-            inflow = 0.0  # the waiting queue is the cheaper buffer (module docstring)
         deadlines = self._deadlines(view)
+        inflow = self._inflow(view, view.now) * cfg.throughput_coeff
+        if self._queue_buffers(view, deadlines):
+            inflow = 0.0  # the waiting queue is the cheaper buffer (module docstring)
         slo_tpot = view.slo.tpot_s
         # every checked request past its deadline: no chunk saves one, the queue must drain
-        overflowing = bool(deadlines) and all(slack <= 0 for _, _, slack in deadlines)
+        # (from the back: the latest arrivals are the likeliest still in time, so it stops at once)
+        overflowing = bool(deadlines) and all(slack <= 0 for _, _, slack in reversed(deadlines))
 
         def meets(capacity: float, round_s: float) -> bool:
             if capacity < inflow or overflowing:
@@ -321,19 +322,18 @@ class SlackPolicy(PredictiveChunkPolicy):
         total = view.num_parked + sum(view.num_running(s) for s in range(view.num_slots))
         return -(-total // view.num_slots)
 
-    def _queue_buffers(self, view: PolicyView) -> bool:
+    def _queue_buffers(self, view: PolicyView, deadlines: list[tuple[int, float, float]]) -> bool:
         """True when the waiting queue, not the chunk, should absorb the inflow: at least
         ``inflow_kv_share`` of the KV pool used and the pool filling no faster than
         ``inflow_kv_slope`` of itself per second (both read from the KV trend ``choose`` has just
-        updated), the head of the queue (the continuing chunk, else the first waiting request)
-        not yet past its deadline (``deadline_ratio`` x SLO TTFT since it arrived), and the
+        updated), the head of the queue (the continuing chunk, else the first waiting request:
+        the first of ``deadlines``) not yet past its deadline, and the
         median of the last ``_GAP_SAMPLES`` token gaps under ``inflow_tpot_ratio`` x SLO TPOT
         (False before any gap is measured)."""
         scfg = self.slack
         if self.kv.share < scfg.inflow_kv_share or self.kv.slope > scfg.inflow_kv_slope:
             return False
-        head = view.chunked or next(view.iter_waiting(), None)
-        if head is not None and view.now - head.arrived_at > scfg.deadline_ratio * view.slo.ttft_s:
+        if deadlines and deadlines[0][2] < 0:
             return False  # a queue whose head is past its deadline overflows: it buffers nothing
         gaps = sorted(gap for _, gap in islice(reversed(view.recent_token_gap), _GAP_SAMPLES))
         return bool(gaps) and gaps[len(gaps) // 2] < scfg.inflow_tpot_ratio * view.slo.tpot_s
