@@ -12,11 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from fastpp import _native
+from fastpp import _native, native_build
+from fastpp.data_dir import DATA_DIR_ENV, checkout_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +156,16 @@ def _fake_build(root: Path) -> Path:
     return folder
 
 
+def _installed_copy(into: Path) -> Path:
+    """fastpp laid out as a wheel installs it: each folder of the source tree at its package's
+    place (sim/ as fastpp/sim, cli/ as fastpp/cli, ...), no scripts/, no pyproject.toml."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "fastpp", into / "fastpp", ignore=ignore)
+    for folder in ("sim", "backends", "cli", "profiles"):
+        shutil.copytree(REPO / folder, into / "fastpp" / folder, ignore=ignore)
+    return into
+
+
 def test_the_build_is_off_unless_asked_for_even_with_one_in_the_cache(tmp_path):
     _fake_build(tmp_path)
     for env in (
@@ -228,32 +240,50 @@ def test_the_builder_is_part_of_the_package():
     assert "python -m fastpp.native_build" in done.stdout and "FASTPP_NATIVE=1" in done.stdout
 
 
+@dataclass(frozen=True)
+class InstalledBuild:
+    """A copy of fastpp laid out as a wheel installs it, and the one real build of the suite,
+    made by that copy's own builder (mypyc: about 25 s on two idle cores, several minutes on
+    slow or busy ones, so it is made once; the checkout's layout is staged by
+    test_the_checkout_stages_every_compiled_module)."""
+
+    site: Path  # on PYTHONPATH, the copy is the fastpp that runs (from any folder but the checkout)
+    native: Path  # FASTPP_NATIVE_DIR of the build
+
+    def env(self, **extra: str) -> dict[str, str]:
+        # an installed package has no checkout beside it: the data directory is named
+        return _env(PYTHONPATH=str(self.site), FASTPP_NATIVE_DIR=str(self.native), **DATA, **extra)
+
+
+DATA = {DATA_DIR_ENV: str(checkout_data_dir())}
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """A real build in a folder of its own (mypyc: ~25 s on two idle cores, 15 min on busy ones)."""
+def built(tmp_path_factory) -> InstalledBuild:
     root = tmp_path_factory.mktemp("native")
+    build = InstalledBuild(_installed_copy(root / "site"), root / "cache")
     done = subprocess.run(
         [sys.executable, "-m", "fastpp.native_build"],
-        env=_env(FASTPP_NATIVE_DIR=str(root)),
-        cwd=REPO,
+        env=build.env(),
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=1800,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "on:" in done.stdout
-    return root
+    return build
 
 
 @pytest.mark.slow
 def test_the_compiled_build_gives_the_python_sources_results(built):
     def run(env: dict[str, str]) -> list[str]:
-        done = _python(SCRIPT, env, str(REPO / "tests"))
+        done = _python(SCRIPT, env, str(REPO / "tests"), cwd=built.site)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout.splitlines()
 
-    compiled = run(_env(FASTPP_NATIVE_DIR=str(built), FASTPP_NATIVE="1"))
-    python = run(_env(FASTPP_NATIVE_DIR=str(built)))
+    compiled = run(built.env(FASTPP_NATIVE="1"))
+    python = run(built.env())
     assert compiled[0].startswith("on: ") and python[0].startswith("off: not requested")
     assert len(compiled) == len(python) == 7
     for got, want in zip(compiled[1:], python[1:], strict=True):
@@ -263,7 +293,7 @@ def test_the_compiled_build_gives_the_python_sources_results(built):
 
 @pytest.mark.slow
 def test_public_classes_stay_subclassable_with_the_build_on(built):
-    done = _python(SUBCLASSES, _env(FASTPP_NATIVE_DIR=str(built), FASTPP_NATIVE="1"))
+    done = _python(SUBCLASSES, built.env(FASTPP_NATIVE="1"), cwd=built.site)
     assert done.returncode == 0, done.stderr[-3000:]
     status, calls, same, docs = done.stdout.splitlines()
     assert status.startswith("on: ")
@@ -273,47 +303,38 @@ def test_public_classes_stay_subclassable_with_the_build_on(built):
     assert json.loads(docs) == [True, True]  # module and class docstrings restored
 
 
-def _installed_copy(into: Path) -> Path:
-    """fastpp laid out as a wheel installs it (fastpp/sim inside fastpp/, no scripts/)."""
-    shutil.copytree(REPO / "fastpp", into / "fastpp", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "sim", into / "fastpp" / "sim", ignore=shutil.ignore_patterns("__pycache__"))
-    return into
-
-
 @pytest.mark.slow
-def test_an_installed_package_builds_its_own(tmp_path):
-    site = _installed_copy(tmp_path / "site")
-    env = _env(PYTHONPATH=str(site), FASTPP_NATIVE_DIR=str(tmp_path / "native"))
-    done = subprocess.run(
-        [sys.executable, "-m", "fastpp.native_build"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    used = _python(
-        STATUS + "; import fastpp.scheduler as s; print(s.__file__)",
-        {**env, "FASTPP_NATIVE": "1"},
-        cwd=tmp_path,
-    )
+def test_an_installed_package_builds_its_own(built, tmp_path):
+    code = STATUS + "; import fastpp.scheduler as s; print(s.__file__)"
+    used = _python(code, built.env(FASTPP_NATIVE="1"), cwd=tmp_path)
+    assert used.returncode == 0, used.stderr[-2000:]
     status, module_file = used.stdout.splitlines()
-    assert status.startswith("on: ") and module_file.startswith(str(tmp_path / "native"))
-    mine = _python(STATUS, _env(FASTPP_NATIVE_DIR=str(tmp_path / "native"), FASTPP_NATIVE="1"))
+    assert status.startswith("on: ") and module_file.startswith(str(built.native))
+    mine = _python(STATUS, _env(FASTPP_NATIVE_DIR=str(built.native), FASTPP_NATIVE="1"))
     assert mine.stdout.startswith("off: no build")  # the checkout never uses the copy's build
+
+
+def test_the_checkout_stages_every_compiled_module(tmp_path):
+    """What the builder compiles from a checkout, where fastpp.sim lives in sim/: every module
+    of the build, byte for byte its source, under the key a build of the checkout is found by."""
+    staged = native_build.stage(tmp_path)
+    names = [f.relative_to(tmp_path).with_suffix("").as_posix().replace("/", ".") for f in staged]
+    assert names == list(_native.MODULES)
+    for module, file in zip(_native.MODULES, staged, strict=True):
+        assert file.read_bytes() == _native.source_path(module).read_bytes(), module
+    assert _native.source_key(tmp_path) == _native.source_key()
 
 
 @pytest.mark.slow
 def test_a_truncated_compiled_module_falls_back_instead_of_crashing(built, tmp_path):
     damaged = tmp_path / "native"
-    shutil.copytree(built, damaged)
-    [so] = (damaged / _native.source_key() / "fastpp").glob("scheduler.*")
+    shutil.copytree(built.native, damaged)
+    [so] = damaged.glob("*/fastpp/scheduler.*")
     so.write_bytes(so.read_bytes()[: so.stat().st_size // 3])
     done = subprocess.run(
         [sys.executable, "-m", "fastpp", "simulate", "-n", "5", "-d", "pp4", "-o", str(tmp_path / "run")],
-        env=_env(FASTPP_NATIVE_DIR=str(damaged), FASTPP_NATIVE="1"),
-        cwd=REPO,
+        env={**built.env(FASTPP_NATIVE="1"), "FASTPP_NATIVE_DIR": str(damaged)},
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
