@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig, _Stream
+from fastpp.policies.rules import index_above
+from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.sim.engine import PipelineSimulation
 from fastpp.types import SLO, FinishReason, IterationRecord, Request
 
@@ -81,6 +84,7 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
             clock.t += 0.01
             sched.update(in_flight.pop(0))
     reasons = {"optimal", "best-effort", "infeasible", "kv-pressure", "idle", "guard", "tile-cap"}
+    reasons.add("over-committed")
     assert set(policy.reasons) <= reasons
 
 
@@ -485,8 +489,6 @@ def test_the_round_is_the_sum_of_its_microbatches_not_d_p_times_the_slowest():
 
 
 def test_bad_config_values_are_refused_by_name():
-    import pytest
-
     for bad in (
         {"kv_lift_wait_ratio": 1.0},
         {"kv_lift_wait_ratio": -0.1},
@@ -497,6 +499,7 @@ def test_bad_config_values_are_refused_by_name():
         {"kv_bound_share": 0.0},
         {"tile_tolerance": 0.5},
         {"kv_horizon_s": -1.0},
+        {"over_committed_kv_share": 1.2},
     ):
         (name,) = bad
         with pytest.raises(ValueError, match=name):
@@ -553,3 +556,59 @@ def test_extra_slots_in_flight_hide_the_round_trip_from_the_round():
             assert d[1] >= f[1]  # the same chunk: a shorter round, more capacity
         larger += d[0] > f[0]
     assert larger > 0
+
+
+@pytest.mark.parametrize("kind", ["predictive", "slack"])
+def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_drains(kind):
+    """Decode growth that outruns the pool retracts a request: admission over-committed it. From
+    then on the chunk is the smallest candidate above the launching slot's decodes (a larger
+    one would admit prompts the pool cannot grow, and retract them again), until no retracted
+    request waits and less than over_committed_kv_share of the pool is used. The share 0 turns
+    the rule off. Slack inherits the rule."""
+    from test_admission_retraction import run_round
+
+    def build(**cfg):
+        if kind == "slack":
+            return SlackPolicy.from_profile(
+                make_profile(pp=2), SlackConfig(predictive=PredictiveConfig(**cfg)), CANDS
+            )
+        return policy_for(**cfg)
+
+    def retracting(policy):
+        clock = FakeClock()
+        sched = make_scheduler(
+            clock,
+            policy,
+            num_slots=2,
+            kv_capacity_tokens=160,
+            chunk_candidates=CANDS,
+            token_step=16,
+            new_token_ratio=0.0,
+        )
+        for i in range(4):
+            sched.add_request(Request(i, 0.0, 30, 40))
+        while not any(r.num_generated for r in sched.view.iter_waiting()):
+            assert sched.has_work
+            run_round(sched, clock)
+        return sched, clock
+
+    policy = build()
+    sched, clock = retracting(policy)
+    view = sched.view
+    assert policy.choose(view) == CANDS[index_above(CANDS, view.num_running(view.slot))]
+    assert policy.last.reason == "over-committed: tile leftover only"
+    while sched.has_work:  # the retracted requests finish too
+        run_round(sched, clock)
+    sched.add_request(Request(9, clock.t, 30, 40))
+    policy.choose(view)
+    assert not policy.last.reason.startswith("over-committed")
+    # the same retraction with the rule off
+    off = build(over_committed_kv_share=0.0)
+    sched_off, _ = retracting(off)
+    off.choose(sched_off.view)
+    assert not off.last.reason.startswith("over-committed")
+    # a policy on a scheduler that never retracted never throttles
+    fresh = build()
+    sched_fresh, _ = loaded_scheduler(fresh)
+    fresh.choose(sched_fresh.view)
+    assert not fresh.last.reason.startswith("over-committed")

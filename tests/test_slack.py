@@ -11,7 +11,6 @@ import pytest
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.policies import make_policies
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
-from fastpp.policies.rules import index_above
 from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import SLO, Request
@@ -294,8 +293,6 @@ def test_bad_config_is_named():
         SlackConfig(inflow_tpot_ratio=0.0)
     with pytest.raises(ValueError, match="inflow_kv_slope"):
         SlackConfig(inflow_kv_slope=-0.01)
-    with pytest.raises(ValueError, match="over_committed_kv_share"):
-        SlackConfig(over_committed_kv_share=1.2)
 
 
 def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():
@@ -325,41 +322,3 @@ def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes(
                 sched.update(plan)
     assert policy.num_parks > 0 and len(policy.restores) > 0
     assert all(before + n <= even for before, n, even in policy.restores), policy.restores
-
-
-def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_drains():
-    """Decode growth that outruns the pool retracts a request: admission over-committed it. From
-    then on the chunk is the smallest candidate above the launching slot's decodes (a larger
-    one would admit prompts the pool cannot grow, and retract them again), until no retracted
-    request waits and less than over_committed_kv_share of the pool is used."""
-    from test_admission_retraction import run_round
-
-    slack = slack_for()
-    clock = FakeClock()
-    sched = make_scheduler(
-        clock,
-        slack,
-        num_slots=2,
-        kv_capacity_tokens=160,
-        chunk_candidates=CANDS,
-        token_step=16,
-        new_token_ratio=0.0,
-    )
-    for i in range(4):
-        sched.add_request(Request(i, 0.0, 30, 40))
-    view = sched.view
-    while not any(r.num_generated for r in view.iter_waiting()):
-        assert sched.has_work
-        run_round(sched, clock)
-    assert slack.choose(view) == CANDS[index_above(CANDS, view.num_running(view.slot))]
-    assert slack.last.reason == "over-committed: tile leftover only"
-    while sched.has_work:  # the retracted requests finish too
-        run_round(sched, clock)
-    sched.add_request(Request(9, clock.t, 30, 40))
-    slack.choose(view)
-    assert not slack.last.reason.startswith("over-committed")
-    # a fresh policy on a scheduler that never retracted never throttles
-    fresh = slack_for()
-    sched2, clock2 = queued(fresh, [0.0] * 3)
-    fresh.choose(sched2.view)
-    assert not fresh.last.reason.startswith("over-committed")

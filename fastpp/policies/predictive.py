@@ -30,7 +30,7 @@ the smallest candidate above every slot's decode count ("kv-pressure"). The chos
 candidate above the launching slot's decode count (when such a candidate exists), except at the
 tile cap, where it is that decode count itself ("tile-cap": decode only).
 
-Three rules beyond the paper's:
+Four rules beyond the paper's:
 
 * Tile floor: while more prompt tokens wait than the largest sub-tile candidate would carry in
   the next D_p microbatches, the scan starts at the efficient tile (``rules.
@@ -64,6 +64,15 @@ Three rules beyond the paper's:
   request in it, residency and so KV use grow, admission stalls and the queue runs away. Capped
   at the boundary, the slots stay on the cheaper tile (as a static chunk of 128 does by
   construction: it admits nothing into a slot holding 128 decodes; docs/RESULTS.md section 1).
+* Over-commitment: a retracted request waiting (one with generated tokens, at either end of the
+  queue: ``rules.retracted_waits``) means admission promised the KV pool more than it holds.
+  From then on, until no retracted request waits and less than ``over_committed_kv_share`` of
+  the pool is used, C is the smallest candidate above the launching slot's decodes
+  ("over-committed"): prefill takes only what the slot's tile leaves beside them, so prompts
+  are admitted about as fast as finishing requests free their KV. Without it, a decode-heavy
+  load under overload (CNN-Reversed served as a backlog) catches up in bursts of short prompts
+  whose growth the pool gives back as retractions, over and over (docs/RESULTS.md section 9).
+  A load whose pool never runs short never retracts, so the rule never acts.
 """
 
 from __future__ import annotations
@@ -83,6 +92,7 @@ from fastpp.policies.rules import (
     first_above,
     kv_pressure_index,
     prompts_outrun,
+    retracted_waits,
     tile_step,
     under_kv_pressure,
 )
@@ -129,6 +139,10 @@ class PredictiveConfig:
     # ... and the running decodes are under this share of D_p x the tile cap: past it the
     # slots, not the chunk, hold the backlog back (module docstring)
     kv_lift_decode_share: float = 0.9
+    # once a retracted request waits (admission over-committed the KV pool), prefill takes only
+    # the launching slot's tile leftover until none waits and the pool's used share is under
+    # this (module docstring; 0 turns the rule off)
+    over_committed_kv_share: float = 0.8
 
     def __post_init__(self) -> None:
         for name in (
@@ -149,6 +163,9 @@ class PredictiveConfig:
             raise ValueError(f"kv_lift_decode_share must be in (0, 1], got {self.kv_lift_decode_share!r}")
         if not 0 < self.kv_lift_max_share <= 1:
             raise ValueError(f"kv_lift_max_share must be in (0, 1], got {self.kv_lift_max_share!r}")
+        if not 0 <= self.over_committed_kv_share <= 1:
+            share = self.over_committed_kv_share
+            raise ValueError(f"over_committed_kv_share must be in [0, 1], got {share!r}")
         if not 0 < self.kv_bound_share <= 1:
             raise ValueError(f"kv_bound_share must be in (0, 1], got {self.kv_bound_share!r}")
         if self.kv_horizon_s < 0:
@@ -256,6 +273,7 @@ class PredictiveChunkPolicy:
         self._arrivals_seen = 0
         self.kv = KVTrend(self.config.kv_trend_window_s)
         self._tile: tuple[tuple[int, ...], int] | None = None  # (candidates, floor index)
+        self._over_committed = False  # a retracted request waited; see admission_throttled
 
     @classmethod
     def from_profile(
@@ -293,6 +311,8 @@ class PredictiveChunkPolicy:
             return self._done(cands[first], "idle: no prompt waiting")
         if self.at_tile_cap(view, n_dec):
             return self._done(n_dec, "tile-cap: decode only")
+        if self.admission_throttled(view):
+            return self._done(cands[first], "over-committed: tile leftover only")
 
         required = self._required_rate(view) * cfg.throughput_coeff
         kv_bound = self.kv_bound(view)
@@ -313,6 +333,19 @@ class PredictiveChunkPolicy:
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, required)
+
+    def admission_throttled(self, view: PolicyView) -> bool:
+        """True from the moment a retracted request waits (``rules.retracted_waits``) until none
+        does and less than ``over_committed_kv_share`` of the KV pool is used (the share of the KV
+        trend ``choose`` has just updated); always False with the share 0 (module docstring)."""
+        share = self.config.over_committed_kv_share
+        if share <= 0:
+            return False
+        if retracted_waits(view):
+            self._over_committed = True
+        elif self.kv.share < share:
+            self._over_committed = False
+        return self._over_committed
 
     def kv_bound(self, view: PolicyView) -> bool:
         """True when the round's TPOT budget is ``kv_bound_tpot_coeff``'s: the KV pool is

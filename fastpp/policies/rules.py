@@ -20,6 +20,9 @@
   given time (the predictive policy lifts its KV bound for an old backlog).
 * The tile cap (``decode_tile_cap``): the most decodes a slot should hold when the KV pool
   cannot fill the tile above a boundary enough to pay for it.
+* Over-commitment (``retracted_waits``): whether a retracted request (one with generated
+  tokens) waits at either end of the queue, the sign that admission promised the KV pool more
+  than it holds.
 """
 
 from __future__ import annotations
@@ -170,3 +173,13 @@ def decode_tile_cap(view: PolicyView, decode_time: Callable[[int, float], float]
         return d_p * n / (d_p * decode_time(int(n), ctx) + overhead_s)
 
     return low if throughput(low) >= throughput(per_slot) else high
+
+
+def retracted_waits(view: PolicyView) -> bool:
+    """Whether the first or the last waiting request was retracted (it has generated tokens:
+    the retraction order puts it at the front or the back of the queue)."""
+    for requests in (view.iter_waiting(), view.iter_waiting_newest_first()):
+        r = next(requests, None)
+        if r is not None and r.num_generated > 0:
+            return True
+    return False

@@ -32,13 +32,11 @@ with memory to spare a larger chunk's longer KV residency costs nothing, and the
 a burst that lands on the queue; with the pool fuller, the chunk stays just in time, since
 larger chunks hold KV longer.
 
-Over-commitment (the chunk's cap). A retracted request waiting (one with generated tokens, at
-either end of the queue) means admission promised the pool more than it holds: the running
-requests' growth outran it. From then on, until no retracted request waits and less than
-``over_committed_kv_share`` (0.8) of the pool is used, C is the smallest candidate above the
-launching slot's decodes: prefill takes only what the slot's tile leaves beside them, so prompts
-are admitted about as fast as finishing requests free their KV, not in the bursts a deadline or
-an overflowing queue would ask for, each of which the pool gives back as more retractions.
+Over-commitment (the chunk's cap): the predictive controller's rule. Once a retracted request
+waits, C is the smallest candidate above the launching slot's decodes until none waits and less
+than ``over_committed_kv_share`` (0.8) of the pool is used: prompts are admitted about as fast
+as finishing requests free their KV, not in the bursts a deadline or an overflowing queue would
+ask for, each of which the pool gives back as more retractions.
 
 TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
 (``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
@@ -108,9 +106,6 @@ class SlackConfig:
     park_excess_ratio: float = 0.25  # park when a decode-only slot is this share of a tile over
     min_park_bank_rounds: float = 2.0  # a request sits out only with this many rounds banked
     max_park_slo_ratio: float = 1.0  # parked at most this x SLO TPOT
-    # once a retracted request waits (admission over-committed the KV pool), prefill takes only
-    # the launching slot's tile leftover until the used share of the pool is back under this
-    over_committed_kv_share: float = 0.8
 
     def __post_init__(self) -> None:
         if self.max_walk < 1:
@@ -119,7 +114,7 @@ class SlackConfig:
             raise ValueError(f"deadline_ratio must be in (0, 1], got {self.deadline_ratio!r}")
         if not 0 < self.early_ratio <= self.deadline_ratio:
             raise ValueError(f"early_ratio must be in (0, deadline_ratio], got {self.early_ratio!r}")
-        for name in ("early_kv_share", "inflow_kv_share", "over_committed_kv_share"):
+        for name in ("early_kv_share", "inflow_kv_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         for name in ("inflow_kv_slope", "inflow_tpot_ratio"):
@@ -155,7 +150,6 @@ class SlackPolicy(PredictiveChunkPolicy):
         self._tracked: tuple[float, int] | None = None  # (now, slot) of the last tracking
         self._decisions = 0
         self._last_rec: IterationRecord | None = None
-        self._over_committed = False  # a retracted request waited; see _admission_throttled
         self.num_parks = self.num_restores = 0
 
     @classmethod
@@ -190,7 +184,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             return self._done(cands[first], "idle: no prompt waiting")
         if self.at_tile_cap(view, n_dec):
             return self._done(n_dec, "tile-cap: decode only")
-        if self._admission_throttled(view):
+        if self.admission_throttled(view):
             return self._done(cands[first], "over-committed: tile leftover only")
 
         deadlines = self._deadlines(view)
@@ -236,17 +230,6 @@ class SlackPolicy(PredictiveChunkPolicy):
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, inflow, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, inflow)
-
-    def _admission_throttled(self, view: PolicyView) -> bool:
-        """True from the moment a retracted request waits (at either end of the queue: the
-        retraction order puts it at the front or the back) until none does and less than
-        ``over_committed_kv_share`` of the KV pool is used (the share of the KV trend ``choose``
-        has just updated)."""
-        if _retracted_waits(view):
-            self._over_committed = True
-        elif self.kv.share < self.slack.over_committed_kv_share:
-            self._over_committed = False
-        return self._over_committed
 
     def _deadlines(self, view: PolicyView) -> list[tuple[int, float, float]]:
         """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
@@ -381,12 +364,3 @@ class SlackPolicy(PredictiveChunkPolicy):
             return
         self._last_rec = rec
         super().observe(rec)
-
-
-def _retracted_waits(view: PolicyView) -> bool:
-    """Whether the first or the last waiting request was retracted (it has generated tokens)."""
-    for requests in (view.iter_waiting(), view.iter_waiting_newest_first()):
-        r = next(requests, None)
-        if r is not None and r.num_generated > 0:
-            return True
-    return False
