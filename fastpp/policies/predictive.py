@@ -304,15 +304,9 @@ class PredictiveChunkPolicy:
         first = first_above(cands, n_dec)  # the decode guard
         if first is None:
             return self._done(cands[-1], "guard: decodes exceed every candidate")
-        self.kv.update(view)
-        if under_kv_pressure(view, cfg.kv_free_watermark):
-            return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
-        if view.num_waiting == 0 and view.chunked is None:
-            return self._done(cands[first], "idle: no prompt waiting")
-        if self.at_tile_cap(view, n_dec):
-            return self._done(n_dec, "tile-cap: decode only")
-        if self.admission_throttled(view):
-            return self._done(cands[first], "over-committed: tile leftover only")
+        ruled = self._rule_chunk(view, cands, first, n_dec)
+        if ruled >= 0:
+            return ruled
 
         required = self._required_rate(view) * cfg.throughput_coeff
         kv_bound = self.kv_bound(view)
@@ -333,6 +327,22 @@ class PredictiveChunkPolicy:
         if k >= 0:
             return self._done(cands[k], "best-effort" + tag, required, capacity, beat)
         return self._done(cands[first], "infeasible" + tag, required)
+
+    def _rule_chunk(self, view: PolicyView, cands: tuple[int, ...], first: int, n_dec: int) -> int:
+        """The chunk the rules ahead of the scan decide, in order (KV pressure, idle, tile cap,
+        over-commitment), after updating the KV trend; -1 when none applies. ``first`` indexes
+        the smallest candidate above the launching slot's ``n_dec`` decodes. Shared with
+        ``SlackPolicy.choose``."""
+        self.kv.update(view)
+        if under_kv_pressure(view, self.config.kv_free_watermark):
+            return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
+        if view.num_waiting == 0 and view.chunked is None:
+            return self._done(cands[first], "idle: no prompt waiting")
+        if self.at_tile_cap(view, n_dec):
+            return self._done(n_dec, "tile-cap: decode only")
+        if self.admission_throttled(view):
+            return self._done(cands[first], "over-committed: tile leftover only")
+        return -1
 
     def admission_throttled(self, view: PolicyView) -> bool:
         """True from the moment a retracted request waits (``rules.retracted_waits``) until none

@@ -73,7 +73,7 @@ from typing import ClassVar
 
 from fastpp.plan import NO_BALANCE, BalancePlan
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
-from fastpp.policies.rules import first_above, kv_pressure_index, tile_step, under_kv_pressure
+from fastpp.policies.rules import first_above, tile_step, under_kv_pressure
 from fastpp.predictor import LatencyPredictor
 from fastpp.profile import Profile
 from fastpp.types import IterationRecord
@@ -177,15 +177,9 @@ class SlackPolicy(PredictiveChunkPolicy):
         if first is None:
             return self._done(cands[-1], "guard: decodes exceed every candidate")
         self._track(view)
-        self.kv.update(view)
-        if under_kv_pressure(view, cfg.kv_free_watermark):
-            return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
-        if view.num_waiting == 0 and view.chunked is None:
-            return self._done(cands[first], "idle: no prompt waiting")
-        if self.at_tile_cap(view, n_dec):
-            return self._done(n_dec, "tile-cap: decode only")
-        if self.admission_throttled(view):
-            return self._done(cands[first], "over-committed: tile leftover only")
+        ruled = self._rule_chunk(view, cands, first, n_dec)
+        if ruled >= 0:
+            return ruled
 
         deadlines = self._deadlines(view)
         inflow = self._inflow(view, view.now) * cfg.throughput_coeff
