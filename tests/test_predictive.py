@@ -508,6 +508,7 @@ def test_bad_config_values_are_refused_by_name():
         {"tile_tolerance": 0.5},
         {"kv_horizon_s": -1.0},
         {"over_committed_kv_share": 1.2},
+        {"kv_ceiling_hold_s": -1.0},
     ):
         (name,) = bad
         with pytest.raises(ValueError, match=name):
@@ -620,3 +621,40 @@ def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_
     sched_fresh, _ = loaded_scheduler(fresh)
     fresh.choose(sched_fresh.view)
     assert not fresh.last.reason.startswith("over-committed")
+
+
+@pytest.mark.parametrize("kind", ["predictive", "slack"])
+def test_after_kv_pressure_the_scan_stays_below_its_largest_recent_chunk(kind):
+    """A KV-pressure decision after the scan chose candidate k caps the scan at k - 1: with the
+    pool full, a larger chunk only lengthens the round and so every request's stay. The ceiling
+    is dropped once less than kv_bound_share of the pool is used, and rises one candidate per
+    kv_ceiling_hold_s; the hold 0 turns the rule off. Slack inherits it."""
+
+    def build(**cfg):
+        if kind == "slack":
+            return SlackPolicy.from_profile(
+                make_profile(pp=2), SlackConfig(predictive=PredictiveConfig(**cfg)), CANDS
+            )
+        return policy_for(**cfg)
+
+    def choices(policy, steps):
+        sched, clock = loaded_scheduler(policy, slo=SLO(2.0, 1.0))  # TPOT loose: 512 fits
+        pool = sched._kv.pool
+        out = []
+        for t, share in steps:  # fill the pool by hand, as admitted requests would
+            pool.used = int(share * pool.capacity)
+            clock.t = sched.view.now = t
+            out.append((policy.choose(sched.view), policy.last.reason))
+        return out
+
+    late = [(1.9, 0.5), (1.95, 0.99)]  # a late backlog takes 512, then the pool runs short
+    (top, _), (_, pressure) = choices(build(), late)[:2]
+    assert top == CANDS[-1] and pressure == "kv-pressure"
+    hold = PredictiveConfig().kv_ceiling_hold_s
+    full = choices(build(), [*late, (2.0, 0.85), (2.0 + hold / 2, 0.85), (1.95 + hold, 0.85)])
+    assert [c for c, _ in full[2:]] == [CANDS[-2], CANDS[-2], CANDS[-1]]  # held, then raised
+    assert not full[2][1].startswith(("kv-pressure", "over-committed", "infeasible"))
+    drained = choices(build(), [*late, (2.0, 0.6)])  # under kv_bound_share: the ceiling goes
+    assert drained[2][0] == CANDS[-1]
+    off = choices(build(kv_ceiling_hold_s=0.0), [*late, (2.0, 0.85)])
+    assert off[2][0] == CANDS[-1]

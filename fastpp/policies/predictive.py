@@ -30,7 +30,7 @@ the smallest candidate above every slot's decode count ("kv-pressure"). The chos
 candidate above the launching slot's decode count (when such a candidate exists), except at the
 tile cap, where it is that decode count itself ("tile-cap": decode only).
 
-Four rules beyond the paper's:
+Five rules beyond the paper's:
 
 * Tile floor: while more prompt tokens wait than the largest sub-tile candidate would carry in
   the next D_p microbatches, the scan starts at the efficient tile (``rules.
@@ -73,6 +73,14 @@ Four rules beyond the paper's:
   load under overload (CNN-Reversed served as a backlog) catches up in bursts of short prompts
   whose growth the pool gives back as retractions, over and over (docs/RESULTS.md section 9).
   A load whose pool never runs short never retracts, so the rule never acts.
+* KV ceiling: a KV-pressure decision after the scan chose candidate k since the previous one
+  caps the scan at candidate k - 1 (never below its start). With the pool full, admission waits
+  on finishing requests, not on the chunk; where time per token is flat above the tile, a
+  larger chunk only lengthens the round, and so every request's stay, the decodes resident and
+  the next KV pressure (Qwen2.5-14B azure-conv served as a backlog: 768 alternating with
+  128-token drain microbatches, against a steady 640). The ceiling is dropped once less than
+  ``kv_bound_share`` of the pool is used, and rises one candidate every ``kv_ceiling_hold_s``
+  (10 s), so a load that grows out of it gets the larger chunk back.
 """
 
 from __future__ import annotations
@@ -143,6 +151,10 @@ class PredictiveConfig:
     # the launching slot's tile leftover until none waits and the pool's used share is under
     # this (module docstring; 0 turns the rule off)
     over_committed_kv_share: float = 0.8
+    # after a KV-pressure decision the scan stays below the largest candidate chosen since the
+    # previous one, until the pool's used share is under kv_bound_share; the ceiling rises one
+    # candidate per this many seconds (module docstring; 0 turns the rule off)
+    kv_ceiling_hold_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -172,6 +184,8 @@ class PredictiveConfig:
             raise ValueError(f"kv_horizon_s must be >= 0, got {self.kv_horizon_s!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if self.kv_ceiling_hold_s < 0:
+            raise ValueError(f"kv_ceiling_hold_s must be >= 0, got {self.kv_ceiling_hold_s!r}")
 
 
 @dataclass(slots=True)
@@ -274,6 +288,9 @@ class PredictiveChunkPolicy:
         self.kv = KVTrend(self.config.kv_trend_window_s)
         self._tile: tuple[tuple[int, ...], int] | None = None  # (candidates, floor index)
         self._over_committed = False  # a retracted request waited; see admission_throttled
+        self._ceiling = -1  # the largest candidate index the scan may choose (-1: none); scan_stop
+        self._ceiling_at = 0.0  # when the ceiling was last set or raised
+        self._largest_since_pressure = -1  # largest candidate index the scan chose since then
 
     @classmethod
     def from_profile(
@@ -317,10 +334,11 @@ class PredictiveChunkPolicy:
         def meets(capacity: float, round_s: float) -> bool:
             return capacity >= required
 
-        found = self._scan(view, cands, floor, len(cands), meets, tpot_budget)
+        found = self._scan(view, cands, floor, self.scan_stop(view, cands, floor), meets, tpot_budget)
         if found[0] < 0 and floor > first:  # even the tile breaks TPOT: try below it
             found = self._scan(view, cands, first, floor, meets, tpot_budget)
         k, capacity, beat, met = found
+        self._scan_chose(k)
         tag = ": kv-bound" if kv_bound else ""
         if met:
             return self._done(cands[k], "optimal" + tag, required, capacity, beat)
@@ -335,6 +353,7 @@ class PredictiveChunkPolicy:
         ``SlackPolicy.choose``."""
         self.kv.update(view)
         if under_kv_pressure(view, self.config.kv_free_watermark):
+            self._lower_ceiling(view.now)
             return self._done(cands[kv_pressure_index(view, cands)], "kv-pressure")
         if view.num_waiting == 0 and view.chunked is None:
             return self._done(cands[first], "idle: no prompt waiting")
@@ -343,6 +362,33 @@ class PredictiveChunkPolicy:
         if self.admission_throttled(view):
             return self._done(cands[first], "over-committed: tile leftover only")
         return -1
+
+    def _lower_ceiling(self, now: float) -> None:
+        """At a KV-pressure decision: the scan's ceiling becomes the candidate below the largest
+        it chose since the previous one (module docstring, "KV ceiling")."""
+        if self.config.kv_ceiling_hold_s > 0 and self._largest_since_pressure > 0:
+            self._ceiling = self._largest_since_pressure - 1
+            self._ceiling_at = now
+        self._largest_since_pressure = -1
+
+    def _scan_chose(self, k: int) -> None:
+        if k > self._largest_since_pressure:
+            self._largest_since_pressure = k
+
+    def scan_stop(self, view: PolicyView, cands: tuple[int, ...], start: int) -> int:
+        """The end (exclusive) of a scan from ``start``: past the KV ceiling's candidate, never
+        below ``start + 1``. The ceiling is dropped once less than ``kv_bound_share`` of the pool
+        is used, and raised one candidate per ``kv_ceiling_hold_s`` (module docstring)."""
+        if self._ceiling < 0:
+            return len(cands)
+        cfg = self.config
+        if self.kv.share < cfg.kv_bound_share:
+            self._ceiling = -1
+            return len(cands)
+        if view.now - self._ceiling_at >= cfg.kv_ceiling_hold_s:
+            self._ceiling += 1
+            self._ceiling_at = view.now
+        return max(start + 1, min(len(cands), self._ceiling + 1))
 
     def admission_throttled(self, view: PolicyView) -> bool:
         """True from the moment a retracted request waits (``rules.retracted_waits``) until none

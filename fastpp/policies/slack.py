@@ -36,7 +36,10 @@ Over-commitment (the chunk's cap): the predictive controller's rule. Once a retr
 waits, C is the smallest candidate above the launching slot's decodes until none waits and less
 than ``over_committed_kv_share`` (0.8) of the pool is used: prompts are admitted about as fast
 as finishing requests free their KV, not in the bursts a deadline or an overflowing queue would
-ask for, each of which the pool gives back as more retractions.
+ask for, each of which the pool gives back as more retractions. The KV ceiling is the predictive
+controller's too: after a KV-pressure decision no scan (the stretch's included) goes past the
+candidate below the largest chosen since the previous one, until the pool is under
+``kv_bound_share`` used, the ceiling rising one candidate every ``kv_ceiling_hold_s``.
 
 TPOT slack (the chunk's upper bound). The round bound is the predictive controller's
 (``tpot_coeff`` x SLO TPOT, ``kv_bound_tpot_coeff`` while the KV pool fills). A running request
@@ -205,7 +208,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         budget = coeff * slo_tpot - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
-        found = self._scan(view, cands, floor, len(cands), meets, budget)
+        found = self._scan(view, cands, floor, self.scan_stop(view, cands, floor), meets, budget)
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
@@ -214,10 +217,12 @@ class SlackPolicy(PredictiveChunkPolicy):
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
-                wider = self._scan(view, cands, found[0], len(cands), meets, stretch)
+                stop = self.scan_stop(view, cands, found[0])
+                wider = self._scan(view, cands, found[0], stop, meets, stretch)
                 if wider[3]:  # only a stretch that saves the deadlines is worth its round
                     found, reason = wider, ": catch-up on banked slack"
         k, capacity, beat, met = found
+        self._scan_chose(k)
         tag = reason or (": overflowing queue" if overflowing else ": kv-bound" if kv_bound else "")
         if met:
             return self._done(cands[k], "optimal" + tag, inflow, capacity, beat)
