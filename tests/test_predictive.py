@@ -51,6 +51,14 @@ def policy_for(pp=2, **cfg):
     return PredictiveChunkPolicy.from_profile(make_profile(pp=pp), PredictiveConfig(**cfg), CANDS)
 
 
+def policy_of(kind, **cfg):
+    """A predictive policy, or slack (which inherits its rules), with these PredictiveConfig knobs."""
+    if kind == "slack":
+        config = SlackConfig(predictive=PredictiveConfig(**cfg))
+        return SlackPolicy.from_profile(make_profile(pp=2), config, CANDS)
+    return policy_for(**cfg)
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), pp=st.integers(1, 4), tpot_ms=st.sampled_from([1, 20, 200]))
 def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
@@ -576,13 +584,6 @@ def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_
     the rule off. Slack inherits the rule."""
     from test_admission_retraction import run_round
 
-    def build(**cfg):
-        if kind == "slack":
-            return SlackPolicy.from_profile(
-                make_profile(pp=2), SlackConfig(predictive=PredictiveConfig(**cfg)), CANDS
-            )
-        return policy_for(**cfg)
-
     def retracting(policy):
         clock = FakeClock()
         sched = make_scheduler(
@@ -601,7 +602,7 @@ def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_
             run_round(sched, clock)
         return sched, clock
 
-    policy = build()
+    policy = policy_of(kind)
     sched, clock = retracting(policy)
     view = sched.view
     assert policy.choose(view) == CANDS[index_above(CANDS, view.num_running(view.slot))]
@@ -612,12 +613,12 @@ def test_after_a_retraction_prefill_takes_only_the_tile_leftover_until_the_pool_
     policy.choose(view)
     assert not policy.last.reason.startswith("over-committed")
     # the same retraction with the rule off
-    off = build(over_committed_kv_share=0.0)
+    off = policy_of(kind, over_committed_kv_share=0.0)
     sched_off, _ = retracting(off)
     off.choose(sched_off.view)
     assert not off.last.reason.startswith("over-committed")
     # a policy on a scheduler that never retracted never throttles
-    fresh = build()
+    fresh = policy_of(kind)
     sched_fresh, _ = loaded_scheduler(fresh)
     fresh.choose(sched_fresh.view)
     assert not fresh.last.reason.startswith("over-committed")
@@ -630,13 +631,6 @@ def test_after_kv_pressure_the_scan_stays_below_its_largest_recent_chunk(kind):
     is dropped once less than kv_bound_share of the pool is used, and rises one candidate per
     kv_ceiling_hold_s; the hold 0 turns the rule off. Slack inherits it."""
 
-    def build(**cfg):
-        if kind == "slack":
-            return SlackPolicy.from_profile(
-                make_profile(pp=2), SlackConfig(predictive=PredictiveConfig(**cfg)), CANDS
-            )
-        return policy_for(**cfg)
-
     def choices(policy, steps):
         sched, clock = loaded_scheduler(policy, slo=SLO(2.0, 1.0))  # TPOT loose: 512 fits
         pool = sched._kv.pool
@@ -648,13 +642,13 @@ def test_after_kv_pressure_the_scan_stays_below_its_largest_recent_chunk(kind):
         return out
 
     late = [(1.9, 0.5), (1.95, 0.99)]  # a late backlog takes 512, then the pool runs short
-    (top, _), (_, pressure) = choices(build(), late)[:2]
+    (top, _), (_, pressure) = choices(policy_of(kind), late)[:2]
     assert top == CANDS[-1] and pressure == "kv-pressure"
     hold = PredictiveConfig().kv_ceiling_hold_s
-    full = choices(build(), [*late, (2.0, 0.85), (2.0 + hold / 2, 0.85), (1.95 + hold, 0.85)])
+    full = choices(policy_of(kind), [*late, (2.0, 0.85), (2.0 + hold / 2, 0.85), (1.95 + hold, 0.85)])
     assert [c for c, _ in full[2:]] == [CANDS[-2], CANDS[-2], CANDS[-1]]  # held, then raised
     assert not full[2][1].startswith(("kv-pressure", "over-committed", "infeasible"))
-    drained = choices(build(), [*late, (2.0, 0.6)])  # under kv_bound_share: the ceiling goes
+    drained = choices(policy_of(kind), [*late, (2.0, 0.6)])  # under kv_bound_share: the ceiling goes
     assert drained[2][0] == CANDS[-1]
-    off = choices(build(kv_ceiling_hold_s=0.0), [*late, (2.0, 0.85)])
+    off = choices(policy_of(kind, kv_ceiling_hold_s=0.0), [*late, (2.0, 0.85)])
     assert off[2][0] == CANDS[-1]
