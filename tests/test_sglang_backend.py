@@ -18,14 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from engine_setup import wait_for_setup
 
 from fastpp.backends.ports import free_port
 from fastpp.backends.sglang.checks import applied_vs_decided, rank_batches, rank_disagreements
 from fastpp.backends.sglang.host_timing import PHASES
 from fastpp.backends.sglang.launcher import (
+    SGLANG_VERSION,
     LaunchSpec,
     PortInUseError,
     SGLangServer,
+    engines_dir,
     find_engine_python,
     resolve_model,
 )
@@ -72,6 +75,7 @@ class Run:
 
 
 def _engine_ready() -> None:
+    wait_for_setup(engines_dir() / f"sglang-{SGLANG_VERSION}")  # .ci/run builds it beside the suite
     try:
         find_engine_python()
         resolve_model("smollm2")
