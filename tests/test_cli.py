@@ -463,8 +463,8 @@ def test_chunk_candidates_option(tmp_path):
 
 def test_goodput_plot_folder_holding_another_run_is_refused_or_replaced(tmp_path):
     args = ["goodput", "-w", "cnn-dailymail-synthetic", "-m", "Qwen2.5-14B", "-d", "pp2@static:512"]
-    args += ["--seeds", "1", "--precision", "4", "-n", "40", "--plot", str(tmp_path)]
-    assert invoke(*args).exit_code == 0
+    args += ["--seeds", "1", "--precision", "4", "-n", "40", "--no-steady", "--plot", str(tmp_path)]
+    assert invoke(*args).exit_code == 0  # (--no-steady: the folder rule is under test, not the search)
     (tmp_path / "notes.txt").write_text("mine")
     first = (tmp_path / "goodput.json").read_text()
     res = invoke(*args)
