@@ -16,12 +16,15 @@ START=$(date +%s)
 # Held until the setup exits, which writes its exit status into it: a second setup of the same
 # venv waits for the first, and the real-engine tests (tests/engine_setup.py) wait for it rather
 # than start on a half-built venv, and fail naming a setup that failed (.ci/run builds the
-# engines while the rest of the suite runs).
+# engines while the rest of the suite runs). Without flock(1) (util-linux) there is no lock file,
+# and nothing waits.
 mkdir -p "$ENGINES_DIR"
-exec 9>>"$VENV.setup.lock"
-flock 9
-: >"$VENV.setup.lock"
-trap 'echo $? >"$VENV.setup.lock"' EXIT
+if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$VENV.setup.lock"
+  flock 9
+  : >"$VENV.setup.lock"
+  trap 'echo $? >"$VENV.setup.lock"' EXIT
+fi
 
 # pip in $VENV, quiet; drops the expected notes about the local index folders it skips (one per
 # package) and the stderr lines matching any pattern in PIP_EXPECTED (a script's own expected noise).
