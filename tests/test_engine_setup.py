@@ -5,6 +5,7 @@ beside the rest of the suite."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ import pytest
 from engine_setup import setup_lock, wait_for_setup
 
 COMMON = Path(__file__).resolve().parents[1] / "scripts" / "engines" / "common.sh"
+pytestmark = pytest.mark.skipif(shutil.which("flock") is None, reason="no flock(1): setups take no lock")
 
 
 def _setup_running(engines: Path, hold_s: float, status: int = 0) -> subprocess.Popen[bytes]:
