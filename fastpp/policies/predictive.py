@@ -334,7 +334,7 @@ class PredictiveChunkPolicy:
         def meets(capacity: float, round_s: float) -> bool:
             return capacity >= required
 
-        found = self._scan(view, cands, floor, self.scan_stop(view, cands, floor), meets, tpot_budget)
+        found = self._scan(view, cands, floor, self.scan_stop(cands, floor), meets, tpot_budget)
         if found[0] < 0 and floor > first:  # even the tile breaks TPOT: try below it
             found = self._scan(view, cands, first, floor, meets, tpot_budget)
         k, capacity, beat, met = found
@@ -361,6 +361,7 @@ class PredictiveChunkPolicy:
             return self._done(n_dec, "tile-cap: decode only")
         if self.admission_throttled(view):
             return self._done(cands[first], "over-committed: tile leftover only")
+        self._relax_ceiling(view.now)  # a scan follows: its ceiling as of now
         return -1
 
     def _lower_ceiling(self, now: float) -> None:
@@ -375,19 +376,23 @@ class PredictiveChunkPolicy:
         if k > self._largest_since_pressure:
             self._largest_since_pressure = k
 
-    def scan_stop(self, view: PolicyView, cands: tuple[int, ...], start: int) -> int:
-        """The end (exclusive) of a scan from ``start``: past the KV ceiling's candidate, never
-        below ``start + 1``. The ceiling is dropped once less than ``kv_bound_share`` of the pool
-        is used, and raised one candidate per ``kv_ceiling_hold_s`` (module docstring)."""
+    def _relax_ceiling(self, now: float) -> None:
+        """Once per scanning decision: drop the KV ceiling once less than ``kv_bound_share`` of
+        the pool is used (the share of the KV trend just updated), else raise it one candidate
+        per ``kv_ceiling_hold_s`` (module docstring)."""
+        if self._ceiling < 0:
+            return
+        if self.kv.share < self.config.kv_bound_share:
+            self._ceiling = -1
+        elif now - self._ceiling_at >= self.config.kv_ceiling_hold_s:
+            self._ceiling += 1
+            self._ceiling_at = now
+
+    def scan_stop(self, cands: tuple[int, ...], start: int) -> int:
+        """The end (exclusive) of a scan from ``start``: one past the KV ceiling's candidate,
+        never below ``start + 1``; ``len(cands)`` without a ceiling."""
         if self._ceiling < 0:
             return len(cands)
-        cfg = self.config
-        if self.kv.share < cfg.kv_bound_share:
-            self._ceiling = -1
-            return len(cands)
-        if view.now - self._ceiling_at >= cfg.kv_ceiling_hold_s:
-            self._ceiling += 1
-            self._ceiling_at = view.now
         return max(start + 1, min(len(cands), self._ceiling + 1))
 
     def admission_throttled(self, view: PolicyView) -> bool:

@@ -208,7 +208,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
         budget = coeff * slo_tpot - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
-        found = self._scan(view, cands, floor, self.scan_stop(view, cands, floor), meets, budget)
+        found = self._scan(view, cands, floor, self.scan_stop(cands, floor), meets, budget)
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
@@ -217,7 +217,7 @@ class SlackPolicy(PredictiveChunkPolicy):
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
-                stop = self.scan_stop(view, cands, found[0])
+                stop = self.scan_stop(cands, found[0])
                 wider = self._scan(view, cands, found[0], stop, meets, stretch)
                 if wider[3]:  # only a stretch that saves the deadlines is worth its round
                     found, reason = wider, ": catch-up on banked slack"
