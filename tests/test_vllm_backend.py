@@ -3,9 +3,9 @@
 Needs the engine environment of scripts/engines/setup_vllm.sh (``$FASTPP_ENGINES_DIR``,
 default ``<repo>/.engines``; or ``$FASTPP_VLLM_PYTHON``) and its SmolLM2 model directory.
 Without them the module is skipped, saying so, except in CI (``CI`` set), where that fails.
-Four servers start once each (module fixtures, half a minute to a minute each here): stock vLLM,
-ours with the static budget, ours with a flaky ``static:48+ds`` (tests/vllm_test_policies.py),
-and ours with ``--queue-order late_last``.
+Three servers start once each (module fixtures, half a minute to a minute each here): stock
+vLLM, ours with the static budget (under ``--queue-order late_last``, at most 2 requests running)
+and ours with a flaky ``static:48+ds`` (tests/vllm_test_policies.py).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ BALANCE_SENDS = 3  # test_budget_and_decode_placement_...: sends of LONG_PROMPTS
 # float32 the smallest top-2 gap over these prompts' 24 tokens is 0.012 and stock's tokens were
 # the same sent one by one and in three concurrent sends (docs/engines/vllm.md, "Exact tokens").
 EXACT = ("--dtype", "float32")
+LATE_LAST_SENDS = 3  # test_late_last_...: sends of the wave and the last prompt, at most
+LATE_SLO_TTFT_S = 4.0  # ... the static server's SLO TTFT
+LATE_GAP_S = 5.0  # ... seconds between the wave and the last prompt (> the SLO: the wave is late)
 
 
 def _engine_missing() -> str | None:
@@ -149,7 +152,22 @@ def stock(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    proc, record_dir = _serve(tmp_path_factory, "static", "--policy", "static", *EXACT)
+    """One server for three tests: its tokens against stock vLLM's (float32: the same tokens
+    however the requests are batched, so 2 running at a time and the queue order change none),
+    the late_last queue order, and, last, the run folder it leaves when stopped."""
+    proc, record_dir = _serve(
+        tmp_path_factory,
+        "static",
+        "--policy",
+        "static",
+        "--max-running-requests",
+        "2",
+        "--queue-order",
+        "late_last",
+        "--slo-ttft-ms",
+        str(int(LATE_SLO_TTFT_S * 1000)),
+        *EXACT,
+    )
     try:
         yield Server(proc, record_dir)
     finally:
@@ -167,29 +185,10 @@ def flaky(tmp_path_factory):
         proc.stop()
 
 
-@pytest.fixture(scope="module")
-def late_last(tmp_path_factory):
-    proc, record_dir = _serve(
-        tmp_path_factory,
-        "late_last",
-        "--policy",
-        "static",
-        "--max-running-requests",
-        "2",
-        "--queue-order",
-        "late_last",
-        "--slo-ttft-ms",
-        str(int(LATE_SLO_TTFT_S * 1000)),
-    )
-    try:
-        yield Server(proc, record_dir)
-    finally:
-        proc.stop()
-
-
 def test_static_budget_gives_stock_vllms_tokens(stock, static):
     """Temperature 0, the same prompts sent at once, float32 (EXACT): our scheduler with vLLM's
-    own budget and no balancer produces exactly stock vLLM's tokens."""
+    own budget and no balancer (2 requests running at a time, late_last) produces exactly stock
+    vLLM's tokens (all 8 at once)."""
     ours, theirs = static.complete(PROMPTS), stock.complete(PROMPTS)
     assert all(len(t) == MAX_TOKENS for t in ours)
     assert stock.complete(PROMPTS) == theirs, "stock vLLM's own tokens changed between two sends"
@@ -254,28 +253,7 @@ def test_a_policy_that_raises_falls_back_and_serving_goes_on(flaky):
     assert httpx.get(flaky.url + "/health", timeout=10).status_code == 200
 
 
-def test_the_run_folder_is_what_a_simulation_writes(static):
-    """After the server stops: requests.jsonl, iterations.csv (one row per stage and microbatch,
-    from the workers' stage times), summary.json, timeline.json."""
-    static.complete(PROMPTS[:2], max_tokens=4)
-    static.proc.stop()
-    run = read_run(static.record_dir)
-    done = [r for r in run.records if r.finish_reason is not None]
-    assert len(done) >= 2 and all(r.ttft_s > 0 for r in done)
-    assert run.summary["completed"] == len(done)
-    stages = {it.stage for it in run.iterations}
-    assert stages == {0, 1}
-    for it in run.iterations:
-        assert it.finished_at >= it.started_at and it.num_tokens > 0
-    assert (static.record_dir / "timeline.json").is_file()
-
-
-LATE_LAST_SENDS = 3  # test_late_last_...: sends of the wave and the last prompt, at most
-LATE_SLO_TTFT_S = 4.0  # ... the late_last server's SLO TTFT
-LATE_GAP_S = 5.0  # ... seconds between the wave and the last prompt (> the SLO: the wave is late)
-
-
-def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
+def test_late_last_admits_an_on_time_request_before_the_late_ones(static):
     """``--queue-order late_last`` on real vLLM (SLO TTFT 4 s, at most 2 requests running): 40
     prompts reach the engine together (one HTTP request), each holding one of the two seats
     for 32 tokens, so most wait in vLLM's queue; 5 s later one more prompt is sent. The ones
@@ -285,12 +263,12 @@ def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
     this test fail in CI: the last prompt was late too by the time a seat freed), or a queue
     drained before the last prompt, the load is sent again, up to ``LATE_LAST_SENDS`` times.
     Every request completes."""
-    body = {"model": late_last.model, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
-    requests_file = late_last.record_dir / "requests.jsonl"
+    body = {"model": static.model, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    requests_file = static.record_dir / "requests.jsonl"
 
     async def send_both(prompts: list[str], last: str) -> tuple[list[bool], list[bool]]:
         # one event loop, no thread: the second send leaves on time even on a busy machine
-        async with httpx.AsyncClient(base_url=late_last.url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=static.url, timeout=300) as client:
 
             async def send(batch: list[str]) -> list[bool]:
                 r = await client.post("/v1/completions", json={**body, "prompt": batch})
@@ -302,7 +280,7 @@ def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
             last_done = await send([last])
             return await first, last_done
 
-    seen = 0
+    seen = len(read_records_jsonl(requests_file)) if requests_file.exists() else 0  # earlier tests'
     tried = []
     for attempt in range(LATE_LAST_SENDS):
         prompts = [f"Send {attempt}. {p}" for p in PROMPTS * 5]
@@ -322,3 +300,20 @@ def test_late_last_admits_an_on_time_request_before_the_late_ones(late_last):
         "in no send did a prompt of the wave still wait when the last arrived while the last was "
         f"scheduled within the SLO TTFT (arrival, scheduled): {tried}"
     )
+
+
+def test_the_run_folder_is_what_a_simulation_writes(static):
+    """Last in this file: it stops the server. After the stop: requests.jsonl, iterations.csv
+    (one row per stage and microbatch, from the workers' stage times), summary.json,
+    timeline.json."""
+    static.complete(PROMPTS[:2], max_tokens=4)
+    static.proc.stop()
+    run = read_run(static.record_dir)
+    done = [r for r in run.records if r.finish_reason is not None]
+    assert len(done) >= 2 and all(r.ttft_s > 0 for r in done)
+    assert run.summary["completed"] == len(done)
+    stages = {it.stage for it in run.iterations}
+    assert stages == {0, 1}
+    for it in run.iterations:
+        assert it.finished_at >= it.started_at and it.num_tokens > 0
+    assert (static.record_dir / "timeline.json").is_file()
