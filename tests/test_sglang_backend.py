@@ -2,9 +2,9 @@
 
 Needs the SGLang environment and model that scripts/engines/setup_sglang.sh builds (under
 FASTPP_ENGINES_DIR, default <repo>/.engines). Without them the module is skipped, except under CI
-(env CI set), where that is a failure. Five server start-ups of about 2-3.5 minutes each on a
-2-core machine: plain SGLang, then SGLang with the plugin under static, greedy+ds,
-predictive+ds (with injected policy faults) and static with the late_last queue order.
+(env CI set), where that is a failure. Four server start-ups of about 2-3.5 minutes each on a
+2-core machine: plain SGLang, then SGLang with the plugin under static (with the late_last queue
+order), greedy+ds and predictive+ds (with injected policy faults).
 """
 
 from __future__ import annotations
@@ -163,9 +163,23 @@ def plain(tmp_path_factory) -> Run:
     return _serve(tmp_path_factory, "plain", sglang_args=("--chunked-prefill-size", str(CHUNK)))
 
 
+def _prompts_then_two_waves(url: str, records: Path) -> list[tuple[list[int], str]]:
+    return _generate_all(url, PROMPTS) + _two_waves_until_reordered(url, records)
+
+
 @pytest.fixture(scope="module")
 def static(tmp_path_factory) -> Run:
-    return _serve(tmp_path_factory, "static", policy=f"static:{CHUNK}")
+    """static:CHUNK under the late_last queue order, one server for two tests: first PROMPTS
+    (compared token for token with plain SGLang: they reach the scheduler together and fit the
+    first microbatches, so late_last finds none late beside an on-time one), then the waves."""
+    return _serve(
+        tmp_path_factory,
+        "static",
+        send=_prompts_then_two_waves,
+        policy=f"static:{CHUNK}",
+        queue_order="late_last",
+        slo=LATE_SLO,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -190,25 +204,13 @@ def predictive_faulty(tmp_path_factory) -> Run:
     )
 
 
-@pytest.fixture(scope="module")
-def late_last(tmp_path_factory) -> Run:
-    return _serve(
-        tmp_path_factory,
-        "late_last",
-        send=_two_waves_until_reordered,
-        policy=f"static:{CHUNK}",
-        queue_order="late_last",
-        slo=LATE_SLO,
-    )
-
-
 def _decisions(run: Run) -> list[dict]:
     return read_jsonl(run.record_dir / "decisions.jsonl")
 
 
 def test_static_chunk_matches_plain_sglang_token_for_token(plain, static):
     assert all(len(t) == MAX_TOKENS for t in plain.tokens)
-    assert static.tokens == plain.tokens
+    assert static.tokens[: len(PROMPTS)] == plain.tokens
     # and the plugin really was in charge: SGLang's adder got our C at every prefill
     prefills = [b for b in rank_batches(static.record_dir)[0] if b["num_prefill_tokens"]]
     assert prefills and all(b["adder_chunk_budget"] == CHUNK for b in prefills)
@@ -231,21 +233,24 @@ def test_pp_ranks_form_identical_microbatches(static, greedy_ds, predictive_faul
         assert rank_disagreements(run.record_dir, num_ranks=2) == [], run.log
 
 
-def test_late_last_lets_an_on_time_wave_overtake_a_late_one_on_every_rank(late_last):
+def test_late_last_lets_an_on_time_wave_overtake_a_late_one_on_every_rank(static):
     """Most of the long wave still waits, past the SLO TTFT, when the short wave arrives: under
     late_last the short prompts are admitted before the rest of it (under fcfs every one of them
     would get its first token after the whole long wave's), and rank 1 applied rank 0's order
     (its microbatches are rank 0's, field by field)."""
-    assert all(len(t) == MAX_TOKENS for t in late_last.tokens)
-    assert any(d["reordered"] for d in _decisions(late_last))
-    requests = read_jsonl(late_last.record_dir / "requests.jsonl")
-    # the last send (the first that reordered); before it, SGLang's warm-up and any earlier send
-    ours = sorted(requests, key=lambda r: r["arrived_at"])[-len(LATE_WAVE) - len(ON_TIME_WAVE) :]
+    waves = static.tokens[len(PROMPTS) :]  # the last send's
+    assert len(waves) == len(LATE_WAVE) + len(ON_TIME_WAVE)
+    assert all(len(t) == MAX_TOKENS for t in waves)
+    assert any(d["reordered"] for d in _decisions(static))
+    requests = read_jsonl(static.record_dir / "requests.jsonl")
+    # the last send (the first that reordered); before it SGLang's warm-up, PROMPTS and any
+    # earlier send
+    ours = sorted(requests, key=lambda r: r["arrived_at"])[-len(waves) :]
     late, on_time = ours[: len(LATE_WAVE)], ours[len(LATE_WAVE) :]
     assert len(on_time) == len(ON_TIME_WAVE)
     assert min(r["first_token_at"] for r in on_time) < max(r["first_token_at"] for r in late)
-    assert rank_disagreements(late_last.record_dir, num_ranks=2) == [], late_last.log
-    assert applied_vs_decided(late_last.record_dir) == []
+    assert rank_disagreements(static.record_dir, num_ranks=2) == [], static.log
+    assert applied_vs_decided(static.record_dir) == []
 
 
 def test_raising_policy_falls_back_and_the_server_keeps_serving(predictive_faulty):
