@@ -15,6 +15,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -116,7 +117,8 @@ class Server:
         return [json.loads(line) for line in text.splitlines()]
 
 
-def _serve(tmp_path_factory, name: str, *args: str):
+def _serve(tmp_path_factory, name: str, *args: str) -> Iterator[Server]:
+    """A module fixture's server: started with ``args``, yielded, stopped after the module."""
     record_dir = None
     if "stock" not in args:
         record_dir = tmp_path_factory.mktemp(name)
@@ -138,16 +140,15 @@ def _serve(tmp_path_factory, name: str, *args: str):
         )
         proc.__enter__()
     print(f"\n{name}: vLLM ready in {time.monotonic() - started:.0f} s")
-    return proc, record_dir
+    try:
+        yield Server(proc, record_dir)
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
 def stock(tmp_path_factory):
-    proc, _ = _serve(tmp_path_factory, "stock", "--policy", "stock", *EXACT)
-    try:
-        yield Server(proc, None)
-    finally:
-        proc.stop()
+    yield from _serve(tmp_path_factory, "stock", "--policy", "stock", *EXACT)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +156,7 @@ def static(tmp_path_factory):
     """One server for three tests: its tokens against stock vLLM's (float32: the same tokens
     however the requests are batched, so 2 running at a time and the queue order change none),
     the late_last queue order, and, last, the run folder it leaves when stopped."""
-    proc, record_dir = _serve(
+    yield from _serve(
         tmp_path_factory,
         "static",
         "--policy",
@@ -168,21 +169,13 @@ def static(tmp_path_factory):
         str(int(LATE_SLO_TTFT_S * 1000)),
         *EXACT,
     )
-    try:
-        yield Server(proc, record_dir)
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
 def flaky(tmp_path_factory):
-    proc, record_dir = _serve(
+    yield from _serve(
         tmp_path_factory, "flaky", "--policy", "py:vllm_test_policies:flaky", "--token-step", "1"
     )
-    try:
-        yield Server(proc, record_dir)
-    finally:
-        proc.stop()
 
 
 def test_static_budget_gives_stock_vllms_tokens(stock, static):
