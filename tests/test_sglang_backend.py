@@ -118,6 +118,10 @@ def _two_waves(url: str) -> list[tuple[list[int], str]]:
     return first + later
 
 
+def _decisions(record_dir: Path) -> list[dict]:
+    return read_jsonl(record_dir / "decisions.jsonl")
+
+
 def _two_waves_until_reordered(url: str, records: Path) -> list[tuple[list[int], str]]:
     """``_two_waves``, sent again (``LATE_LAST_SENDS`` times at most) until a decision has
     reordered the queue. Under load a scheduling step took 5-8 s here (beside the native build),
@@ -125,7 +129,7 @@ def _two_waves_until_reordered(url: str, records: Path) -> list[tuple[list[int],
     seconds where the long prompts still waiting are late and the short ones still on time."""
     for _ in range(LATE_LAST_SENDS):
         outs = _two_waves(url)
-        if any(d["reordered"] for d in read_jsonl(records / "decisions.jsonl")):
+        if any(d["reordered"] for d in _decisions(records)):
             break
     return outs
 
@@ -204,10 +208,6 @@ def predictive_faulty(tmp_path_factory) -> Run:
     )
 
 
-def _decisions(run: Run) -> list[dict]:
-    return read_jsonl(run.record_dir / "decisions.jsonl")
-
-
 def test_static_chunk_matches_plain_sglang_token_for_token(plain, static):
     assert all(len(t) == MAX_TOKENS for t in plain.tokens)
     assert static.tokens[: len(PROMPTS)] == plain.tokens
@@ -219,7 +219,7 @@ def test_static_chunk_matches_plain_sglang_token_for_token(plain, static):
 
 def test_greedy_ds_budgets_and_parks_are_what_sglang_ran(greedy_ds):
     assert all(len(t) == MAX_TOKENS for t in greedy_ds.tokens)
-    decisions = _decisions(greedy_ds)
+    decisions = _decisions(greedy_ds.record_dir)
     assert any(d["park"] for d in decisions), "delay scheduling never parked a request"
     assert any(d["restore"] for d in decisions), "delay scheduling never restored a request"
     assert applied_vs_decided(greedy_ds.record_dir) == []
@@ -241,7 +241,7 @@ def test_late_last_lets_an_on_time_wave_overtake_a_late_one_on_every_rank(static
     waves = static.tokens[len(PROMPTS) :]  # the last send's
     assert len(waves) == len(LATE_WAVE) + len(ON_TIME_WAVE)
     assert all(len(t) == MAX_TOKENS for t in waves)
-    assert any(d["reordered"] for d in _decisions(static)), (
+    assert any(d["reordered"] for d in _decisions(static.record_dir)), (
         f"no decision reordered the queue in {LATE_LAST_SENDS} sends of the two waves"
     )
     requests = read_jsonl(static.record_dir / "requests.jsonl")
@@ -257,7 +257,7 @@ def test_late_last_lets_an_on_time_wave_overtake_a_late_one_on_every_rank(static
 
 def test_raising_policy_falls_back_and_the_server_keeps_serving(predictive_faulty):
     assert all(len(t) == MAX_TOKENS for t in predictive_faulty.tokens)
-    decisions = _decisions(predictive_faulty)
+    decisions = _decisions(predictive_faulty.record_dir)
     fallbacks = {part for d in decisions for part in d["fallback"].split(",") if part}
     assert fallbacks == {"chunk", "balancer"}
     assert any(d["reason"] == "fallback: policy error" for d in decisions)

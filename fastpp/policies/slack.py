@@ -259,13 +259,10 @@ class SlackPolicy(PredictiveChunkPolicy):
     def _deadlines(self, view: PolicyView) -> list[tuple[int, float, float]]:
         """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
         the first ``max_walk`` waiting requests, in admission order, the continuing chunk
-        first. The early slack is -inf (never used) while the KV pool is at least
-        ``early_kv_share`` used (the share of the KV trend ``choose`` has just updated; a pool of
-        no tokens has no room)."""
+        first. The early slack is -inf (never used) unless the pool is roomy (``_roomy``)."""
         scfg = self.slack
         now, ttft = view.now, scfg.deadline_ratio * view.slo.ttft_s
-        roomy = view.kv_total_tokens > 0 and self.kv.share < scfg.early_kv_share
-        early = scfg.early_ratio * view.slo.ttft_s if roomy else -inf
+        early = scfg.early_ratio * view.slo.ttft_s if self._roomy(view) else -inf
         out: list[tuple[int, float, float]] = []
         ahead = 0
         chunked = view.chunked
@@ -277,13 +274,19 @@ class SlackPolicy(PredictiveChunkPolicy):
             out.append((ahead, r.arrived_at + early - now, r.arrived_at + ttft - now))
         return out
 
+    def _roomy(self, view: PolicyView) -> bool:
+        """Less than ``early_kv_share`` of the KV pool used (the share of the KV trend
+        ``choose`` has just updated; a pool of no tokens has no room): the early deadline and
+        the bursty-arrivals rule apply."""
+        return view.kv_total_tokens > 0 and self.kv.share < self.slack.early_kv_share
+
     def _bursty(self, view: PolicyView) -> bool:
-        """True while less than ``early_kv_share`` of the KV pool is used (the share of the KV
-        trend ``choose`` has just updated) and the last ``burst_gaps`` gaps between arrivals
-        have a coefficient of variation above ``burst_gap_cv`` (computed once per new arrival;
-        False before ``burst_gaps`` gaps, or while they are all 0: a backlog, not a burst)."""
+        """True while the pool is roomy (``_roomy``) and the last ``burst_gaps`` gaps between
+        arrivals have a coefficient of variation above ``burst_gap_cv`` (computed once per new
+        arrival; False before ``burst_gaps`` gaps, or while they are all 0: a backlog, not a
+        burst)."""
         scfg = self.slack
-        if self.kv.share >= scfg.early_kv_share or view.num_arrivals <= scfg.burst_gaps:
+        if not self._roomy(view) or view.num_arrivals <= scfg.burst_gaps:
             return False
         counted, cv = self._gaps_cv
         if counted != view.num_arrivals:
