@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig, _Stream
-from fastpp.policies.rules import index_above
+from fastpp.policies.rules import gaps_cv, index_above
 from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.sim.engine import PipelineSimulation
 from fastpp.types import SLO, FinishReason, IterationRecord, Request
@@ -517,6 +518,9 @@ def test_bad_config_values_are_refused_by_name():
         {"kv_horizon_s": -1.0},
         {"over_committed_kv_share": 1.2},
         {"kv_ceiling_hold_s": -1.0},
+        {"burst_gaps": 1},
+        {"burst_gap_cv": 0.0},
+        {"burst_kv_share": 1.5},
     ):
         (name,) = bad
         with pytest.raises(ValueError, match=name):
@@ -652,3 +656,50 @@ def test_after_kv_pressure_the_scan_stays_below_its_largest_recent_chunk(kind):
     assert drained[2][0] == CANDS[-1]
     off = choices(policy_of(kind, kv_ceiling_hold_s=0.0), [*late, (2.0, 0.85)])
     assert off[2][0] == CANDS[-1]
+
+
+# 65 arrivals (64 gaps) over the same 96 s: evenly spaced, or in five bunches of 13 at once
+EVEN = [1.5 * i for i in range(65)]
+BUNCHED = [24.0 * (i // 13) for i in range(65)]
+
+
+def test_gaps_cv_is_the_coefficient_of_variation_of_the_last_gaps():
+    arrivals = [(t, 100) for t in BUNCHED]
+    assert gaps_cv([(t, 100) for t in EVEN], 64) == pytest.approx(0.0, abs=1e-9)
+    # 4 gaps of 24 s and 60 of 0: mean 1.5, population sd sqrt(4 x 22.5^2 + 60 x 1.5^2) / 8
+    assert gaps_cv(arrivals, 64) == pytest.approx(math.sqrt(4 * 22.5**2 + 60 * 1.5**2) / 8 / 1.5)
+    assert gaps_cv(arrivals[-13:], 12) == 0.0  # every gap 0: a backlog, not a burst
+    assert gaps_cv(arrivals, 65) == 0.0  # fewer gaps than asked for
+    assert gaps_cv([(0.0, 1), (1.0, 1), (3.0, 1)], 2) == pytest.approx(1 / 3)  # gaps 1 and 2
+
+
+@pytest.mark.parametrize("kind", ["predictive", "slack"])
+def test_under_bursty_arrivals_with_the_pool_roomy_no_chunk_is_just_in_time(kind):
+    """Deadlines far off (SLO TTFT 100 s): after evenly spaced arrivals the smallest chunk the
+    floor allows keeps up; after the same number bunched (gap CV about 3.9, over burst_gap_cv
+    2.5) the queue is prefilled at the largest TPOT-safe chunk, since a burst's later arrivals
+    are not in the queue yet. Not once burst_kv_share of the KV pool is used (0 here), nor with
+    the rule off (burst_gap_cv inf). Slack inherits the rule."""
+
+    def decide(arrivals, **cfg):
+        policy = policy_of(kind, **cfg)
+        clock = FakeClock()
+        sched = make_scheduler(
+            clock,
+            policy,
+            num_slots=2,
+            kv_capacity_tokens=100_000,
+            chunk_candidates=CANDS,
+            slo=SLO(100.0, 0.2),
+            token_step=16,
+        )
+        for i, t in enumerate(arrivals):
+            sched.add_request(Request(i, t, 200, 50))
+        clock.t = sched.view.now = arrivals[-1] + 0.01
+        return policy.choose(sched.view), policy.last.reason
+
+    even, reason = decide(EVEN)
+    assert reason == "optimal" and even < CANDS[-1]
+    assert decide(BUNCHED) == (CANDS[-1], "best-effort: bursty arrivals")
+    assert decide(BUNCHED, burst_kv_share=0.0) == (even, "optimal")
+    assert decide(BUNCHED, burst_gap_cv=math.inf) == (even, "optimal")

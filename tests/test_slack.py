@@ -11,7 +11,7 @@ import pytest
 from conftest import FakeClock, make_profile, make_scheduler
 from fastpp.policies import make_policies
 from fastpp.policies.predictive import PredictiveChunkPolicy, PredictiveConfig
-from fastpp.policies.slack import SlackConfig, SlackPolicy, gaps_cv
+from fastpp.policies.slack import SlackConfig, SlackPolicy
 from fastpp.scheduler_config import SchedulerConfig
 from fastpp.types import SLO, Request
 
@@ -276,42 +276,6 @@ def test_observe_learns_once_though_the_record_comes_twice():
     assert policy.predictor.n_updates_ == before + 1
 
 
-# 65 arrivals (64 gaps) over the same 96 s: evenly spaced, or in five bunches of 13 at once
-EVEN = [1.5 * i for i in range(65)]
-BUNCHED = [24.0 * (i // 13) for i in range(65)]
-
-
-def test_gaps_cv_is_the_coefficient_of_variation_of_the_last_gaps():
-    arrivals = [(t, 100) for t in BUNCHED]
-    assert gaps_cv([(t, 100) for t in EVEN], 64) == pytest.approx(0.0, abs=1e-9)
-    # 4 gaps of 24 s and 60 of 0: mean 1.5, population sd sqrt(4 x 22.5^2 + 60 x 1.5^2) / 8
-    assert gaps_cv(arrivals, 64) == pytest.approx(math.sqrt(4 * 22.5**2 + 60 * 1.5**2) / 8 / 1.5)
-    assert gaps_cv(arrivals[-13:], 12) == 0.0  # every gap 0: a backlog, not a burst
-    assert gaps_cv(arrivals, 65) == 0.0  # fewer gaps than asked for
-    assert gaps_cv([(0.0, 1), (1.0, 1), (3.0, 1)], 2) == pytest.approx(1 / 3)  # gaps 1 and 2
-
-
-def test_under_bursty_arrivals_with_the_pool_roomy_no_chunk_is_just_in_time():
-    """Deadlines far off (SLO TTFT 100 s): after evenly spaced arrivals the smallest chunk the
-    floor allows meets them; after the same number bunched (gap CV about 3.9, over
-    burst_gap_cv 2.5) the queue is prefilled at the largest TPOT-safe chunk, since a burst's
-    later arrivals are not in the queue yet. Not once half the KV pool is used, nor with the
-    rule off (burst_gap_cv inf)."""
-    slo = SLO(100.0, 0.2)
-
-    def decide(arrivals, **cfg):
-        slack = slack_for(**cfg)
-        sched, clock = queued(slack, arrivals, slo=slo)
-        clock.t = sched.view.now = arrivals[-1] + 0.01
-        return slack.choose(sched.view), slack.last.reason
-
-    even, reason = decide(EVEN)
-    assert reason == "optimal" and even < CANDS[-1]
-    assert decide(BUNCHED) == (CANDS[-1], "best-effort: bursty arrivals")
-    assert decide(BUNCHED, early_kv_share=0.0) == (even, "optimal")
-    assert decide(BUNCHED, burst_gap_cv=math.inf) == (even, "optimal")
-
-
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="bank_quantile"):
         SlackConfig(bank_quantile=1.0)
@@ -329,10 +293,6 @@ def test_bad_config_is_named():
         SlackConfig(inflow_tpot_ratio=0.0)
     with pytest.raises(ValueError, match="inflow_kv_slope"):
         SlackConfig(inflow_kv_slope=-0.01)
-    with pytest.raises(ValueError, match="burst_gaps"):
-        SlackConfig(burst_gaps=1)
-    with pytest.raises(ValueError, match="burst_gap_cv"):
-        SlackConfig(burst_gap_cv=0.0)
 
 
 def test_restores_for_room_never_lift_a_slot_above_an_even_share_of_all_decodes():

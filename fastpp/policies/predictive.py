@@ -30,7 +30,7 @@ the smallest candidate above every slot's decode count ("kv-pressure"). The chos
 candidate above the launching slot's decode count (when such a candidate exists), except at the
 tile cap, where it is that decode count itself ("tile-cap": decode only).
 
-Five rules beyond the paper's:
+Six rules beyond the paper's:
 
 * Tile floor: while more prompt tokens wait than the largest sub-tile candidate would carry in
   the next D_p microbatches, the scan starts at the efficient tile (``rules.
@@ -57,6 +57,15 @@ Five rules beyond the paper's:
   every request's stay without clearing the backlog sooner. With one microbatch more in
   flight than stages (an async batch depth), whose rounds are longer, this happens with the
   pool under 90% full.
+* Bursty arrivals: while less than ``burst_kv_share`` (half) of the KV pool is used and the
+  last ``burst_gaps`` (64) gaps between arrivals have a coefficient of variation above
+  ``burst_gap_cv`` (2.5; Poisson arrivals and the Azure trace stay under 2), no chunk is chosen
+  just in time: C is the largest within the TPOT bound, ``tpot_coeff``'s even while the pool
+  fills ("best-effort: bursty arrivals"). The inflow of a burst's first seconds understates
+  the rest of it, still to land; a chunk sized to it falls behind, and with the pool that roomy
+  a larger chunk's longer KV residency costs nothing (docs/RESULTS.md section 7: under gamma
+  arrivals with cv 4, Qwen2.5-32B azure-conv, 2.00 -> 2.19 req/s against the best static
+  chunk's 2.38).
 * Tile cap: a slot whose decodes reach ``rules.decode_tile_cap`` launches decode only (the
   budget is its decode count). When the KV pool holds about a tile boundary's worth of decodes
   per slot, or a little more (CNN-Reversed on Qwen2.5-32B, near the 128 boundary), a slot that
@@ -98,6 +107,7 @@ from fastpp.policies.rules import (
     decode_tile_cap,
     efficient_tile_index,
     first_above,
+    gaps_cv,
     kv_pressure_index,
     prompts_outrun,
     retracted_waits,
@@ -155,6 +165,12 @@ class PredictiveConfig:
     # previous one, until the pool's used share is under kv_bound_share; the ceiling rises one
     # candidate per this many seconds (module docstring; 0 turns the rule off)
     kv_ceiling_hold_s: float = 10.0
+    # bursty arrivals: while less than burst_kv_share of the KV pool is used and the last
+    # burst_gaps gaps between arrivals have a coefficient of variation above burst_gap_cv, no
+    # chunk is chosen just in time (module docstring; inf turns the rule off)
+    burst_gap_cv: float = 2.5
+    burst_gaps: int = 64
+    burst_kv_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -186,6 +202,12 @@ class PredictiveConfig:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if self.kv_ceiling_hold_s < 0:
             raise ValueError(f"kv_ceiling_hold_s must be >= 0, got {self.kv_ceiling_hold_s!r}")
+        if self.burst_gaps < 2:
+            raise ValueError(f"burst_gaps must be >= 2, got {self.burst_gaps!r}")
+        if not self.burst_gap_cv > 0:
+            raise ValueError(f"burst_gap_cv must be > 0, got {self.burst_gap_cv!r}")
+        if not 0 <= self.burst_kv_share <= 1:
+            raise ValueError(f"burst_kv_share must be in [0, 1], got {self.burst_kv_share!r}")
 
 
 @dataclass(slots=True)
@@ -291,6 +313,7 @@ class PredictiveChunkPolicy:
         self._ceiling = -1  # the largest candidate index the scan may choose (-1: none); scan_stop
         self._ceiling_at = 0.0  # when the ceiling was last set or raised
         self._largest_since_pressure = -1  # largest candidate index the scan chose since then
+        self._gaps_cv = (-1, 0.0)  # (arrivals counted, CV of the last burst_gaps gaps then)
 
     @classmethod
     def from_profile(
@@ -327,19 +350,20 @@ class PredictiveChunkPolicy:
 
         required = self._required_rate(view) * cfg.throughput_coeff
         kv_bound = self.kv_bound(view)
-        coeff = cfg.kv_bound_tpot_coeff if kv_bound else cfg.tpot_coeff
+        bursty = self.bursty(view)
+        coeff = cfg.kv_bound_tpot_coeff if kv_bound and not bursty else cfg.tpot_coeff
         tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
         floor = self.floor_index(view, cands, first)
 
         def meets(capacity: float, round_s: float) -> bool:
-            return capacity >= required
+            return capacity >= required and not bursty
 
         found = self._scan(view, cands, floor, self.scan_stop(cands, floor), meets, tpot_budget)
         if found[0] < 0 and floor > first:  # even the tile breaks TPOT: try below it
             found = self._scan(view, cands, first, floor, meets, tpot_budget)
         k, capacity, beat, met = found
         self._scan_chose(k)
-        tag = ": kv-bound" if kv_bound else ""
+        tag = ": bursty arrivals" if bursty else ": kv-bound" if kv_bound else ""
         if met:
             return self._done(cands[k], "optimal" + tag, required, capacity, beat)
         if k >= 0:
@@ -425,6 +449,26 @@ class PredictiveChunkPolicy:
             and backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
             and not self.decodes_fill_slots(view)
         )
+
+    def pool_under(self, view: PolicyView, share: float) -> bool:
+        """Less than ``share`` of the KV pool used (the share of the KV trend ``choose`` has
+        just updated; a pool of no tokens has no room)."""
+        return view.kv_total_tokens > 0 and self.kv.share < share
+
+    def bursty(self, view: PolicyView) -> bool:
+        """True while less than ``burst_kv_share`` of the KV pool is used (the share of the KV
+        trend ``choose`` has just updated) and the last ``burst_gaps`` gaps between arrivals
+        have a coefficient of variation above ``burst_gap_cv`` (``rules.gaps_cv``, computed once
+        per new arrival; False before ``burst_gaps`` gaps, or while they are all 0: a backlog,
+        not a burst). Module docstring, "Bursty arrivals"."""
+        cfg = self.config
+        if not self.pool_under(view, cfg.burst_kv_share) or view.num_arrivals <= cfg.burst_gaps:
+            return False
+        counted, cv = self._gaps_cv
+        if counted != view.num_arrivals:
+            cv = gaps_cv(view.recent_arrivals, cfg.burst_gaps)
+            self._gaps_cv = (view.num_arrivals, cv)
+        return cv > cfg.burst_gap_cv
 
     def decodes_fill_slots(self, view: PolicyView) -> bool:
         """True when the running decodes of all slots reach ``kv_lift_decode_share`` x D_p x

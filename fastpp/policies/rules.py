@@ -23,13 +23,17 @@
 * Over-commitment (``retracted_waits``): whether a retracted request (one with generated
   tokens) waits at either end of the queue, the sign that admission promised the KV pool more
   than it holds.
+* Bursty arrivals (``gaps_cv``): the coefficient of variation of the last gaps between
+  arrivals (about 1 for Poisson arrivals, far above it for bursts).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import islice, pairwise
+from math import sqrt
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -183,3 +187,16 @@ def retracted_waits(view: PolicyView) -> bool:
         if r is not None and r.num_generated > 0:
             return True
     return False
+
+
+def gaps_cv(arrivals: Sequence[tuple[float, int]], n: int) -> float:
+    """Coefficient of variation (population) of the last ``n`` gaps between the (time, tokens)
+    ``arrivals``, in arrival order; 0.0 with fewer than ``n`` gaps or a mean gap of 0."""
+    times = [t for t, _ in islice(reversed(arrivals), n + 1)]
+    if len(times) <= n:
+        return 0.0
+    gaps = [later - earlier for later, earlier in pairwise(times)]
+    mean = sum(gaps) / n
+    if mean <= 0:
+        return 0.0
+    return sqrt(sum((g - mean) ** 2 for g in gaps) / n) / mean

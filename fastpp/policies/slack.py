@@ -32,12 +32,12 @@ with memory to spare a larger chunk's longer KV residency costs nothing, and the
 a burst that lands on the queue; with the pool fuller, the chunk stays just in time, since
 larger chunks hold KV longer.
 
-Bursty arrivals. While less than ``early_kv_share`` of the KV pool is used and the last
-``burst_gaps`` (64) gaps between arrivals have a coefficient of variation above
-``burst_gap_cv`` (2.5; Poisson arrivals give about 1), no chunk is chosen just in time: C is the
-largest within the TPOT bound (``tpot_coeff``'s, even while the pool fills). A chunk that meets
-the deadlines of the requests already waiting falls behind as the rest of a burst lands, and
-with the pool that roomy a larger chunk costs nothing in KV.
+Bursty arrivals: the predictive controller's rule. While less than ``burst_kv_share`` (half)
+of the KV pool is used and the last ``burst_gaps`` (64) gaps between arrivals have a
+coefficient of variation above ``burst_gap_cv`` (2.5; Poisson arrivals give about 1), no chunk
+is chosen just in time: C is the largest within the TPOT bound (``tpot_coeff``'s, even while
+the pool fills). A chunk that meets the deadlines of the requests already waiting falls behind
+as the rest of a burst lands, and with the pool that roomy a larger chunk costs nothing in KV.
 
 Over-commitment (the chunk's cap): the predictive controller's rule. Once a retracted request
 waits, C is the smallest candidate above the launching slot's decodes until none waits and less
@@ -76,10 +76,9 @@ launches decode only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from itertools import islice, pairwise
-from math import inf, sqrt
+from itertools import islice
+from math import inf
 from typing import ClassVar
 
 from fastpp.plan import NO_BALANCE, BalancePlan
@@ -106,11 +105,6 @@ class SlackConfig:
     # early_ratio x SLO TTFT, for each request that can still make it (module docstring)
     early_ratio: float = 0.7
     early_kv_share: float = 0.5
-    # bursty arrivals: the coefficient of variation of the last burst_gaps gaps between arrivals
-    # above burst_gap_cv, while less than early_kv_share of the KV pool is used: waiting prompts
-    # are prefilled at the largest TPOT-safe chunk, not just in time (module docstring; inf = off)
-    burst_gap_cv: float = 2.5
-    burst_gaps: int = 64
     # from this used share of the KV pool, while the pool fills no faster than inflow_kv_slope of
     # itself per second and the token gap is under inflow_tpot_ratio x SLO TPOT, the chunk need
     # not cover the prompt-token inflow (module docstring; inflow_kv_share 1 = it always does)
@@ -126,10 +120,6 @@ class SlackConfig:
     def __post_init__(self) -> None:
         if self.max_walk < 1:
             raise ValueError(f"max_walk must be >= 1, got {self.max_walk!r}")
-        if self.burst_gaps < 2:
-            raise ValueError(f"burst_gaps must be >= 2, got {self.burst_gaps!r}")
-        if not self.burst_gap_cv > 0:
-            raise ValueError(f"burst_gap_cv must be > 0, got {self.burst_gap_cv!r}")
         if not 0 < self.deadline_ratio <= 1:
             raise ValueError(f"deadline_ratio must be in (0, 1], got {self.deadline_ratio!r}")
         if not 0 < self.early_ratio <= self.deadline_ratio:
@@ -170,7 +160,6 @@ class SlackPolicy(PredictiveChunkPolicy):
         self._tracked: tuple[float, int] | None = None  # (now, slot) of the last tracking
         self._decisions = 0
         self._last_rec: IterationRecord | None = None
-        self._gaps_cv = (-1, 0.0)  # (arrivals counted, CV of the last burst_gaps gaps then)
         self.num_parks = self.num_restores = 0
 
     @classmethod
@@ -211,7 +200,7 @@ class SlackPolicy(PredictiveChunkPolicy):
         # (from the back: the latest arrivals are the likeliest still in time, so it stops at once)
         overflowing = bool(deadlines) and all(slack <= 0 for _, _, slack in reversed(deadlines))
         # bursty arrivals with the pool roomy: no chunk is just in time (module docstring)
-        bursty = bool(deadlines) and self._bursty(view)
+        bursty = bool(deadlines) and self.bursty(view)
 
         def meets(capacity: float, round_s: float) -> bool:
             if capacity < inflow or overflowing or bursty:
@@ -259,10 +248,11 @@ class SlackPolicy(PredictiveChunkPolicy):
     def _deadlines(self, view: PolicyView) -> list[tuple[int, float, float]]:
         """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
         the first ``max_walk`` waiting requests, in admission order, the continuing chunk
-        first. The early slack is -inf (never used) unless the pool is roomy (``_roomy``)."""
+        first. The early slack is -inf (never used) unless less than ``early_kv_share`` of the
+        pool is used (``pool_under``)."""
         scfg = self.slack
         now, ttft = view.now, scfg.deadline_ratio * view.slo.ttft_s
-        early = scfg.early_ratio * view.slo.ttft_s if self._roomy(view) else -inf
+        early = scfg.early_ratio * view.slo.ttft_s if self.pool_under(view, scfg.early_kv_share) else -inf
         out: list[tuple[int, float, float]] = []
         ahead = 0
         chunked = view.chunked
@@ -273,26 +263,6 @@ class SlackPolicy(PredictiveChunkPolicy):
             ahead += r.remaining_prefill
             out.append((ahead, r.arrived_at + early - now, r.arrived_at + ttft - now))
         return out
-
-    def _roomy(self, view: PolicyView) -> bool:
-        """Less than ``early_kv_share`` of the KV pool used (the share of the KV trend
-        ``choose`` has just updated; a pool of no tokens has no room): the early deadline and
-        the bursty-arrivals rule apply."""
-        return view.kv_total_tokens > 0 and self.kv.share < self.slack.early_kv_share
-
-    def _bursty(self, view: PolicyView) -> bool:
-        """True while the pool is roomy (``_roomy``) and the last ``burst_gaps`` gaps between
-        arrivals have a coefficient of variation above ``burst_gap_cv`` (computed once per new
-        arrival; False before ``burst_gaps`` gaps, or while they are all 0: a backlog, not a
-        burst)."""
-        scfg = self.slack
-        if not self._roomy(view) or view.num_arrivals <= scfg.burst_gaps:
-            return False
-        counted, cv = self._gaps_cv
-        if counted != view.num_arrivals:
-            cv = gaps_cv(view.recent_arrivals, scfg.burst_gaps)
-            self._gaps_cv = (view.num_arrivals, cv)
-        return cv > scfg.burst_gap_cv
 
     # ------------------------------------------------------------------ TPOT slack
     def _track(self, view: PolicyView) -> None:
@@ -406,16 +376,3 @@ class SlackPolicy(PredictiveChunkPolicy):
             return
         self._last_rec = rec
         super().observe(rec)
-
-
-def gaps_cv(arrivals: Sequence[tuple[float, int]], n: int) -> float:
-    """Coefficient of variation (population) of the last ``n`` gaps between the (time, tokens)
-    ``arrivals``, in arrival order; 0.0 with fewer than ``n`` gaps or a mean gap of 0."""
-    times = [t for t, _ in islice(reversed(arrivals), n + 1)]
-    if len(times) <= n:
-        return 0.0
-    gaps = [later - earlier for later, earlier in pairwise(times)]
-    mean = sum(gaps) / n
-    if mean <= 0:
-        return 0.0
-    return sqrt(sum((g - mean) ** 2 for g in gaps) / n) / mean
