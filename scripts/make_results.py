@@ -795,6 +795,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
     outside = [w for w in WORKLOADS if found[(model, w)]["best"] not in NEAR_BEST_STATIC]
     steps = {name: round(d / step(model), 1) for name, d in changes}
     lowered = [v for v in steps.values() if v <= -1]
+    most = -min(lowered, default=0.0)  # the largest drop, in search steps
     raised = [f"{name} ({v:+g} steps)" for name, v in steps.items() if v >= 1]
     base_cells = variants[(DEFAULT_ADMISSION, DEFAULT_RETRACTION)]
     other_cells = variants[(OTHER_ADMISSION, DEFAULT_RETRACTION)]
@@ -815,7 +816,7 @@ def other_admission_words(model: str, sweeps: SweepsInBackground, found: dict, v
         verdict = (
             f"`{OTHER_ADMISSION}` admission raises none of these {len(steps)} goodputs by a step or "
             f"more and lowers {len(lowered)} of them by one step or more"
-            + (f" (at most {-min(steps.values()):g} steps)" if lowered else "")
+            + (f" (at most {most:g} step{'' if most == 1 else 's'})" if lowered else "")
             + f"; {cost}. `{DEFAULT_ADMISSION}` is the default because its goodput is never lower, "
             f"in steady state or in the fixed runs (the table above). `--admission {OTHER_ADMISSION}` "
             "is the choice when recomputed work counts more than goodput. The fixed runs credit "

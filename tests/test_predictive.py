@@ -82,7 +82,11 @@ def test_chunk_is_always_a_candidate_above_the_slot_decodes(seed, pp, tpot_ms):
             if sched.is_slot_free(slot):
                 n_dec = sched.view.num_running(slot)
                 plan = sched.schedule(slot)
-                if plan is not None and plan.reason.startswith("tile-cap"):
+                if plan is not None and plan.reason == "tile-cap: leftover fill":
+                    # the rest of the slot's last tile (128 tokens here), completing no prompt
+                    assert plan.chunk_budget % 128 == 0 and n_dec < plan.chunk_budget < n_dec + 128
+                    assert plan.prefill and all(r.remaining_prefill > 0 for r, _, _ in plan.prefill)
+                elif plan is not None and plan.reason.startswith("tile-cap"):
                     assert plan.chunk_budget == n_dec and not plan.prefill  # decode only
                 elif plan is not None:
                     assert plan.chunk_budget in CANDS
@@ -395,7 +399,8 @@ def test_the_tile_cap_holds_kv_bound_slots_at_the_boundary():
     """CNN-Reversed on Qwen2.5-32B above its goodput, admission "all" (a reserve for every
     admitted request's output): the pool holds about 125 decodes per slot. With the tile cap
     almost no microbatch carries more than 128 decodes (some launch decode only, the budget
-    their decode count); without it about a tenth do, each paying for a second tile. (The
+    their decode count, or fill the rest of their last tile with part of a prompt); without it
+    about a tenth do, each paying for a second tile. (The
     default "slot" admission admits more, and slots pass 128 more often, with the cap or
     without: 11% and 14% of microbatches here.)"""
     from dataclasses import replace
@@ -414,7 +419,12 @@ def test_the_tile_cap_holds_kv_bound_slots_at_the_boundary():
         over_128[cap] = sum(r.num_decode_reqs > 128 for r in stage0) / len(stage0)
         capped = [r for r in stage0 if r.reason.startswith("tile-cap")]
         assert bool(capped) == cap
-        assert all(r.chunk_budget == r.num_decode_reqs and r.num_prefill_tokens == 0 for r in capped)
+        for r in capped:  # decode only, or the rest of the last tile filled
+            if r.reason == "tile-cap: leftover fill":
+                assert r.chunk_budget % 128 == 0 and r.num_prefill_tokens < 128  # 0: KV full
+                assert r.num_decode_reqs + r.num_prefill_tokens <= r.chunk_budget
+            else:
+                assert r.chunk_budget == r.num_decode_reqs and r.num_prefill_tokens == 0
     assert over_128[True] < over_128[False] / 2, over_128
 
 
@@ -703,3 +713,43 @@ def test_under_bursty_arrivals_with_the_pool_roomy_no_chunk_is_just_in_time(kind
     assert decide(BUNCHED) == (CANDS[-1], "best-effort: bursty arrivals")
     assert decide(BUNCHED, burst_kv_share=0.0) == (even, "optimal")
     assert decide(BUNCHED, burst_gap_cv=math.inf) == (even, "optimal")
+
+
+class _FillView(_CapView):
+    """Two slots, 130 decodes in the launching one and 100 in the other, in 85% of a pool
+    that holds about 135 per slot: the tile cap is 128, the launching slot is past it with 126
+    tokens left in its second tile; ``head`` is the prompt next in line."""
+
+    def __init__(self, head, chunked=False):
+        super().__init__(0, kv_total=300_000, kv_used=256_000, num_slots=2)
+        self.slot, self.now, self.slo = 0, 1.0, SLO(2.0, 0.2)
+        head.num_generated = 0  # not a retracted request
+        self._head = head
+        self.chunked = head if chunked else None
+        self.num_waiting = 0 if chunked else 1
+
+    def num_running(self, slot):
+        return 130 if slot == 0 else 100
+
+    def iter_waiting(self):
+        return iter([] if self.chunked is not None else [self._head])
+
+    iter_waiting_newest_first = iter_waiting
+
+    def iter_running(self, slot):
+        return iter([])  # (slack tracks the banked slack of these; none needed here)
+
+
+@pytest.mark.parametrize("kind", ["predictive", "slack"])
+def test_a_capped_slot_fills_its_last_tile_only_with_a_prompt_it_does_not_complete(kind):
+    """Past the cap, a slot launches decode only unless the prompt next in line (the continuing
+    chunk, else the queue's head) is longer than the room left in its last tile: then the
+    budget is the end of that tile, and the fill completes no prompt, so no decode joins the
+    slot. Slack inherits the rule."""
+    policy = policy_of(kind)
+    assert policy.slot_decode_cap(_FillView(_Waiting(500))) == 128
+    for chunked in (False, True):
+        assert policy.choose(_FillView(_Waiting(500), chunked)) == 256
+        assert policy.last.reason == "tile-cap: leftover fill"
+        assert policy.choose(_FillView(_Waiting(126), chunked)) == 130  # it would complete
+        assert policy.last.reason == "tile-cap: decode only"
