@@ -357,8 +357,7 @@ class PredictiveChunkPolicy:
         required = self._required_rate(view) * cfg.throughput_coeff
         kv_bound = self.kv_bound(view)
         bursty = self.bursty(view)
-        coeff = cfg.kv_bound_tpot_coeff if kv_bound and not bursty else cfg.tpot_coeff
-        tpot_budget = coeff * view.slo.tpot_s - cfg.round_overhead_s
+        tpot_budget = self.tpot_budget(view, kv_bound, bursty)
         floor = self.floor_index(view, cands, first)
 
         def meets(capacity: float, round_s: float) -> bool:
@@ -369,7 +368,7 @@ class PredictiveChunkPolicy:
             found = self._scan(view, cands, first, floor, meets, tpot_budget)
         k, capacity, beat, met = found
         self._scan_chose(k)
-        tag = ": bursty arrivals" if bursty else ": kv-bound" if kv_bound else ""
+        tag = self._tag(bursty, kv_bound)
         if met:
             return self._done(cands[k], "optimal" + tag, required, capacity, beat)
         if k >= 0:
@@ -469,6 +468,19 @@ class PredictiveChunkPolicy:
             and backlog_waits(view, cfg.kv_lift_wait_ratio * view.slo.ttft_s)
             and not self.decodes_fill_slots(view)
         )
+
+    @staticmethod
+    def _tag(bursty: bool, kv_bound: bool) -> str:
+        """What a scanned decision's reason adds: why its TPOT budget is what it is."""
+        return ": bursty arrivals" if bursty else ": kv-bound" if kv_bound else ""
+
+    def tpot_budget(self, view: PolicyView, kv_bound: bool, bursty: bool) -> float:
+        """The scan's bound on round(C), in seconds: ``kv_bound_tpot_coeff`` x SLO TPOT while
+        the pool is filling (``kv_bound``) and arrivals are not bursty, else ``tpot_coeff``'s;
+        less the round overhead."""
+        cfg = self.config
+        coeff = cfg.kv_bound_tpot_coeff if kv_bound and not bursty else cfg.tpot_coeff
+        return coeff * view.slo.tpot_s - cfg.round_overhead_s
 
     def pool_under(self, view: PolicyView, share: float) -> bool:
         """Less than ``share`` of the KV pool used (the share of the KV trend ``choose`` has

@@ -214,15 +214,15 @@ class SlackPolicy(PredictiveChunkPolicy):
 
         filling = self.kv.kv_bound(cfg.kv_bound_share, cfg.kv_horizon_s)
         kv_bound = filling and not self.kv_lifted(view)  # as self.kv_bound(view), the trend read once
-        coeff = cfg.kv_bound_tpot_coeff if kv_bound and not bursty else cfg.tpot_coeff
-        budget = coeff * slo_tpot - cfg.round_overhead_s
+        budget = self.tpot_budget(view, kv_bound, bursty)
         floor = self.floor_index(view, cands, first)
         found = self._scan(view, cands, floor, self.scan_stop(cands, floor), meets, budget)
         if found[0] < 0 and floor > first:
             found = self._scan(view, cands, first, floor, meets, budget)
         reason = ""
-        # only while the pool is not projected to fill: the lift restores the budget, never stretches
-        if not found[3] and found[0] >= 0 and not filling and not overflowing:
+        # only while the pool is not projected to fill: the lift restores the budget, never stretches;
+        # not while overflowing or bursty either, where no chunk meets and the stretch cannot save one
+        if not found[3] and found[0] >= 0 and not (filling or overflowing or bursty):
             bank = min(self._slot_bank.values(), default=inf)
             stretch = min(bank, scfg.catchup_tpot_ratio * slo_tpot) - cfg.round_overhead_s
             if stretch > budget:
@@ -232,18 +232,13 @@ class SlackPolicy(PredictiveChunkPolicy):
                     found, reason = wider, ": catch-up on banked slack"
         k, capacity, beat, met = found
         self._scan_chose(k)
-        tag = reason
-        if not tag and overflowing:
-            tag = ": overflowing queue"
-        elif not tag and bursty:
-            tag = ": bursty arrivals"
-        elif not tag and kv_bound:
-            tag = ": kv-bound"
+        if not reason:
+            reason = ": overflowing queue" if overflowing else self._tag(bursty, kv_bound)
         if met:
-            return self._done(cands[k], "optimal" + tag, inflow, capacity, beat)
+            return self._done(cands[k], "optimal" + reason, inflow, capacity, beat)
         if k >= 0:
-            return self._done(cands[k], "best-effort" + tag, inflow, capacity, beat)
-        return self._done(cands[first], "infeasible" + tag, inflow)
+            return self._done(cands[k], "best-effort" + reason, inflow, capacity, beat)
+        return self._done(cands[first], "infeasible" + reason, inflow)
 
     def _deadlines(self, view: PolicyView) -> list[tuple[int, float, float]]:
         """(prompt tokens at or ahead of it, slack to the early deadline, TTFT slack; in s) of
