@@ -205,7 +205,14 @@ def plan(
         fail(str(exc))
         return
     if out is not None:
+        from fastpp.cli.run_dirs import RunDirError, refuse_other_command
+        from fastpp.sim.planner import PLAN_JSONL
+
         writable_dir(out)
+        try:
+            refuse_other_command(out, PLAN_JSONL)
+        except RunDirError as exc:
+            fail(str(exc))
     if plot is not None:
         writable_dir(plot, "--plot")
     quiet = as_json or not sys.stderr.isatty()

@@ -9,7 +9,9 @@ drew them together. Now each invocation without ``-o`` writes ``runs/simulate/<Y
 A folder "holds a run" when it has a ``summary.json`` or a subfolder with one (a run folder).
 Clearing removes only what a run wrote: that ``summary.json``, the run subfolders and a
 ``plots/`` folder of figures; any other file stays. A folder of whole earlier invocations (such
-as runs/simulate itself, whose subfolders list their runs in a summary.json) is never cleared.
+as runs/simulate itself, whose subfolders list their runs in a summary.json) is never cleared,
+nor is a folder holding another command's output (a sweep's table, a plan): simulate, sweep,
+plan and goodput --plot each refuse to write beside the others' files (``OWNER_FILES``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from pathlib import Path
 SUMMARY = "summary.json"
 PLOTS = "plots"
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+# The file by which each command's output folder is known (sim/sweep_table.py's RESULTS_JSONL,
+# sim/planner.py's PLAN_JSONL, goodput --plot's result): a folder holding one of them belongs to
+# that command, and another command refuses to write beside it.
+OWNER_FILES = {
+    SUMMARY: "fastpp simulate",
+    "results.jsonl": "fastpp sweep",
+    "plan.jsonl": "fastpp plan",
+    "goodput.json": "fastpp goodput --plot",
+}
 
 
 class RunDirError(ValueError):
@@ -41,6 +52,22 @@ def fresh_run_dir(parent: Path, now: float | None = None) -> Path:
             continue
         return path
     raise RunDirError(f"{parent}: no free run folder name for {stamp}")
+
+
+def refuse_other_command(path: Path, own: str, option: str = "--out") -> None:
+    """Raise :class:`RunDirError` when ``path`` holds the output of a command other than the one
+    whose owner file is ``own`` (``OWNER_FILES``; a simulate run in a subfolder counts too):
+    ``--overwrite`` replaces a command's own earlier output, never another command's."""
+    if not path.is_dir():
+        return
+    for name, command in OWNER_FILES.items():
+        if name == own:
+            continue
+        found = (path / name).is_file() or (name == SUMMARY and bool(run_contents(path)))
+        if found:
+            raise RunDirError(
+                f"{option} {path} holds the output of {command} ({name}); give another {option}"
+            )
 
 
 def run_contents(path: Path) -> list[Path]:
@@ -63,7 +90,9 @@ def _lists_runs(folder: Path) -> bool:
 def claim_out_dir(path: Path, *, overwrite: bool, option: str = "--out") -> Path:
     """``path`` ready for a new run: refused with :class:`RunDirError` naming what it holds
     when it holds another run, unless ``overwrite``, which clears that run first. A folder
-    holding whole earlier runs in subfolders is refused even with ``overwrite``."""
+    holding whole earlier runs in subfolders, or another command's output, is refused even with
+    ``overwrite``."""
+    refuse_other_command(path, SUMMARY, option)
     held = run_contents(path)
     if not held:
         return path
@@ -100,7 +129,9 @@ def claim_result_dir(path: Path, result_file: str, *, overwrite: bool, option: s
     """``path`` ready for a command that writes one ``result_file`` and its figures there
     (``fastpp goodput --plot DIR``): refused with :class:`RunDirError` when ``result_file``
     is already there (another run), unless ``overwrite``, which removes it and the figures
-    beside it (files with a figure suffix; any other file stays)."""
+    beside it (files with a figure suffix; any other file stays). A folder holding another
+    command's output is refused whatever ``overwrite`` says (``refuse_other_command``)."""
+    refuse_other_command(path, result_file, option)
     held = path / result_file
     if not held.is_file():
         return path

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from fastpp.cli.common import console, err_console, fail
+from fastpp.cli.common import console, err_console, fail, writable_dir
 from fastpp.cli.options import (
     AdmissionOpt,
     AsyncBatchDepthOpt,
@@ -196,8 +196,9 @@ def sweep(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Sweep a grid of points in parallel; resumes from the rows already in --out."""
-    from fastpp.cli.run_dirs import RunDirError, fresh_run_dir
+    from fastpp.cli.run_dirs import RunDirError, fresh_run_dir, refuse_other_command
     from fastpp.sim.sweep import grid_from_mapping, load_grid_file, make_executor, plan_sweep
+    from fastpp.sim.sweep_table import RESULTS_JSONL
 
     try:
         models, gpus = _split(model, option="-m"), _split_gpus(gpu)
@@ -245,6 +246,9 @@ def sweep(
         sweep_grid.expand()  # a bad grid fails before any folder is made
         if out is None:
             out = fresh_run_dir(SWEEP_RUNS)
+        else:
+            writable_dir(out)
+            refuse_other_command(out, RESULTS_JSONL)
         plan = plan_sweep(sweep_grid, out)
         others = _other_grid_rows(plan)
         if others:

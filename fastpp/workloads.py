@@ -54,6 +54,7 @@ __all__ = [
     "replay",
     "replay_requests",
     "resolve_data_dir",
+    "unknown_workload",
     "workload_stats",
 ]
 
@@ -349,8 +350,13 @@ def _sampler(workload: str | LengthSampler, data_dir: str | Path | None) -> Leng
         return UniformLengths.parse(workload)
     spec = WORKLOADS.get(workload)
     if spec is None:
-        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+        raise ValueError(unknown_workload(workload))
     return spec.make_sampler(data_dir)
+
+
+def unknown_workload(name: str) -> str:
+    """The error for a workload name that is neither built in nor ``random:IN:OUT[:RATIO]``."""
+    return f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}, or {UNIFORM_PREFIX}IN:OUT[:RATIO]"
 
 
 def _to_requests(arrival_s: np.ndarray, prompt_lens: np.ndarray, output_lens: np.ndarray):

@@ -426,7 +426,7 @@ def _validate(points: Sequence[SweepPoint]) -> None:
     """Build each distinct workload sampler, profile and scheduler once: unknown names,
     missing data files, impossible splits and bad policy arguments fail here, before any run."""
     for name in dict.fromkeys(p.workload for p in points):
-        if WORKLOADS[name].needs_data_dir:
+        if name in WORKLOADS and WORKLOADS[name].needs_data_dir:  # else random:IN:OUT
             WORKLOADS[name].make_sampler(None)
     profiles: dict[tuple, Any] = {}
     checked: set[tuple] = set()

@@ -44,7 +44,9 @@ from fastpp.sim.hardware import resolve_gpu
 from fastpp.sim.models import get_model
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, parse_deployment
 from fastpp.types import SLO
-from fastpp.workloads import WORKLOADS
+from fastpp.uniform_lengths import PREFIX as UNIFORM_PREFIX
+from fastpp.uniform_lengths import UniformLengths
+from fastpp.workloads import WORKLOADS, unknown_workload
 
 METRICS = ("simulate", "goodput", "best-static")
 DEFAULT_STATIC_CHUNKS: tuple[int, ...] = tuple(range(128, 2049, 128))  # tokens; best-static candidates
@@ -318,8 +320,10 @@ class SweepGrid:
 
     def _check_names(self) -> None:
         for name in self.workloads or ():
-            if name not in WORKLOADS:
-                raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+            if name.startswith(UNIFORM_PREFIX):
+                UniformLengths.parse(name)  # names the bad part
+            elif name not in WORKLOADS:
+                raise ValueError(unknown_workload(name))
         for name in self.models or ():
             get_model(name)
         for name in self.gpus or ():
@@ -356,6 +360,12 @@ class SweepGrid:
             prof = load_profile(resolve_profile(self.profile))
             models, gpus, default_deploy = (prof.model.name,), (prof.gpu,), f"pp{prof.pp}tp{prof.tp}"
             names = lambda model, gpu: (model, gpu)  # noqa: E731
+            for deploy in self.deployments or ():  # the file fixes pp and tp, as for simulate
+                pp, tp, _ = parse_deployment(deploy)
+                if (pp, tp) != (prof.pp, prof.tp):
+                    raise ValueError(
+                        f"deployment {deploy!r}: the profile {self.profile} is for {default_deploy}"
+                    )
         extra: dict[str, Any] = {
             "profile": self.profile,
             "host_loop": self.host_loop,

@@ -203,6 +203,30 @@ def test_an_out_folder_holding_another_run_is_refused_or_cleared(tmp_path):
     assert (parent / "a" / "summary.json").is_file()
 
 
+def test_simulate_and_sweep_refuse_each_others_output_folder_even_with_overwrite(tmp_path):
+    sim, swept = tmp_path / "sim", tmp_path / "swept"
+    assert invoke("simulate", "-n", "10", "-d", "pp2", "--no-timeline", "-o", str(sim)).exit_code == 0
+    sweep = ("sweep", "--executor", "serial", "-n", "10", "-d", "pp2", "--overwrite")
+    res = invoke(*sweep, "-o", str(sim))
+    text = "".join(res.output.split())  # rich may wrap inside a path
+    assert res.exit_code == 2 and f"--out{sim}holdstheoutputoffastppsimulate(summary.json)" in text
+    assert not (sim / "results.jsonl").exists()
+    assert invoke(*sweep, "-o", str(swept)).exit_code == 0
+    res = invoke("simulate", "-n", "10", "-d", "pp2", "-o", str(swept), "--overwrite")
+    text = "".join(res.output.split())  # rich may wrap inside a path
+    assert res.exit_code == 2 and f"--out{swept}holdstheoutputoffastppsweep(results.jsonl)" in text
+    assert sorted(p.name for p in swept.iterdir()) == ["results.csv", "results.jsonl"]
+
+
+def test_sweep_out_that_cannot_be_a_folder_is_an_error_naming_it(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        res = invoke("sweep", "--executor", "serial", "-n", "10", "-d", "pp2", "-o", str(out))
+        text = "".join(res.output.split())  # rich may wrap inside a path
+        assert res.exit_code == 2 and f"--out{out}:cannotcreatethefolder" in text, res.output
+
+
 def test_a_profile_with_a_conflicting_model_or_gpu_is_an_error_naming_both(tmp_path):
     path = tmp_path / "p.json"
     assert (

@@ -419,3 +419,26 @@ def test_cli_sweep_profile_with_a_conflicting_model_is_an_error_naming_both(tmp_
     res = runner.invoke(app, [*args, "-m", "Qwen2.5-32B", "-o", str(tmp_path / "b"), "--json"])
     assert res.exit_code == 0, res.output  # the profile's own model is no conflict
     assert {r["model"] for r in json.loads(res.stdout)["rows"]} == {"Qwen2.5-32B"}
+
+
+def test_cli_sweep_profile_refuses_a_deployment_of_another_shape(tmp_path):
+    profile = "a100-40gb-pcie_qwen2.5-32b_pp4"
+    args = ["sweep", "--profile", profile, "-n", "20", "-r", "1", "--executor", "serial"]
+    res = runner.invoke(app, [*args, "-d", "tp4", "-o", str(tmp_path / "a")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"deployment 'tp4': the profile {profile} is for pp4tp1" in text
+    assert not (tmp_path / "a").exists()  # refused before any folder is made
+    res = runner.invoke(app, [*args, "-d", "pp4@greedy", "-o", str(tmp_path / "b"), "--json"])
+    assert res.exit_code == 0, res.output  # the profile's own shape, with a policy, is no conflict
+    assert [(r["deploy"], r["policy"]) for r in json.loads(res.stdout)["rows"]] == [("pp4", "greedy")]
+
+
+def test_cli_sweep_takes_the_uniform_random_workload_and_names_a_bad_one(tmp_path):
+    args = ["sweep", "-n", "20", "-r", "1", "--executor", "serial", "--json"]
+    res = runner.invoke(app, [*args, "-w", "random:64:8", "-o", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert [r["workload"] for r in json.loads(res.stdout)["rows"]] == ["random:64:8"]
+    res = runner.invoke(app, [*args, "-w", "random:64", "-o", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "expected random:IN:OUT" in " ".join(res.output.split())
+    res = runner.invoke(app, [*args, "-w", "nope", "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "or random:IN:OUT[:RATIO]" in " ".join(res.output.split())
