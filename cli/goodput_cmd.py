@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
 from fastpp.cli.options import (
@@ -268,8 +269,10 @@ def goodput(
                 **res.to_dict(),
             }
         )
-        if not as_json:
+        if not as_json:  # the verdict and its notes (a cap reached, a budget spent), not the probes
             console.print(f"[bold]{dep.label} {dep.policy}[/]: {res.describe().splitlines()[0]}")
+            for note in res.notes:
+                console.print(f"  note: {escape(note)}")
     if as_json:
         console.print_json(json.dumps(json_safe(results)))
     if plot is not None:

@@ -301,6 +301,15 @@ def test_goodput_command_reports_a_rate_and_its_probes():
     assert result["policy"] == "static:512"
 
 
+def test_goodput_table_says_when_the_answer_is_only_a_lower_bound():
+    args = ("goodput", "-m", "SmolLM2-135M", "-d", "pp2", "-w", "random:16:4", "--seeds", "1")
+    res = invoke(*args, "--precision", "4", "--low", "0.25", "--high", "0.5", "-n", "100")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "goodput 8 req/s (+inf)" in text
+    assert "note: feasible at the cap 8 req/s: goodput is at least this" in text
+
+
 def test_goodput_no_steady_judges_the_slo_alone():
     # 300 decode-heavy requests end long before the KV cache fills: the P90s pass at rates whose
     # queue is still growing, which only the steady-queue rule catches
