@@ -48,7 +48,7 @@ from fastpp.profile import Profile
 from fastpp.scheduler import Scheduler
 from fastpp.sim.events import EventClock
 from fastpp.sim.limits import check_requests
-from fastpp.types import IterationRecord, Request, RequestRecord
+from fastpp.types import FinishReason, IterationRecord, Request, RequestRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +310,12 @@ class PipelineSimulation:
             for req in self.requests[len(self._records) :]:
                 self._records.append(sched.add_request(req))
             sched.abort_all("run time limit reached")
+        rejected = [r for r in self._records if r.finish_reason == FinishReason.REJECTED]
+        if rejected:
+            notes.append(
+                f"{len(rejected)} of {len(self.requests)} requests rejected on arrival (the first: "
+                f"{rejected[0].detail}); each one's reason is its detail in requests.jsonl"
+            )
         if progress is not None:
             progress(sched.num_ended, len(self.requests))
         stats = sched.stats()

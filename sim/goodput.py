@@ -107,7 +107,7 @@ from fastpp.metrics import SLO_SLACK_MS, meets_slo, slo_attainment
 from fastpp.sim.engine import GiveUp, PipelineSimulation
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, open_simulation
 from fastpp.sim.steady import COMPLETED, check_steady_state, quantile, ttft_ms
-from fastpp.types import SLO, RequestRecord
+from fastpp.types import SLO, FinishReason, RequestRecord
 
 MIN_REQUESTS = 300  # requests per seed per probe, at least
 MAX_FIRST_LOOK = 100_000  # ... and at most (memory: each seed's run holds 1.25x this many)
@@ -547,9 +547,16 @@ def slo_goodput(
             runs, slo, rate=rate, criterion=criterion, attainment=attainment, require_steady=require_steady
         )
 
-    def swamped(ttft: int, tpot: int, rate: float, total: int) -> ProbeResult:
-        """A look stopped on ``ttft`` + ``tpot`` certain misses among its ``total`` requests."""
+    def swamped(ttft: int, tpot: int, rate: float, total: int, misses: Sequence[SloMisses]) -> ProbeResult:
+        """A look stopped on ``ttft`` + ``tpot`` certain misses among its ``total`` requests
+        (``misses``: each seed's counts, which also say how many of them were rejected, and why)."""
         waited = f"{ttft} of {total} requests already waited over {slo.ttft_s * 1e3:g} ms for a first token"
+        if rejected := sum(m.rejected for m in misses):
+            why = next(m.rejected_detail for m in misses if m.rejected)
+            waited = (
+                f"{ttft} of {total} requests got no first token within {slo.ttft_s * 1e3:g} ms, "
+                f"{rejected} of them rejected ({why})"
+            )
         if tpot:
             reason = (
                 f"P90 TTFT/TPOT: {waited}, {tpot} more already decode slower than "
@@ -598,7 +605,7 @@ def slo_goodput(
         if all(sim.gave_up for sim in sims) and sure_p90_failure(total)(ttft, tpot):
             # every seed fails its own P90s beyond doubt, and so does the pool (which a mix of
             # seeds sure by TTFT alone and seeds sure by both objectives may not: then go on)
-            return swamped(ttft, tpot, rate, total), runs, False
+            return swamped(ttft, tpot, rate, total, misses), runs, False
         runs = [
             sim.run_until_ended(n) if sim.gave_up else r  # go on where it stopped
             for r, sim in zip(runs, sims, strict=True)
@@ -840,6 +847,8 @@ class SloMisses:
         self.upto = 0  # records[:upto] have a known TTFT fate
         self.ttft_missed = 0  # TTFT misses among them
         self.tpot_missed = 0  # of the others: certain TPOT misses (or ended without completing)
+        self.rejected = 0  # of the TTFT misses: requests the scheduler refused (a prompt too long)
+        self.rejected_detail = ""  # the first one's reason
         self._open: list[RequestRecord] = []  # met TTFT, TPOT fate still open
 
     def count(self, records: Sequence[RequestRecord], now: float) -> tuple[int, int]:
@@ -855,6 +864,9 @@ class SloMisses:
                     opened.append(r)
             elif r.finish_reason is not None or now - r.arrived_at > limit:
                 missed += 1
+                if r.finish_reason == FinishReason.REJECTED:
+                    self.rejected += 1
+                    self.rejected_detail = self.rejected_detail or r.detail
             else:
                 break  # still waiting within the SLO: its fate, and the later ones', is open
             upto += 1

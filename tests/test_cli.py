@@ -310,6 +310,18 @@ def test_goodput_table_says_when_the_answer_is_only_a_lower_bound():
     assert "note: feasible at the cap 8 req/s: goodput is at least this" in text
 
 
+def test_prompts_longer_than_the_context_are_named_as_rejected(tmp_path):
+    res = invoke("simulate", "-n", "50", "-d", "pp4", "-w", "random:100000:10", "-o", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "pp4: 36 of 50 requests rejected on arrival (the first: prompt of" in text
+    assert "exceeds the context limit 32768)" in text
+    res = invoke("goodput", "-w", "random:100000:10:1", "-d", "pp4", "--seeds", "1", "-n", "100")
+    text = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "goodput 0: even" in text, res.output
+    assert "of them rejected (prompt of 100000 tokens exceeds the context limit 32768)" in text
+
+
 def test_goodput_no_steady_judges_the_slo_alone():
     # 300 decode-heavy requests end long before the KV cache fills: the P90s pass at rates whose
     # queue is still growing, which only the steady-queue rule catches
