@@ -277,7 +277,9 @@ def _report(result, config, model_path, out, plot, as_json, show_all, known_gpu)
     from fastpp.sim.sweep_grid import static_chunk
 
     best = result.best
-    path = model_path or HF_REPOS.get(result.model) or (config.model if not config.profiles else "MODEL")
+    # a config.json given as -m: the engines load its folder (weights beside it), not the file
+    asked = Path(config.model).parent if Path(config.model).is_file() else config.model
+    path = model_path or HF_REPOS.get(result.model) or (str(asked) if not config.profiles else "MODEL")
     profile = config.profiles[0] if len(config.profiles) == 1 else None
     data = result.to_dict()
     if best is not None:

@@ -142,7 +142,7 @@ class ModelShape:
     ) -> ModelShape:
         """The shape in a Hugging Face ``config.json`` (as a dict) of a decoder-only model.
         ``dtype_bytes`` defaults to the config's ``torch_dtype`` / ``dtype`` (2 when it names
-        none). ProfileError names a missing key."""
+        none). ProfileError names a missing key or a head count below 1."""
         for key in (
             "num_hidden_layers",
             "hidden_size",
@@ -153,6 +153,7 @@ class ModelShape:
             if key not in cfg:
                 raise ProfileError("missing key in the model's config.json", key)
         heads = cfg["num_attention_heads"]
+        _check_int("num_attention_heads", heads, 1)  # before it divides the hidden size
         if dtype_bytes is None:
             dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
             dtype_bytes = DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)

@@ -139,7 +139,10 @@ def resolve_model(value: str) -> ModelShape:
             raise ValueError(f"{config}: expected a JSON object")
         name = path.resolve().name if path.is_dir() else path.resolve().parent.name
         check_dense_config(cfg, str(config))
-        return ModelShape.from_hf_config(cfg, name=name)
+        try:
+            return ModelShape.from_hf_config(cfg, name=name)
+        except ValueError as exc:  # ProfileError names the key; say which file holds it
+            raise ValueError(f"{config}: {exc}") from None
     if path.is_dir():
         raise ValueError(f"{value}: a directory without config.json")
     return get_model(value)

@@ -174,7 +174,9 @@ def test_a_hugging_face_config_gives_the_built_in_shape(path, known):
     [
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not one"),
         ({"num_local_experts": 8}, "mixture-of-experts"),
-        ({"num_hidden_layers": None}, "num_hidden_layers"),
+        ({"num_hidden_layers": None}, "config.json: num_hidden_layers: missing key"),
+        ({"num_attention_heads": 0}, "config.json: num_attention_heads: must be >= 1, got 0"),
+        ({"num_attention_heads": "40"}, "num_attention_heads: expected an integer, got str"),
     ],
 )
 def test_a_config_the_cost_model_cannot_describe_is_refused(tmp_path, change, message):

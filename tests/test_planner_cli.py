@@ -217,14 +217,15 @@ def test_sweep_grids_take_the_simulate_options_without_changing_default_ids():
         grid_from_mapping({"profile": "cpu_smollm2-135m_pp2", "model": "Qwen2.5-14B"})
 
 
-def test_a_config_json_model_on_a_datasheet_gpu_plans_and_says_uncalibrated(tmp_path):
+@pytest.mark.parametrize("given", ["folder", "config.json"])
+def test_a_config_json_model_on_a_datasheet_gpu_plans_and_says_uncalibrated(tmp_path, given):
     from pathlib import Path
 
     model = Path(__file__).parent / "data" / "qwen2.5-14b-instruct"
     code, out = _plan(
         [
             "-m",
-            str(model),
+            str(model if given == "folder" else model / "config.json"),
             "--gpu",
             "L40S:bf16_tflops=362,hbm_gbps=864,memory_gib=48",
             "--gpus",
@@ -251,5 +252,6 @@ def test_a_config_json_model_on_a_datasheet_gpu_plans_and_says_uncalibrated(tmp_
     plan = json.loads(out)
     assert plan["gpu"] == "L40S" and plan["gpu_note"].startswith("uncalibrated")
     assert plan["model"] == "qwen2.5-14b-instruct" and plan["results"][0]["goodput"] > 0
-    assert str(model) in plan["commands"]["sglang"]  # the model directory serves as given
+    # the model directory serves, also when the plan was given its config.json
+    assert f" -m {model} " in plan["commands"]["sglang"] and f" -m {model} " in plan["commands"]["vllm"]
     assert "--profile" in plan["commands"]["vllm"]  # predictive reads the plan's profile
