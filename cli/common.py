@@ -81,6 +81,16 @@ def positive(value: float | None, option: str) -> None:
         fail(f"{option} must be a finite number, got {value:g}")
 
 
+def gamma_needs_cv(arrival: str | None, cv: float | None) -> None:
+    """Fail when ``--arrival gamma`` comes without ``--cv``: the default cv 1 is Poisson
+    traffic, not the bursty traffic a user asking for gamma arrivals wants."""
+    if arrival == "gamma" and cv is None:
+        fail(
+            "--arrival gamma needs --cv, the arrival gaps' coefficient of variation "
+            "(1 is Poisson; 2 or 4 are bursty)"
+        )
+
+
 def slo_from_flags(ttft_ms: float | None, tpot_ms: float | None):
     """The SLO of ``--slo-ttft-ms`` / ``--slo-tpot-ms`` (unset: ``SLO``'s defaults), failing
     with the flag's name on a bad value."""

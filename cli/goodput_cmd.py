@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
+from fastpp.cli.common import (
+    console,
+    err_console,
+    fail,
+    gamma_needs_cv,
+    given,
+    positive,
+    slo_from_flags,
+    writable_dir,
+)
 from fastpp.cli.options import (
     AdmissionOpt,
     ArrivalOpt,
@@ -163,6 +172,7 @@ def goodput(
                 f"{', '.join(given_names)}: --protocol {protocol} probes a fixed grid of rates and "
                 "judges the P90s; these apply to --protocol steady only"
             )
+    gamma_needs_cv(arrival, cv)
     try:
         wl = WorkloadConfig(**given(WorkloadConfig, name=workload, arrival=arrival, cv=cv, data_dir=data_dir))
         base = DeploymentConfig(

@@ -17,7 +17,12 @@ WorkloadOpt = Annotated[
     ),
 ]
 ArrivalOpt = Annotated[str | None, typer.Option(help="poisson or gamma. [default: poisson]")]
-CvOpt = Annotated[float | None, typer.Option(help="Gamma arrivals' coefficient of variation.")]
+CvOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Gamma arrivals' coefficient of variation, required with --arrival gamma (1 is Poisson)."
+    ),
+]
 ReplayOpt = Annotated[
     str | None, typer.Option(help="Replay a trace instead: azure-conv, azure-code or a CSV path.")
 ]

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fastpp.cli.common import console, err_console, fail, slo_from_flags, writable_dir
+from fastpp.cli.common import console, err_console, fail, gamma_needs_cv, slo_from_flags, writable_dir
 from fastpp.cli.options import ArrivalOpt, ChunkCandidatesOpt, CvOpt, DataDirOpt
 
 
@@ -179,6 +179,7 @@ def plan(
             operating_share=operating_point,
             require_steady=steady,
         )
+        gamma_needs_cv(arrival, cv)
         config = PlanConfig(
             model=model,
             gpu=gpu,

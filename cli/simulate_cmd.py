@@ -11,7 +11,16 @@ from typing import Annotated
 
 import typer
 
-from fastpp.cli.common import console, err_console, fail, given, positive, slo_from_flags, writable_dir
+from fastpp.cli.common import (
+    console,
+    err_console,
+    fail,
+    gamma_needs_cv,
+    given,
+    positive,
+    slo_from_flags,
+    writable_dir,
+)
 from fastpp.cli.options import (
     AdmissionOpt,
     ArrivalOpt,
@@ -141,6 +150,7 @@ def simulate(
         },
     )
     positive(max_time, "--max-time")
+    gamma_needs_cv(arrival, cv)
     slo = slo_from_flags(slo_ttft_ms, slo_tpot_ms)
     try:
         wl_values = given(

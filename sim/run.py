@@ -105,7 +105,8 @@ class WorkloadConfig:
         extent = (
             f"{self.num_requests} requests" if self.num_requests is not None else f"{self.duration_s:g} s"
         )
-        rate = "all at t=0" if self.rate is None else f"{self.arrival} {self.rate:g} req/s"
+        arrival = f"gamma (cv {self.cv:g})" if self.arrival == "gamma" else self.arrival
+        rate = "all at t=0" if self.rate is None else f"{arrival} {self.rate:g} req/s"
         return f"{self.name}, {rate}, {extent}, seed {self.seed}"
 
 
