@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from fastpp.cli.common import err_console, fail, given, writable_file
+from fastpp.cli.common import err_console, fail, gamma_needs_cv, given, writable_file
 from fastpp.cli.options import (
     ArrivalOpt,
     CvOpt,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the bench package needs httpx: imported when the command ru
     from fastpp.backends.bench import BenchConfig, BenchResult
 
 _EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
+_EXIT_NONE_SUCCEEDED = 1  # the run ended but no request succeeded
 
 
 HELP = (
@@ -44,7 +45,8 @@ HELP = (
     "--tokenizer; every request asks for exactly its workload output length (max_tokens with "
     "ignore_eos). One untimed warm-up request goes first (--warmup-requests 0: none), as in "
     "sglang.benchmark.serving. OPENAI_API_KEY, if set, is sent as the bearer key. Ctrl-C stops the "
-    "run, cancels what is in flight and still reports what finished."
+    "run, cancels what is in flight and still reports what finished (exit 130). Failed requests "
+    "(HTTP or connection errors, timeouts) are summarized on stderr; exit 1 when none succeeded."
 )
 
 
@@ -52,7 +54,10 @@ def bench(
     ctx: typer.Context,
     base_url: Annotated[
         str | None,
-        typer.Option("--base-url", help="Server URL. [default: http://127.0.0.1:8000, fastpp serve's]"),
+        typer.Option(
+            "--base-url",
+            help="Server URL; a trailing /v1 (the OpenAI clients' form) is dropped, the bench adds /v1/... itself. [default: http://127.0.0.1:8000, fastpp serve's]",
+        ),
     ] = None,
     host: Annotated[
         str | None, typer.Option(help="Server host, instead of --base-url. [default: 127.0.0.1]")
@@ -153,7 +158,14 @@ def bench(
             help="A JSON object merged into every request body, e.g. '{\"temperature\": 0.7}' (its keys win).",
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="No progress bar or notes on stderr (failed requests are still summarized there).",
+        ),
+    ] = False,
 ) -> None:
     """Benchmark an OpenAI-compatible server; ``HELP`` is the user-facing text."""
     try:
@@ -163,6 +175,7 @@ def bench(
             raise
         fail("fastpp bench needs httpx: pip install 'fastpp[bench]'")
         return
+    gamma_needs_cv(arrival, cv)
     try:
         config = BenchConfig(
             **given(
@@ -273,9 +286,8 @@ def _report(result: BenchResult, output_file: Path | None, output_details: bool,
     from fastpp.backends.bench.report import failure_lines
 
     typer.echo(format_result(result))
-    if not quiet:
-        for line in failure_lines(result):
-            err_console.print(line, markup=False, highlight=False)
+    for line in failure_lines(result):  # even with -q: the block has counts, not reasons
+        err_console.print(line, markup=False, highlight=False)
     if output_file is not None:
         try:
             append_jsonl(result, output_file, details=output_details)
@@ -285,6 +297,11 @@ def _report(result: BenchResult, output_file: Path | None, output_details: bool,
             err_console.print(f"appended the run to {output_file}", markup=False, highlight=False)
     if result.is_interrupted:
         err_console.print(
-            f"[yellow]interrupted:[/] {len(result.records)} sent, {result.num_not_sent} not sent"
+            f"[yellow]interrupted:[/] {len(result.records)} sent ({len(result.aborted_ids)} cancelled "
+            f"in flight), {result.num_not_sent} not sent"
         )
         raise typer.Exit(_EXIT_INTERRUPTED)
+    if result.summary["completed"] == 0:
+        what = f"all {len(result.records)} failed" if result.records else "none was sent"
+        err_console.print(f"[red]error:[/] no request succeeded ({what})")
+        raise typer.Exit(_EXIT_NONE_SUCCEEDED)

@@ -5,8 +5,9 @@ chunk ``ttft_s`` later, then one chunk every ``itl_s`` (``tokens_per_chunk`` tok
 ``max_tokens``, the last with ``finish_reason: "length"``, then a usage chunk (when asked for
 with ``stream_options.include_usage``) and ``data: [DONE]``. Chat streams open with an empty
 ``delta.role`` chunk, as real servers do. It can fail every Nth request with an OpenAI-style 400
-or drop every Nth connection halfway through its stream, and it records the request bodies and
-the peak number of streams open at once.
+or drop every Nth connection halfway through its stream, refuse requests without its API key
+(401) or naming another model (404, as vLLM), and it records the request bodies and the peak
+number of streams open at once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class FakeBehaviour:
     drop_every: int = 0  # every Nth generation request loses its connection mid-stream (0: never)
     has_server_info: bool = True  # serve GET /get_server_info (SGLang has it, vLLM does not)
     model: str = "fake-model"
+    api_key: str | None = None  # every route answers 401 unless sent "Authorization: Bearer <key>"
+    checks_model: bool = False  # a generation request naming another model gets 404
 
 
 @dataclass
@@ -61,8 +64,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _refused_key(self) -> bool:
+        """Answer 401 (and True) when the server has a key and the request lacks it."""
+        key = self.server.behaviour.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        error = {"message": "Invalid API key", "type": "invalid_request_error", "code": 401}
+        self._json(401, {"error": error})
+        return True
+
     def do_GET(self) -> None:
         beh = self.server.behaviour
+        if self._refused_key():
+            return
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": beh.model, "object": "model"}]})
         elif self.path == "/get_server_info" and beh.has_server_info:
@@ -72,10 +86,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self._refused_key():
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
         beh, stats = self.server.behaviour, self.server.stats
+        if beh.checks_model and body.get("model") != beh.model:
+            message = f"The model `{body.get('model')}` does not exist."
+            self._json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
+            return
         with stats.lock:
             stats.num_requests += 1
             number = stats.num_requests

@@ -30,6 +30,7 @@ from fastpp.backends.bench.prompts import WORDS, synthetic_prompt
 from fastpp.cli.app import app
 from fastpp.metrics import per_second_peak_concurrency
 from fastpp.types import SLO, FinishReason, Request, RequestRecord
+from fastpp.workloads import make_requests
 
 SGLANG_HEAD = [
     "tag",
@@ -195,17 +196,22 @@ def test_http_errors_are_recorded_and_counted_not_raised(serve):
     failed = [r for r in res.records if r.finish_reason == FinishReason.ABORTED]
     assert [r.req_id for r in failed] == [2, 5, 8]
     assert all(r.detail == f"HTTP 400: fake failure of request {r.req_id + 1}" for r in failed)
-    assert res.summary["completed"] == 6 and res.summary["num_aborted"] == 3
+    # an HTTP error is a failure, not an abort (that is a stop's cancellation)
+    assert res.summary["completed"] == 6 and res.summary["num_failed"] == 3
+    assert res.summary["num_aborted"] == 0 and res.failed_records == failed
     details = jsonl_record(res, details=True)
     assert details["errors"][2].startswith("HTTP 400") and details["ttfts"][2] is None
-    assert "Aborted requests:                        3" in format_result(res)
+    assert details["num_failed"] == 3 and details["num_aborted"] == 0
+    text = format_result(res)
+    assert "Failed requests:                         3" in text
+    assert "Aborted requests:                        0" in text
 
 
 def test_a_dropped_connection_is_an_error_with_the_partial_output(serve):
     srv = serve(ttft_s=0.005, itl_s=0.002, drop_every=2)
     res = bench(srv, reqs(4, output_len=8), max_concurrency=1)
     dropped = [r for r in res.records if r.finish_reason == FinishReason.ABORTED]
-    assert len(dropped) == 2 and res.summary["completed"] == 2
+    assert len(dropped) == 2 and res.summary["completed"] == 2 and res.summary["num_failed"] == 2
     assert all("RemoteProtocolError" in r.detail for r in dropped)
     assert all(0 < r.num_generated < 8 for r in dropped)
 
@@ -267,6 +273,23 @@ def test_workload_requests_come_from_the_registry_with_the_seed():
     assert len(gamma) == 50
 
 
+@pytest.mark.parametrize(("arrival", "cv"), [("poisson", 1.0), ("gamma", 2.0)])
+def test_the_first_request_goes_at_once_then_the_simulators_gaps(arrival, cv):
+    cfg = BenchConfig(workload="random:64:16", num_prompts=8, request_rate=1.0, arrival=arrival, cv=cv)
+    sent = cfg.requests()
+    # the simulator's schedule (shared, unchanged) starts with a gap: the bench drops only that
+    drawn = make_requests("random:64:16", seed=0, rate=1.0, num_requests=8, arrival=arrival, cv=cv)
+    assert drawn[0].arrived_at > 0 and sent[0].arrived_at == 0.0
+
+    def gaps(rs: list[Request]) -> list[float]:
+        return [b.arrived_at - a.arrived_at for a, b in zip(rs, rs[1:], strict=False)]
+
+    assert gaps(sent) == pytest.approx(gaps(drawn)) and len(sent) == 8
+    assert [(r.req_id, r.prompt_len, r.output_len) for r in sent] == [
+        (r.req_id, r.prompt_len, r.output_len) for r in drawn
+    ]
+
+
 def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
     behaviour = FakeBehaviour(ttft_s=0.01, itl_s=0.02)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs as a background job
@@ -284,6 +307,7 @@ def test_ctrl_c_cancels_in_flight_requests_and_reports_them():
     assert res.is_interrupted and len(res.records) == 2 and res.num_not_sent == 4
     assert all(r.finish_reason == FinishReason.ABORTED and "cancelled" in r.detail for r in res.records)
     assert res.summary["completed"] == 0 and res.summary["num_aborted"] == 2
+    assert res.summary["num_failed"] == 0 and res.aborted_ids == {0, 1} and res.failed_records == []
     assert signal.getsignal(signal.SIGINT) is before  # the bench put back what it found
     assert jsonl_record(res)["interrupted"] is True
 
@@ -329,6 +353,7 @@ def test_a_stop_before_the_first_request_is_an_error(serve):
         ({"base_url": "localhost:8000"}, "must start with http"),
         ({"workload": "nope"}, "unknown workload 'nope'"),
         ({"replay": "azure-conv", "request_rate": 2.0}, "do not apply to a replay"),
+        ({"replay": "azure-conv", "workload": "random:8:4:1"}, r"-w/--workload.*--replay azure-conv"),
         ({"request_rate": 0.0}, "request_rate must be > 0"),
         ({"max_concurrency": 0}, "max_concurrency must be >= 1"),
         ({"timeout_s": float("inf")}, "timeout_s must be a positive"),
@@ -433,6 +458,9 @@ def test_cli_rejects_bad_options_on_stderr(serve):
     assert res.exit_code == 2 and "warmup_requests must be >= 0" in res.stderr
     res = runner.invoke(app, ["bench", "--base-url", "http://127.0.0.1:1", "--port", "2"])
     assert res.exit_code == 2 and "not both" in res.stderr
+    args = ["bench", "-w", "random:8:4:1", "--replay", "azure-conv", "--replay-window", "5"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "-w/--workload" in res.stderr and "(--replay azure-conv)" in res.stderr
 
 
 def test_random_workload_keys_and_sglangs_per_second_concurrency(serve):

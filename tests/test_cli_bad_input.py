@@ -43,9 +43,9 @@ def test_an_infinite_slo_is_refused_naming_the_flag(command, tmp_path):
     refused(command, "--slo-ttft-ms", "inf", *out, needle="--slo-ttft-ms must be a finite number, got inf")
 
 
-@pytest.mark.parametrize("command", ["simulate", "goodput", "plan"])
+@pytest.mark.parametrize("command", ["simulate", "goodput", "plan", "bench"])
 def test_gamma_arrivals_without_a_cv_are_refused_not_run_as_poisson(command, tmp_path):
-    out = ["--plot" if command == "goodput" else "-o", str(tmp_path)]
+    out = ["-r", "2"] if command == "bench" else ["--plot" if command == "goodput" else "-o", str(tmp_path)]
     refused(command, "--arrival", "gamma", *out, needle="--arrival gamma needs --cv")
 
 

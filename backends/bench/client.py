@@ -4,7 +4,8 @@ Timing follows ``sglang.benchmark.serving``: a request's clock starts when it is
 concurrency wait), every non-empty content chunk is one token time (a chunk may carry several
 tokens; ``usage.completion_tokens`` then gives the true output length), and the request ends when
 the stream does (``data: [DONE]``). Times are seconds on the run's clock (``clock()``).
-Failures never raise: they become ``FinishReason.ABORTED`` with the reason in ``detail``.
+Failures never raise: they become ``FinishReason.ABORTED`` with the reason in ``detail`` (the
+runner counts them as failed, apart from the requests a stop cancelled).
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ one derives the other where it can (ttft/tpot pairs), so a run reports both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from fastpp.types import SLO, Request
 from fastpp.uniform_lengths import UniformLengths
@@ -67,15 +68,20 @@ class BenchConfig:
     """One benchmark run against an OpenAI-compatible server. Read-only after construction.
 
     Requests come from a registered length distribution (``workload``) with Poisson or gamma
-    arrivals at ``request_rate`` (inf: all at t=0), or from a replayed trace (``replay`` set, its
-    own timestamps). Every request asks for exactly its workload ``output_len`` tokens
-    (``max_tokens`` with ``ignore_eos``).
+    arrivals at ``request_rate`` (inf: all at t=0; else the first at t=0, as sglang sends it,
+    then the drawn gaps), or from a replayed trace (``replay`` set, its own timestamps and
+    lengths). Every request asks for exactly its workload ``output_len`` tokens (``max_tokens``
+    with ``ignore_eos``).
     """
 
-    base_url: str = "http://127.0.0.1:8000"  # `fastpp serve`'s default port; no trailing slash kept
+    # `fastpp serve`'s default port; kept without a trailing slash or /v1 (the OpenAI clients'
+    # form: the bench adds /v1/... itself)
+    base_url: str = "http://127.0.0.1:8000"
     backend: Backend = Backend.OPENAI
     model: str | None = None  # None: the first id GET /v1/models lists
-    workload: str = DEFAULT_WORKLOAD  # a fastpp.workloads.WORKLOADS name (lengths only)
+    # a fastpp.workloads.WORKLOADS name or random:IN:OUT[:RATIO] (lengths only); None:
+    # DEFAULT_WORKLOAD, and stays None for a replay (the trace brings its own lengths)
+    workload: str | None = None
     num_prompts: int | None = None  # None: DEFAULT_NUM_PROMPTS, or the whole replay window
     request_rate: float = math.inf  # requests/s; inf sends everything at t=0 (sglang's default)
     arrival: str = "poisson"  # poisson | gamma
@@ -99,7 +105,7 @@ class BenchConfig:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         _check_host_and_port(self.base_url)
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        object.__setattr__(self, "base_url", server_root(self.base_url))
         try:
             object.__setattr__(self, "backend", Backend(self.backend))
         except ValueError:
@@ -133,18 +139,27 @@ class BenchConfig:
                 )
             object.__setattr__(self, "extra_request_body", dict(self.extra_request_body))
         if self.replay is not None:
-            # a trace brings its own arrival times: a rate or arrival process would be ignored
-            if math.isfinite(self.request_rate) or self.arrival != "poisson" or self.cv != 1.0:
-                raise ValueError("request_rate, arrival and cv do not apply to a replay; use replay_speed")
+            self._check_replay()
         elif self.replay_start_s != 0.0 or self.replay_window_s is not None or self.replay_speed != 1.0:
             raise ValueError(
                 "replay_start_s, replay_window_s and replay_speed (--replay-start, --replay-window, "
                 "--replay-speed) apply to a replay (--replay) only"
             )
-        elif self.workload.startswith("random:"):
-            UniformLengths.parse(self.workload)  # raises naming the bad part
-        elif self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        else:
+            object.__setattr__(self, "workload", _checked_workload(self.workload or DEFAULT_WORKLOAD))
+
+    def _check_replay(self) -> None:
+        """A trace brings its own arrival times and lengths: refuse what would be ignored."""
+        if math.isfinite(self.request_rate) or self.arrival != "poisson" or self.cv != 1.0:
+            raise ValueError(
+                "request_rate, arrival and cv (-r/--request-rate, --arrival, --cv) do not apply to "
+                "a replay (--replay); use replay_speed (--replay-speed)"
+            )
+        if self.workload is not None:
+            raise ValueError(
+                f"workload (-w/--workload) {self.workload!r} does not apply to a replay (--replay "
+                f"{self.replay}): the trace brings its own lengths; give one of the two"
+            )
 
     def _check_slos(self) -> None:
         """Validate ``goodput`` and derive it from ``slo`` or the other way round."""
@@ -169,14 +184,14 @@ class BenchConfig:
     def dataset_name(self) -> str:
         """The JSONL ``dataset_name``: ``random`` for ``random:IN:OUT[:RATIO]`` (sglang's name; the
         numbers go to ``random_lengths``), another workload's name, or ``replay:<trace>``."""
-        if self.replay is not None:
+        if self.workload is None:
             return f"replay:{self.replay}"
         return "random" if self.workload.startswith("random:") else self.workload
 
     @property
     def random_lengths(self) -> UniformLengths | None:
         """The uniform length distribution of a ``random:`` workload (None for any other)."""
-        if self.replay is None and self.workload.startswith("random:"):
+        if self.workload is not None and self.workload.startswith("random:"):
             return UniformLengths.parse(self.workload)
         return None
 
@@ -186,7 +201,12 @@ class BenchConfig:
         return None if self.replay is not None else self.request_rate
 
     def requests(self) -> list[Request]:
-        """The run's requests in arrival order (seconds from the bench start), deterministic."""
+        """The run's requests in arrival order (seconds from the bench start), deterministic.
+
+        A drawn schedule is shifted so its first request goes at t=0 (sglang's bench_serving
+        sends the first at once, then sleeps each gap; ``make_requests`` starts with a gap, as
+        the simulator wants it): the gaps and the lengths stay those of ``fastpp simulate``.
+        """
         if self.replay is not None:
             reqs = replay_requests(
                 self.replay,
@@ -196,7 +216,8 @@ class BenchConfig:
                 data_dir=self.data_dir,
             )
             return reqs if self.num_prompts is None else reqs[: self.num_prompts]
-        return make_requests(
+        assert self.workload is not None  # __post_init__ set it where there is no replay
+        reqs = make_requests(
             self.workload,
             seed=self.seed,
             rate=None if math.isinf(self.request_rate) else self.request_rate,
@@ -205,6 +226,32 @@ class BenchConfig:
             cv=self.cv,
             data_dir=self.data_dir,
         )
+        return starting_at_zero(reqs)
+
+
+def starting_at_zero(reqs: list[Request]) -> list[Request]:
+    """``reqs`` (in arrival order) shifted so the first arrives at t=0; the gaps are kept."""
+    if not reqs or reqs[0].arrived_at == 0.0:
+        return reqs
+    t0 = reqs[0].arrived_at
+    return [dataclasses.replace(r, arrived_at=r.arrived_at - t0) for r in reqs]
+
+
+def server_root(url: str) -> str:
+    """``url`` without trailing slashes and one trailing ``/v1``: OpenAI clients are given
+    ``http://host:port/v1``, the bench adds ``/v1/completions`` (and ``/server_info``) itself."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return urlunsplit(parts._replace(path=path))
+
+
+def _checked_workload(workload: str) -> str:
+    """``workload`` when it names a registered workload or a valid ``random:`` spec."""
+    if workload.startswith("random:"):
+        UniformLengths.parse(workload)  # raises naming the bad part
+    elif workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    return workload
 
 
 def parse_goodput(items: Sequence[str]) -> tuple[tuple[str, float], ...]:

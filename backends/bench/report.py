@@ -2,15 +2,15 @@
 
 The console block is ``sglang.benchmark.serving``'s, line for line and in its order (header,
 the Goodput section when ``--goodput`` is given, E2E, TTFT, TPOT, ITL); FastPP adds two short
-sections before the closing rule: failures (aborted requests) and, with an SLO, the P90 verdict
-of ``fastpp simulate``.
+sections before the closing rule: failures (failed requests, as vLLM's bench labels them, and
+those aborted by a stop) and, with an SLO, the P90 verdict of ``fastpp simulate``.
 
 The JSONL record has sglang's keys in its order: ``tag, backend, dataset_name, request_rate,
 max_concurrency, sharegpt_output_len, random_input_len, random_output_len, random_range_ratio,
 server_info``, the results (``duration`` ... ``max_concurrent_requests``), then sglang's goodput
 keys when an SLO is given, then FastPP's own keys (``max_itl_ms``, the SLO verdict,
-``total_input_tokens_server``, ``workload``, ``model``, ...). Where we differ, the value says so
-rather than the key lying:
+``num_failed``, ``num_aborted``, ``total_input_tokens_server``, ``workload``, ``model``, ...).
+Where we differ, the value says so rather than the key lying:
 
 - ``dataset_name`` is ``random`` for a ``random:IN:OUT[:RATIO]`` workload, with IN, OUT and RATIO
   in ``random_input_len``, ``random_output_len``, ``random_range_ratio`` (null for other
@@ -114,7 +114,11 @@ def format_result(result: BenchResult) -> str:
         lines += [_line(f"{name} {short} (ms):", s[f"{name.lower()}_{stem}_ms"], False) for name in _STATS]
         if stem == "itl":
             lines.append(_line("Max ITL (ms):", s["max_itl_ms"], False))
-    lines += [f"{'Failures':-^50}", _line("Aborted requests:", s.get("num_aborted", 0), True)]
+    lines += [
+        f"{'Failures':-^50}",
+        _line("Failed requests:", s.get("num_failed", 0), True),
+        _line("Aborted requests:", s.get("num_aborted", 0), True),
+    ]
     if "slo_met" in s:
         lines += [
             f"{'SLO (P90)':-^50}",
@@ -143,8 +147,9 @@ def _goodput_lines(goodput: dict[str, Any]) -> list[str]:
 
 
 def failure_lines(result: BenchResult, limit: int = 3) -> list[str]:
-    """A short account of failed requests: the count and the most common reasons."""
-    reasons = Counter(r.detail for r in result.records if r.finish_reason not in _COMPLETED)
+    """A short account of failed requests (not those a stop cancelled): the count and the most
+    common reasons."""
+    reasons = Counter(r.detail for r in result.failed_records)
     if not reasons:
         return []
     lines = [f"{sum(reasons.values())} of {len(result.records)} sent requests failed:"]
@@ -177,7 +182,7 @@ def jsonl_record(result: BenchResult, *, details: bool = False) -> dict[str, Any
         if key not in record and key != "request_rate":
             record[key] = value
     record.update(
-        workload=cfg.workload if cfg.replay is None else None,
+        workload=cfg.workload,  # None for a replay
         model=result.model,
         base_url=cfg.base_url,
         seed=cfg.seed,

@@ -7,6 +7,11 @@ The run is bounded: every request has ``timeout_s``, and there are finitely many
 (Ctrl-C in :func:`run_bench`, or the ``stop`` event) cancels what is in flight or not yet sent;
 requests in flight end as ABORTED, unsent ones get no record, and the summary covers the rest.
 
+Every sent request that did not complete has finish reason ABORTED (the record type has no
+other); the summary tells the two kinds apart: ``num_aborted`` counts those a stop cancelled,
+``num_failed`` those the server or the network failed (an HTTP error, a refused or dropped
+connection, a bad stream, ``timeout_s`` passed), whose reasons are in ``detail``.
+
 Before the timed run, ``warmup_requests`` copies of the first request (at most 32 output tokens,
 at the run's concurrency limit) are sent and not counted, then the bench waits one second, as
 ``sglang.benchmark.serving`` does; if none of them succeeds the run stops with the reason.
@@ -51,6 +56,7 @@ _COMPLETED = (FinishReason.LENGTH, FinishReason.STOP)
 _SIDE_TIMEOUT_S = 10.0  # GET /v1/models and /server_info, before the run starts
 WARMUP_MAX_TOKENS = 32  # sglang's warm-up output length cap
 WARMUP_PAUSE_S = 1.0  # sglang's pause between the warm-up and the timed run
+_AUTH_ERRORS = ("HTTP 401", "HTTP 403")  # a RequestRecord.detail the API key would fix
 T = TypeVar("T")
 
 
@@ -84,10 +90,22 @@ class BenchResult:
     is_interrupted: bool  # stopped before every request was sent and answered
     goodput: dict[str, Any] | None = None  # sglang's goodput keys when config.goodput is set
     generated_texts: list[str] = field(default_factory=list)  # per sent record, in its order
+    # the sent requests a stop cancelled in flight (ABORTED); any other unfinished one failed
+    aborted_ids: frozenset[int] = frozenset()
 
     @property
     def num_not_sent(self) -> int:
         return len(self.requests) - len(self.records)
+
+    @property
+    def failed_records(self) -> list[RequestRecord]:
+        """The sent requests that failed (not completed, not cancelled by a stop)."""
+        return [r for r in self.records if is_failed(r, self.aborted_ids)]
+
+
+def is_failed(record: RequestRecord, aborted_ids: frozenset[int]) -> bool:
+    """True when ``record`` did not complete and was not cancelled by a stop."""
+    return record.finish_reason not in _COMPLETED and record.req_id not in aborted_ids
 
 
 def run_bench(
@@ -161,14 +179,16 @@ async def run_bench_async(
         if config.warmup_requests and reqs:
             warm = client.payload(prompts[0], min(reqs[0].output_len, WARMUP_MAX_TOKENS))
             await _unless_stopped(_warm_up(client, warm, config), stop)
-        records, replies = await _dispatch(client, reqs, bodies, config, clock, stop, progress)
+        records, replies, aborted_ids = await _dispatch(client, reqs, bodies, config, clock, stop, progress)
         duration_s = clock()
     sent = [records[r.req_id] for r in reqs if r.req_id in records]
     texts = [replies.get(r.req_id, (None, ""))[1] for r in sent]
-    summary = _summary(config, sent, {k: v[0] for k, v in replies.items()}, duration_s)
+    summary = _summary(config, sent, {k: v[0] for k, v in replies.items()}, duration_s, aborted_ids)
     summary["total_output_tokens_retokenized"] = _retokenized(sent, texts, tokenizer)
     goodput = sglang_goodput(sent, config.goodput_slos_ms, duration_s) if config.goodput else None
-    return BenchResult(config, model, reqs, sent, summary, server_info, stop.is_set(), goodput, texts)
+    return BenchResult(
+        config, model, reqs, sent, summary, server_info, stop.is_set(), goodput, texts, aborted_ids
+    )
 
 
 def _prompts(
@@ -207,8 +227,11 @@ async def _warm_up(client: OpenAIClient, body: dict[str, Any], config: BenchConf
 
     await asyncio.gather(*(one(r) for r in records))
     if not any(r.finish_reason in _COMPLETED for r in records):
+        detail = records[0].detail
+        if detail.startswith(_AUTH_ERRORS):
+            raise BenchError(f"the warm-up request failed ({detail}); {api_key_hint()}")
         raise BenchError(
-            f"the warm-up request failed ({records[0].detail}); check --model, --backend, "
+            f"the warm-up request failed ({detail}); check --model, --backend, "
             f"--extra-request-body and the server (or skip it: --warmup-requests 0)"
         )
     await asyncio.sleep(WARMUP_PAUSE_S)
@@ -219,6 +242,13 @@ def auth_headers() -> dict[str, str]:
     sglang's benchmark send it (for a server started with --api-key)."""
     key = os.environ.get("OPENAI_API_KEY")
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def api_key_hint() -> str:
+    """What to do about an HTTP 401/403: the only key the bench sends is OPENAI_API_KEY."""
+    if os.environ.get("OPENAI_API_KEY"):
+        return "the server refused the key in OPENAI_API_KEY; set it to the server's --api-key"
+    return "the server wants an API key: set OPENAI_API_KEY to its --api-key"
 
 
 async def _ask_server(http: httpx.AsyncClient, config: BenchConfig) -> tuple[str, dict[str, Any] | None]:
@@ -251,6 +281,10 @@ async def _first_model(http: httpx.AsyncClient, base_url: str) -> str:
             f"no server answers at {base_url} ({exc}); start one (fastpp serve) or "
             f"point --host/--port or --base-url at it"
         ) from exc
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        hint = api_key_hint() if status in (401, 403) else "pass --model, or check --base-url"
+        raise BenchError(f"could not list models at {base_url}/v1/models (HTTP {status}); {hint}") from exc
     except (httpx.HTTPError, ValueError) as exc:
         raise BenchError(f"could not list models at {base_url}/v1/models ({exc}); pass --model") from exc
     if not models:
@@ -266,11 +300,13 @@ async def _dispatch(
     clock: _Clock,
     stop: asyncio.Event,
     progress: ProgressFn | None,
-) -> tuple[dict[int, RequestRecord], dict[int, tuple[int | None, str]]]:
-    """Start each request at its arrival time; wait for all, or cancel them all on ``stop``."""
+) -> tuple[dict[int, RequestRecord], dict[int, tuple[int | None, str]], frozenset[int]]:
+    """Start each request at its arrival time; wait for all, or cancel them all on ``stop``.
+    Returns the records and replies of the sent requests and the ids of those cancelled."""
     sem = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     records: dict[int, RequestRecord] = {}
     replies: dict[int, tuple[int | None, str]] = {}  # req_id -> (usage.prompt_tokens, output text)
+    cancelled_ids: set[int] = set()  # sent, then cancelled by the stop
     num_ended = 0
 
     async def send(req: Request, body: dict[str, Any]) -> None:
@@ -279,6 +315,9 @@ async def _dispatch(
         records[req.req_id] = record
         try:
             replies[req.req_id] = await client.send(body, record)
+        except asyncio.CancelledError:
+            cancelled_ids.add(req.req_id)
+            raise
         finally:
             num_ended += 1
             if progress is not None:
@@ -312,7 +351,7 @@ async def _dispatch(
         for res in results:  # a bug in the client, not a failed request: do not hide it
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 raise res
-    return records, replies
+    return records, replies, frozenset(cancelled_ids)
 
 
 async def _stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
@@ -329,6 +368,7 @@ def _summary(
     records: list[RequestRecord],
     prompt_tokens: dict[int, int | None],
     duration_s: float,
+    aborted_ids: frozenset[int],
 ) -> dict[str, Any]:
     summary = summarize(
         records,
@@ -339,6 +379,9 @@ def _summary(
     )
     for key in _SERVER_ONLY_KEYS:
         summary.pop(key, None)
+    # summarize counts every ABORTED record; split off the failures from the stop's cancellations
+    summary["num_aborted"] = sum(r.req_id in aborted_ids for r in records)
+    summary["num_failed"] = sum(is_failed(r, aborted_ids) for r in records)
     summary["total_input_text_tokens"] = summary["total_input_tokens"]  # sglang's; no images here
     summary["total_input_vision_tokens"] = 0
     done = [r for r in records if r.finish_reason in _COMPLETED]
