@@ -255,7 +255,7 @@ def serve(
                 api_key=api_key,
                 record_dir=record_dir,
                 overwrite=overwrite,
-                log_level=log_level,
+                log_level=log_level.lower(),  # INFO works as info; uvicorn knows lower case only
                 shutdown_timeout_s=shutdown_timeout,
                 max_body_bytes=max_body_bytes,
                 read_timeout_s=read_timeout,
@@ -281,7 +281,9 @@ def serve(
     from fastpp.scheduler_config import parse_chunk_candidates
 
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        level=serve_config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
     )  # main() configured WARNING already
     try:
         source = WeightsSource.parse(model, seed=seed or 0)

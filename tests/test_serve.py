@@ -123,6 +123,20 @@ def test_openai_client_completions_and_chat(server):
     assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 8
 
 
+def test_without_max_tokens_chat_runs_to_the_context_and_completions_get_16(server):
+    """The context (512) is below the KV pool (1,024 tokens): it is max_model_len, no warning."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    (model,) = client.models.list().data
+    assert model.model_extra["max_model_len"] == 512 and "KV cache holds" not in server.log()
+    msgs = [{"role": "user", "content": "hi there"}]
+    chat = client.chat.completions.create(
+        model=model.id, messages=msgs, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.usage.total_tokens == 512, chat.usage
+    plain = client.completions.create(model=model.id, prompt="hi", extra_body={"ignore_eos": True})
+    assert plain.usage.completion_tokens == 16 and plain.choices[0].finish_reason == "length"
+
+
 def test_bad_requests_get_openai_error_bodies(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     cases = [

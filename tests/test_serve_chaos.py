@@ -428,6 +428,9 @@ def test_cheap_option_checks_fail_before_loading(tmp_path):
         (["--record-dir", str(tmp_path / "run")], "holds an earlier run (summary.json); pass --overwrite"),
         (["--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
         (["--stage-timeout", "0"], "--stage-timeout must be > 0"),
+        (["--log-level", "loud"], "--log-level must be one of debug, info, warning, error, got 'loud'"),
+        # any case is a level: the check after it is the one that fails
+        (["--log-level", "WARNING", "--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
         (
             ["--backend", "sglang", "--shutdown-timeout", "3"],
             "--shutdown-timeout apply to --backend torch only",

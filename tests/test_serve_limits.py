@@ -89,6 +89,8 @@ def test_a_bad_content_length_is_400():
         ("max_body_bytes", 10, "--max-body-bytes"),
         ("max_connections", 0, "--max-connections"),
         ("api_key", " ", "--api-key must not be empty"),
+        ("log_level", "loud", "--log-level must be one of debug, info, warning, error, got 'loud'"),
+        ("log_level", "INFO", "--log-level must be one of"),  # the CLI passes it lower-cased
     ],
 )
 def test_serve_config_names_the_option(field, value, message):

@@ -1,8 +1,9 @@
 """``fastpp serve`` over loopback, issue 27: the sampling values that killed the server (a
 temperature of 1e-38, a top_p of 1e-46) get 200s and the server keeps serving, on one stage and
 on two; a stop string counts as ``stop`` in /metrics and in the recording; a ``max_tokens`` the KV
-pool cannot hold is refused by name; list sizes are bounded; and a user's ``<|im_end|>`` stays
-text in the prompt the model sees."""
+pool cannot hold is refused by name; the pool, smaller than the context, is max_model_len and
+the limit a chat request without max_tokens runs to; list sizes are bounded; an empty stop string is refused by name; and a
+user's ``<|im_end|>`` stays text in the prompt the model sees."""
 
 from __future__ import annotations
 
@@ -130,6 +131,41 @@ def test_a_max_tokens_the_kv_pool_cannot_hold_is_refused_by_name(server):
     ok = post(server, "/v1/completions", {"prompt": "abc", "max_tokens": room, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == room
     assert ok.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_without_max_tokens_chat_runs_to_the_kv_limit_and_completions_get_16(server):
+    """The pool (128 tokens) is below the context (512): it is max_model_len, the startup log
+    says so, and a chat request without max_tokens ends by length exactly there."""
+    (model,) = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
+    assert model["max_model_len"] == KV_BLOCKS * 4 == 128
+    assert "KV cache holds 128 tokens" in server.log() and "context of 512" in server.log()
+    chat = {"messages": [{"role": "user", "content": "abc"}], "ignore_eos": True, "temperature": 0}
+    r = post(server, "/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["total_tokens"] == 128 and usage["completion_tokens"] > 16, usage
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    events = [
+        json.loads(e)
+        for e in sse(server, "/v1/chat/completions", chat | {"stream_options": {"include_usage": True}})[:-1]
+    ]
+    assert events[-1]["usage"] == usage and events[-2]["choices"][0]["finish_reason"] == "length"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == r.json()["choices"][0]["message"]["content"]
+    # a prompt one token short of the pool still gets its one token, by length
+    ids = post(server, "/v1/completions", {"prompt": [97] * 127, "ignore_eos": True})
+    assert ids.status_code == 200 and ids.json()["usage"]["completion_tokens"] == 1, ids.text
+    done = post(server, "/v1/completions", {"prompt": "abc", "ignore_eos": True})
+    assert done.json()["usage"]["completion_tokens"] == 16
+    assert done.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("stop, param", [("", "stop"), (["x", ""], "stop[1]")])
+def test_an_empty_stop_string_is_refused_by_name(server, stop, param):
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "stop": stop})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "empty stop string is not allowed" in err["message"], err
 
 
 @pytest.mark.parametrize(

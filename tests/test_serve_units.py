@@ -15,7 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from fastpp.backends.openai_server.guard import RequestGuard  # noqa: E402
 from fastpp.backends.openai_server.metrics import make_registry, render  # noqa: E402
-from fastpp.backends.openai_server.protocol import APIError, parse_chat, parse_completion  # noqa: E402
+from fastpp.backends.openai_server.protocol import (  # noqa: E402
+    DEFAULT_MAX_TOKENS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    APIError,
+    parse_chat,
+    parse_completion,
+)
 from fastpp.backends.torch.engine_state import EngineCounters  # noqa: E402
 
 
@@ -158,3 +165,37 @@ def test_null_means_not_sent_and_no_op_values_pass():
     )
     assert req.max_tokens == 5 and req.max_tokens_param == "max_completion_tokens"
     assert msgs == [("user", "hi")]
+
+
+def test_without_max_tokens_completions_default_to_16_and_chat_to_the_limit():
+    req = parse_completion({"prompt": "x"})
+    assert req.max_tokens is None and req.default_max_tokens == DEFAULT_MAX_TOKENS == 16
+    req, _ = parse_chat({"messages": [{"role": "user", "content": "hi"}]})
+    assert req.max_tokens is None and req.default_max_tokens is None
+    req, _ = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7})
+    assert req.max_tokens == 7
+
+
+@pytest.mark.parametrize(
+    "stop, param, words",
+    [
+        ("", "stop", "an empty stop string is not allowed"),
+        (["a", ""], "stop[1]", "an empty stop string is not allowed"),
+        (
+            ["a", "x" * (MAX_STOP_CHARS + 1)],
+            "stop[1]",
+            f"a stop string has at most {MAX_STOP_CHARS} characters",
+        ),
+        (["a"] * (MAX_STOP_STRINGS + 1), "stop", f"at most {MAX_STOP_STRINGS} stop strings, got 5"),
+        ([1], "stop", "must be a string or a list of strings"),
+    ],
+)
+def test_bad_stop_strings_are_refused_naming_the_item(stop, param, words):
+    for parse, body in (
+        (parse_completion, {"prompt": "x"}),
+        (parse_chat, {"messages": [{"role": "user", "content": "x"}]}),
+    ):
+        with pytest.raises(APIError) as info:
+            parse(body | {"stop": stop})
+        assert info.value.param == param and f"'{param}': {words}" in info.value.message, info.value.message
+    assert parse_completion({"prompt": "x", "stop": ["a", "b"]}).stop == ("a", "b")

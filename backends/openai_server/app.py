@@ -34,7 +34,6 @@ from fastpp.backends.openai_server.generation import ClientDisconnected, Delta, 
 from fastpp.backends.openai_server.guard import RequestGuard
 from fastpp.backends.openai_server.metrics import make_registry, render
 from fastpp.backends.openai_server.protocol import (
-    DEFAULT_MAX_TOKENS,
     APIError,
     GenerationRequest,
     first_invalid_text,
@@ -114,7 +113,7 @@ def create_app(state: ServerState) -> FastAPI:
                     "object": "model",
                     "created": state.created,
                     "owned_by": "fastpp",
-                    "max_model_len": state.engine.model_config.max_context,
+                    "max_model_len": max_model_len(state.engine),
                 }
             ],
         }
@@ -153,6 +152,15 @@ def create_app(state: ServerState) -> FastAPI:
         return await _respond(state, request, req, ids, chat=True)
 
     return app
+
+
+def max_model_len(engine: Any) -> int:
+    """The longest sequence (prompt + output) the server can hold: the model's context, or the
+    KV cache's capacity in tokens when that is smaller (``--kv-blocks x --block-size``). A
+    request within it is never refused for its length, and one without ``max_tokens`` stops at
+    it. (The last output token's KV is never stored: an explicit ``max_tokens`` may reach one
+    token past the KV capacity.)"""
+    return min(engine.model_config.max_context, engine.scheduler_config.kv_capacity_tokens)
 
 
 async def _parse(state: ServerState, request: Request, parse: Any) -> Any:
@@ -241,11 +249,14 @@ async def _tokenize(
 def _max_tokens(state: ServerState, req: GenerationRequest, prompt_len: int) -> int:
     """The output budget: as asked, refused if prompt + it exceed the context or the KV pool
     (before the queue check: a request that can never run is a 400 under any load); when not
-    asked, DEFAULT_MAX_TOKENS within what both leave."""
+    asked, ``req.default_max_tokens`` within what max_model_len leaves, or all it leaves when
+    that is None (chat: the request ends by length at the limit, not with an error)."""
     limit = state.engine.model_config.max_context
     room = limit - prompt_len
     if req.max_tokens is None:
-        return fit_output_budget(state.engine, req, prompt_len, max(1, min(DEFAULT_MAX_TOKENS, room)))
+        left = max_model_len(state.engine) - prompt_len
+        wanted = left if req.default_max_tokens is None else min(req.default_max_tokens, left)
+        return fit_output_budget(state.engine, req, prompt_len, max(1, wanted))
     if req.max_tokens > room:
         raise APIError(
             400,

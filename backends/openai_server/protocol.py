@@ -44,7 +44,7 @@ class GenerationRequest:
 
     prompt_text: str | None  # text to tokenize (None when the client sent token ids)
     prompt_ids: tuple[int, ...] | None
-    max_tokens: int | None  # None: not given (the server picks DEFAULT_MAX_TOKENS, within the context)
+    max_tokens: int | None  # None: not given (the server picks default_max_tokens, within the limits)
     max_tokens_param: str  # the field that set it: max_tokens or max_completion_tokens
     temperature: float
     top_p: float
@@ -55,9 +55,16 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     model: str | None
+    # the output budget when max_tokens is not given: that many tokens (completions), or None: up
+    # to the limit, what the context and the KV cache leave after the prompt (chat)
+    default_max_tokens: int | None = None
 
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+# without max_tokens: 16 tokens for /v1/completions (OpenAI's legacy default, kept by vLLM);
+# /v1/chat/completions generates until EOS, a stop, or the context or KV limit (OpenAI's and
+# vLLM's chat behaviour)
+DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS: int | None = None
 # list sizes a request may carry (a 400 names the field and the limit); each is checked before
 # the list is walked, so a huge list costs nothing to refuse
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -221,22 +228,7 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
     for key in ("presence_penalty", "frequency_penalty"):
         if _float(body, key, 0.0, -2.0, 2.0) != 0.0:
             raise _bad(key, "penalties are not supported; send 0 or omit it")
-    stop = body.get("stop")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
-    elif isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
-        raise _bad("stop", f"at most {MAX_STOP_STRINGS} non-empty strings, got {len(stop)}")
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = tuple(stop)
-    else:
-        raise _bad("stop", f"must be a string or a list of strings, got {_short(stop)}")
-    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-        raise _bad("stop", f"at most {MAX_STOP_STRINGS} non-empty strings, got {len(stops)}")
-    longest = max((len(s) for s in stops), default=0)
-    if longest > MAX_STOP_CHARS:
-        raise _bad("stop", f"a stop string has at most {MAX_STOP_CHARS} characters, got {longest}")
+    stops = _stops(body.get("stop"))
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list):
         raise _bad("stop_token_ids", f"must be a list of integers, got {_short(stop_ids)}")
@@ -275,10 +267,32 @@ def _common(body: Any, max_tokens_keys: tuple[str, ...], known: frozenset[str]) 
     )
 
 
+def _stops(stop: Any) -> tuple[str, ...]:
+    """``stop`` as a tuple: a string or a list of at most MAX_STOP_STRINGS strings, none empty
+    (an empty one would match before the first character) nor longer than MAX_STOP_CHARS."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        items, where = [stop], ["stop"]
+    elif isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        items, where = stop, [f"stop[{i}]" for i in range(len(stop))]
+    else:
+        raise _bad("stop", f"must be a string or a list of strings, got {_short(stop)}")
+    for param, s in zip(where, items, strict=True):
+        if not s:
+            raise _bad(param, "an empty stop string is not allowed (it would match at once)")
+        if len(s) > MAX_STOP_CHARS:
+            raise _bad(param, f"a stop string has at most {MAX_STOP_CHARS} characters, got {len(s)}")
+    return tuple(items)
+
+
 def parse_completion(body: Any, max_prompt_ids: int = MAX_PROMPT_TOKEN_IDS) -> GenerationRequest:
     """``POST /v1/completions``: ``prompt`` is a string or a list of token ids (one prompt), at
     most ``max_prompt_ids`` of them."""
     fields = _common(body, ("max_tokens",), _COMPLETION)
+    fields |= {"default_max_tokens": DEFAULT_MAX_TOKENS}
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
@@ -300,6 +314,7 @@ def parse_completion(body: Any, max_prompt_ids: int = MAX_PROMPT_TOKEN_IDS) -> G
 def parse_chat(body: Any) -> tuple[GenerationRequest, list[tuple[str, str]]]:
     """``POST /v1/chat/completions``: the request and its messages as (role, text) pairs."""
     fields = _common(body, ("max_completion_tokens", "max_tokens"), _CHAT)
+    fields |= {"default_max_tokens": CHAT_DEFAULT_MAX_TOKENS}
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list")

@@ -103,6 +103,7 @@ def _load_and_serve(
         server.should_exit = True
 
     engine.on_failure(on_failure)
+    _warn_short_kv(engine, config)
     log.info(
         "serving %s on http://%s:%d (%d stage(s), policy %s%s); Ctrl-C stops it",
         source.served_name,
@@ -129,6 +130,23 @@ def _load_and_serve(
         log.error("engine failed: %s", engine.error)
         return 1
     return 0
+
+
+def _warn_short_kv(engine: PipelineEngine, config: EngineConfig) -> None:
+    """A warning when the KV cache holds fewer tokens than the model's context: then it, not the
+    context, bounds every request (and the max_model_len /v1/models reports)."""
+    kv_tokens = engine.scheduler_config.kv_capacity_tokens
+    context = engine.model_config.max_context
+    if kv_tokens < context:
+        log.warning(
+            "the KV cache holds %d tokens (--kv-blocks %d x --block-size %d), fewer than the model's "
+            "context of %d: a request's prompt + output is limited to %d tokens (max_model_len)",
+            kv_tokens,
+            config.kv_blocks,
+            config.block_size,
+            context,
+            kv_tokens,
+        )
 
 
 def _log_stopped(engine: PipelineEngine, config: EngineConfig, signals: StopSignals, forced: bool) -> None:

@@ -16,6 +16,7 @@ from fastpp.run_files import REQUESTS, SUMMARY
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 FD_RESERVE = 64  # descriptors kept for the engine, logs and the record dir past the connection cap
+LOG_LEVELS = ("debug", "info", "warning", "error")  # --log-level: Python's and uvicorn's names
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ServeConfig:
     api_key: str | None = None  # /v1/* needs "Authorization: Bearer <api_key>" when set
     record_dir: Path | None = None
     overwrite: bool = False  # record_dir may hold an earlier run, which is replaced
-    log_level: str = "info"
+    log_level: str = "info"  # one of LOG_LEVELS, lower case
     # on SIGINT / SIGTERM: stop admitting, give open requests this long, end the rest with an error
     shutdown_timeout_s: float = 5.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body gets 413 before it is read
@@ -43,6 +44,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be >= 1, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():
