@@ -143,7 +143,10 @@ def sweep(
     ] = None,
     grid: Annotated[
         Path | None,
-        typer.Option("--grid", help="TOML file with any of these options as keys (lists for axes)."),
+        typer.Option(
+            "--grid",
+            help="TOML file of what to sweep: the axes and the run settings as keys, named as their options (lists for axes); the execution options (--executor, --workers, --ray-address, --out, --overwrite, --json, --plot) stay on the command line.",
+        ),
     ] = None,
     workers: Annotated[
         int | None,

@@ -312,10 +312,14 @@ def analytic_profile(
     capacities = kv_capacity_per_stage(shape, spec, pp, tp, mem_fraction, page_size)
     worst = min(range(pp), key=capacities.__getitem__)
     if capacities[worst] < page_size:
+        room = (
+            "its weights alone take more than the memory it leaves"
+            if capacities[worst] <= 0
+            else f"it has room for only {capacities[worst]} KV tokens, less than a page ({page_size})"
+        )
         raise ValueError(
             f"{shape.name} does not fit on {spec.name} with pp={pp} tp={tp} at "
-            f"mem_fraction={mem_fraction}: stage {worst} has room for {capacities[worst]} "
-            f"KV tokens"
+            f"mem_fraction={mem_fraction}: stage {worst}: {room}"
         )
 
     points = table_points(eff.token_step)

@@ -179,10 +179,16 @@ def memory_fit(
     worst = min(range(pp), key=capacities.__getitem__)
     if capacities[worst] <= 0:
         layers = pp_layer_split(model.num_layers, pp)[worst]
+        left_gib = MEM_FRACTION * gpu.memory_bytes / GIB - 1
+        if left_gib <= 0:
+            return 0, (
+                f"a {gpu.name} of {gpu.memory_bytes / GIB:g} GiB leaves no memory for weights after "
+                f"the runtime reserve and activation headroom"
+            )
         return 0, (
             f"weights do not fit: stage {worst} ({layers} layers over tp {tp}) needs more "
-            f"than the {MEM_FRACTION * gpu.memory_bytes / GIB - 1:.1f} GiB a "
-            f"{gpu.name} leaves after the runtime reserve and activation headroom"
+            f"than the {left_gib:.1f} GiB a {gpu.name} leaves after the runtime reserve and "
+            f"activation headroom"
         )
     if capacities[worst] < min_kv_tokens:
         return capacities[worst], _kv_short(capacities[worst], min_kv_tokens)
