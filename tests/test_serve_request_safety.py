@@ -2,8 +2,8 @@
 temperature of 1e-38, a top_p of 1e-46) get 200s and the server keeps serving, on one stage and
 on two; a stop string counts as ``stop`` in /metrics and in the recording; a ``max_tokens`` the KV
 pool cannot hold is refused by name; the pool, smaller than the context, is max_model_len and
-the limit a chat request without max_tokens runs to; list sizes are bounded; an empty stop string is refused by name; and a
-user's ``<|im_end|>`` stays text in the prompt the model sees."""
+the limit a chat request without max_tokens runs to; list sizes are bounded; an empty stop
+string is refused by name; and a user's ``<|im_end|>`` stays text in the prompt the model sees."""
 
 from __future__ import annotations
 
