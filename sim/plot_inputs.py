@@ -444,7 +444,10 @@ def _newest_table_mtime(folder: Path) -> float:
 def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:
     """Goodput search results flattened to one row per probe (system columns copied in),
     sorted by rate within each system. A failed probe's null P90 TTFT reads as inf: the search's
-    TTFT P90 counts failed requests as infinite, and JSON wrote that infinity as null."""
+    TTFT P90 counts failed requests as infinite, and JSON wrote that infinity as null. A probe
+    the search stopped early has no P90s, only the shares of requests already sure to miss each
+    objective: its P90 reads as inf for the objective more than 10% of its requests missed (both
+    when neither share alone does), and as unknown (NaN, not drawn) for the other."""
     rows = []
     for res in results:
         probes = sorted(res.get("probes", []), key=lambda p: num(p, "rate"))
@@ -454,7 +457,13 @@ def probe_rows(results: Sequence[Row]) -> list[dict[str, Any]]:
                 for k in ("deployment", "policy", "workload", "model", "gpu", "slo_ttft_ms", "slo_tpot_ms")
             }
             row.update(p)
-            if row.get("p90_ttft_ms") is None and not row.get("ok", True):
+            if row.get("stopped_early"):
+                ttft_over = num(row, "ttft_missed_at_least") > 0.1
+                tpot_over = num(row, "tpot_missed_at_least") > 0.1
+                both = not (ttft_over or tpot_over)
+                row["p90_ttft_ms"] = math.inf if ttft_over or both else math.nan
+                row["p90_tpot_ms"] = math.inf if tpot_over or both else math.nan
+            elif row.get("p90_ttft_ms") is None and not row.get("ok", True):
                 row["p90_ttft_ms"] = math.inf
             rows.append(row)
     return rows

@@ -167,7 +167,8 @@ def latency_vs_rate(
     formats: Sequence[str] = FORMATS,
 ) -> list[Path]:
     """Two panels, P90 TTFT and P90 TPOT against arrival rate, one line per system, the SLOs as
-    dashed lines. An infinite P90 (too many failed requests) is a triangle on the top edge.
+    dashed lines. An infinite P90 (too many failed requests, or a goodput probe stopped early on
+    that objective) is a triangle on the top edge.
     Rows with a boolean ``ok`` column (goodput probes) draw infeasible points hollow."""
     systems = unique(system_label(r, series) for r in rows)
     style_of = styles(systems)
@@ -239,8 +240,12 @@ def latency_vs_rate(
             else:
                 ax.set_ylim(bottom=0)
                 compact_axis(ax, "y")
+        drawn = [any(not np.all(np.isnan(ys)) for _, ys in by_panel[key].values()) for _, key, _, _ in panels]
+        if drawn[0] != drawn[1]:  # a panel with nothing to draw takes the other's rates
+            empty, full = (axs[0, 0], axs[0, 1]) if drawn[1] else (axs[0, 1], axs[0, 0])
+            empty.set_xlim(full.get_xlim())
         notes = (["hollow: infeasible probe"] if any(r.get("ok") is False for r in rows) else []) + (
-            ["▲: infinite P90 (failed requests)"]
+            ["▲: P90 above the axis (failed requests, or a probe stopped early past the SLO)"]
             if any(math.isinf(num(r, k)) for r in rows for k in (ttft_key, tpot_key))
             else []
         )

@@ -4,6 +4,7 @@ holds and draws it, bad input is named, and the same data gives byte-identical S
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -250,6 +251,19 @@ def test_plot_goodput_json_draws_the_probes(tmp_path):
         "goodput.png",
         "goodput.svg",
     }
+
+
+def test_a_probe_stopped_early_marks_the_objective_it_failed_not_ttft():
+    def stopped(rate, ttft_share, tpot_share):
+        metrics = {"ttft_missed_at_least": ttft_share, "tpot_missed_at_least": tpot_share}
+        return {"rate": rate, "ok": False, "stopped_early": 1.0, "num_requests": 50.0, **metrics}
+
+    result = {"deployment": "pp4", "policy": "static:512"}
+    result["probes"] = [stopped(1.0, 0.0, 0.52), stopped(2.0, 0.4, 0.0), stopped(4.0, 0.06, 0.06)]
+    rows = probe_rows([result])
+    marks = [(r["p90_ttft_ms"], r["p90_tpot_ms"]) for r in rows]
+    assert [tuple(math.isinf(v) for v in m) for m in marks] == [(False, True), (True, False), (True, True)]
+    assert math.isnan(marks[0][0]) and math.isnan(marks[1][1])  # unknown, not drawn
 
 
 def test_unrecognised_input_and_wrong_kind_are_named(tmp_path):
