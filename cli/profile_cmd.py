@@ -34,7 +34,7 @@ def profile(
         Path | None,
         typer.Option(
             "--from-records",
-            help="Fit the profile to a recorded run folder instead (any engine: fastpp serve --record-dir, vLLM, SGLang, fastpp simulate -o).",
+            help="Fit the profile to a recorded run folder instead (any engine: fastpp serve --record-dir with the torch, SGLang or vLLM backend, or one deployment's folder inside a fastpp simulate -o folder).",
         ),
     ] = None,
     model: Annotated[
@@ -193,6 +193,13 @@ def _from_records(run_dir: Path, model: str | None, out: Path | None) -> None:
 
     if not run_dir.is_dir():
         fail(f"--from-records {run_dir}: not a folder")
+    runs = [d for d in sorted(run_dir.iterdir()) if d.is_dir() and (d / "summary.json").is_file()]
+    if runs and not (run_dir / "requests.jsonl").is_file() and not (run_dir / "requests.parquet").is_file():
+        names = ", ".join(d.name for d in runs[:4]) + (" ..." if len(runs) > 4 else "")
+        fail(
+            f"--from-records {run_dir} holds {len(runs)} run folder(s) ({names}), one per "
+            f"deployment: give one of them, e.g. --from-records {runs[0]}"
+        )
     try:
         shape = None if model is None else resolve_model(model)
     except ValueError as exc:

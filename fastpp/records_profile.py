@@ -169,6 +169,15 @@ def profile_from_records(
     return profile_from_run(run, setup, source=str(run_dir), model=model, name=name, created_at=created_at)
 
 
+def _structure(shape: ModelShape) -> tuple[int, ...]:
+    """What sets a model's costs: layers, widths and heads (not its name, dtype or context)."""
+    return (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.intermediate_size)
+
+
+def _describe(shape: ModelShape) -> str:
+    return f"{shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_heads} heads"
+
+
 def profile_from_run(
     run: RunFiles,
     setup: RunSetup,
@@ -187,7 +196,14 @@ def profile_from_run(
             "model's shape): give the model (--model DIR_OR_NAME)"
         )
     if model is not None and setup.model is not None and model != setup.model:
-        notes.append(f"model shape from the caller ({model.name}), not the run's setup ({setup.model.name})")
+        recorded = setup.model
+        if _structure(model) != _structure(recorded):  # another model: its costs would be wrong
+            raise RecordsProfileError(
+                f"{source}/{SUMMARY}: the run served {recorded.name} ({_describe(recorded)}); the "
+                f"model given is {model.name} ({_describe(model)}): fit the run's own model (no "
+                f"--model), or record a run of {model.name}"
+            )
+        notes.append(f"model shape from the caller ({model.name}), not the run's setup ({recorded.name})")
     pp = setup.pp
     if not run.iterations:
         raise RecordsProfileError(f"{source}/{ITERATIONS}: no iterations recorded")

@@ -345,6 +345,7 @@ def test_cli_writes_a_profile_the_simulator_runs(cpu_run, tmp_path):
         (["--pp", "2"], "--pp cannot be combined with --from-records"),
         (["--backend", "torch"], "--backend cannot be combined with --from-records"),
         (["--model", "no-such-model"], "--model: unknown model 'no-such-model'"),
+        (["--model", "Qwen2.5-14B"], "(30 layers, hidden 576, 9 heads); the model given is Qwen2.5-14B"),
     ],
 )
 def test_cli_refuses_bad_flags(cpu_run, args, message):
@@ -355,6 +356,9 @@ def test_cli_refuses_bad_flags(cpu_run, args, message):
 
 def test_cli_names_what_is_missing(cpu_run, tmp_path):
     _, run_dir = cpu_run
+    res = runner.invoke(app, ["profile", "--from-records", str(run_dir.parent)])  # simulate's -o folder
+    text = "".join(res.output.split())
+    assert res.exit_code == 2 and "holds1runfolder(s)" in text and f"--from-records{run_dir}" in text
     res = runner.invoke(app, ["profile", "--from-records", str(tmp_path / "none")])
     assert res.exit_code == 2 and "not a folder" in " ".join(res.output.split())
     (tmp_path / "partial").mkdir()
