@@ -26,7 +26,7 @@ def workloads(
             rows.append(workload_stats(name, n=samples, data_dir=data_dir))
         except WorkloadError as exc:
             missing.append(f"{name}: {exc}")
-    console.print(workloads_table(rows))
+    console.print(workloads_table(rows, samples))
     for line in missing:
         console.print(f"[yellow]unavailable[/] {line}")
 

@@ -64,10 +64,11 @@ def summary_table(summaries: Sequence[Mapping], title: str) -> Table:
     return table
 
 
-def workloads_table(rows: Sequence[Mapping]) -> Table:
-    """One row per workload; sources go in the caption, numbered, so the table stays narrow."""
+def workloads_table(rows: Sequence[Mapping], samples: int) -> Table:
+    """One row per workload (statistics of ``samples`` draws); sources go in the caption,
+    numbered, so the table stays narrow."""
     table = Table(
-        title="Built-in workloads (tokens; statistics of 20,000 samples)",
+        title=f"Built-in workloads (tokens; statistics of {samples:,} samples)",
         title_justify="left",
         caption_justify="left",
     )

@@ -247,7 +247,7 @@ def _synthetic(name: str, description: str, source: str, **params: Any) -> Workl
 
 
 # CVs and caps of the synthetic workloads are OUR ASSUMPTIONS; only the means are published.
-_PAPER = "calibrated to the mean lengths reported in the FastPP paper (PAPER.md section 5)"
+_PAPER = "calibrated to the mean lengths reported in the FastPP paper (its section 5)"
 WORKLOADS: dict[str, WorkloadSpec] = {
     spec.name: spec
     for spec in (

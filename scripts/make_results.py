@@ -1500,7 +1500,7 @@ def overload_words(out: dict, found: dict) -> str:
 
 
 def findings(found: dict, tpot: dict, beat: dict, slo: dict, ds: dict, paper: dict) -> str:
-    lines = ["## Findings against the paper (PAPER.md section 5)\n"]
+    lines = ["## Findings against the paper (its section 5)\n"]
     lines.append(
         "Steady state = section 1 (`fastpp goodput`, the sustained rate); the paper's protocol "
         "= section 8 (fixed runs of 400 prompts per rate on azure-conv, 1,000 on "

@@ -274,6 +274,9 @@ def test_a_profile_with_a_conflicting_model_or_gpu_is_an_error_naming_both(tmp_p
 def test_workloads_and_policies_listings():
     res = invoke("workloads")
     assert res.exit_code == 0 and "azure-conv" in res.output and "cnn-reversed-synthetic" in res.output
+    assert "statistics of 20,000 samples" in res.output
+    res = invoke("workloads", "--samples", "7")
+    assert res.exit_code == 0 and "statistics of 7 samples" in res.output
     res = invoke("policies")
     assert res.exit_code == 0 and "static" in res.output
 

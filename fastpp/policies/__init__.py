@@ -108,11 +108,11 @@ POLICIES: dict[str, PolicyInfo] = {
     ),
     "greedy": PolicyInfo(
         _greedy,
-        "feedback controller (PAPER.md 3.1)",
+        "the paper's feedback controller (docs/POLICIES.md)",
         "statistic: mean | p90; or tile (mean, at least the efficient tile while prompts wait)",
     ),
     "predictive": PolicyInfo(
-        _predictive, "ALP predictor + smallest feasible chunk (PAPER.md 3.2)", "predictor: alp | tokens"
+        _predictive, "ALP predictor + smallest feasible chunk (docs/POLICIES.md)", "predictor: alp | tokens"
     ),
     "upstream": PolicyInfo(
         build_upstream, "SGLang 0.5.23 --enable-dynamic-chunking baseline", "static chunk tokens"
@@ -128,7 +128,7 @@ BALANCERS: dict[str, PolicyInfo] = {
     "ds": PolicyInfo(
         # the user's text as given: DelayConfig coerces it to a BalanceMode, or names the choices
         lambda arg, ctx: DelayScheduler(DelayConfig(mode=cast(BalanceMode, arg or "auto"))),
-        "delay scheduling: park decodes just above a tile boundary (PAPER.md 4)",
+        "delay scheduling: park decodes just above a tile boundary (docs/POLICIES.md)",
         "mode: auto | tpot_first | e2e_first",
     ),
 }
