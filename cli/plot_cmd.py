@@ -18,7 +18,7 @@ def plot(
     results: Annotated[
         Path,
         typer.Argument(
-            help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), or a `fastpp goodput --json` file.",
+            help="A `fastpp simulate` output folder, a sweep results.jsonl/.csv (or its folder), a `fastpp goodput --json` file, or a `fastpp goodput --plot` folder.",
             show_default=False,
         ),
     ],
@@ -31,7 +31,7 @@ def plot(
         typer.Option(
             "--kind",
             "-k",
-            help="auto makes every figure the data supports. Sweeps and goodput JSON: goodput, rate, slo; simulate folders: cdf, chunk, timeline.",
+            help="auto makes every figure the data supports. Sweeps: goodput, rate, slo; goodput JSON: goodput, rate; simulate folders: cdf, chunk, timeline.",
         ),
     ] = "auto",
     slo_ttft_ms: Annotated[

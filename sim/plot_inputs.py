@@ -408,6 +408,9 @@ def load_run_dir(path: str | Path, notes: list[str] | None = None) -> list[RunDa
     return runs
 
 
+GOODPUT_JSON = "goodput.json"  # what `fastpp goodput --plot DIR` writes into DIR
+
+
 def detect(path: str | Path) -> tuple[SourceKind, Path]:
     """What ``path`` holds and the path to read it from (a ``summary.json`` file maps to its
     folder). Raises :class:`PlotInputError` naming the path when it is none of the three."""
@@ -424,6 +427,9 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
         sweeps = [d for d in _subdirs(path) if any((d / n).is_file() for n in RESULTS_NAMES)]
         if sweeps:  # a folder of sweeps (runs/sweep): the newest one, never several mixed
             return "sweep", max(sweeps, key=lambda d: (_newest_table_mtime(d), d.name))
+        if (path / GOODPUT_JSON).is_file():  # a `fastpp goodput --plot DIR` folder
+            load_goodput_json(path / GOODPUT_JSON)
+            return "goodput", path / GOODPUT_JSON
     elif path.suffix in (".jsonl", ".csv"):
         return "sweep", path
     elif path.suffix == ".json":
@@ -433,7 +439,8 @@ def detect(path: str | Path) -> tuple[SourceKind, Path]:
         return "goodput", path
     raise PlotInputError(
         f"{path}: not a recognised result (expected a `fastpp simulate` output folder, a run "
-        f"folder, a sweep results.jsonl/.csv or its folder, or a `fastpp goodput --json` file)"
+        f"folder, a sweep results.jsonl/.csv or its folder, a `fastpp goodput --json` file or a "
+        f"`fastpp goodput --plot` folder)"
     )
 
 

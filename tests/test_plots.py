@@ -266,6 +266,15 @@ def test_a_probe_stopped_early_marks_the_objective_it_failed_not_ttft():
     assert math.isnan(marks[0][0]) and math.isnan(marks[1][1])  # unknown, not drawn
 
 
+def test_a_goodput_plot_folder_plots_again(tmp_path):
+    out = tmp_path / "gp"
+    args = ("goodput", "-n", "50", "--seeds", "1", "--precision", "2", "--plot", str(out))
+    assert invoke(*args).exit_code == 0
+    res = invoke("plot", str(out), "-o", str(tmp_path / "again"))
+    assert res.exit_code == 0, res.output
+    assert {p.name for p in (tmp_path / "again").iterdir()} >= {"goodput.png", "goodput_probes.png"}
+
+
 def test_unrecognised_input_and_wrong_kind_are_named(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
