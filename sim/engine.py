@@ -132,6 +132,8 @@ class PipelineSimulation:
         self.requests = sorted(requests, key=lambda r: (r.arrived_at, r.req_id))
         check_requests(self.requests)  # too many, or spread too thin: refused before running
         self.record_iterations = record_iterations
+        if max_time_s is not None and not max_time_s > 0:  # NaN included
+            raise ValueError(f"max_time_s must be > 0 seconds (or None: no limit), got {max_time_s!r}")
         self.max_time_s = max_time_s
         if not 0.0 <= noise_cv < 1.0:
             raise ValueError(f"noise_cv must be in [0, 1), got {noise_cv!r}")

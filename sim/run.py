@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 
 from fastpp.metrics import pipeline_fields, summarize
 from fastpp.policies import make_policies
@@ -136,6 +137,10 @@ class DeploymentConfig:
     async_batch_depth: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("pp", "tp"):  # a str from a config file would fail later, far from its cause
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         check_async_batch_depth(self.async_batch_depth, self.host_loop)
         check_queue_options(
             self.admission_reserve,

@@ -61,6 +61,9 @@ def test_time_limit_aborts_what_is_left_with_a_reason():
     aborted = [r for r in result.records if r.finish_reason is FinishReason.ABORTED]
     assert all("time limit" in r.detail for r in aborted)
     assert len(result.records) == 200 and result.notes
+    for bad in (0.0, -1.0, float("nan")):  # a limit at or before the start ran nothing, silently
+        with pytest.raises(ValueError, match="max_time_s must be > 0 seconds"):
+            simulate(n=10, max_time_s=bad)
 
 
 def test_every_stage_serves_in_launch_order_and_starts_when_input_and_stage_are_ready():
@@ -273,3 +276,13 @@ def test_a_launch_has_no_event_of_its_own_and_the_host_looks_again_only_when_it_
     assert all(plans) and not driver.may_launch() and driver.next_plan() is None
     driver.returned(plans[0])
     assert driver.may_launch()
+
+
+@pytest.mark.parametrize("bad", ["2", 0, True, 2.0])
+def test_a_deployment_with_a_non_integer_or_zero_degree_is_refused_naming_it(bad):
+    from fastpp.sim.run import DeploymentConfig
+
+    with pytest.raises(ValueError, match=f"pp must be an integer >= 1, got {bad!r}"):
+        DeploymentConfig(pp=bad)
+    with pytest.raises(ValueError, match="tp must be an integer >= 1"):
+        DeploymentConfig(tp=bad)
