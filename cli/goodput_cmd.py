@@ -207,10 +207,11 @@ def goodput(
     check_profile_against(profile, model, gpu, deployments[0])
     if plot is not None:
         from fastpp.cli.run_dirs import RunDirError, claim_result_dir
+        from fastpp.sim.plot_inputs import GOODPUT_JSON
 
         writable_dir(plot, "--plot")
         try:
-            claim_result_dir(plot, "goodput.json", overwrite=overwrite, option="--plot")
+            claim_result_dir(plot, GOODPUT_JSON, overwrite=overwrite, option="--plot")
         except RunDirError as exc:
             fail(str(exc))
     if not steady and not as_json:
@@ -287,9 +288,10 @@ def goodput(
         console.print_json(json.dumps(json_safe(results)))
     if plot is not None:
         from fastpp.cli.plot_cmd import draw
+        from fastpp.sim.plot_inputs import GOODPUT_JSON
 
         draw(
-            write_json(results, plot / "goodput.json"),
+            write_json(results, plot / GOODPUT_JSON),
             plot,
             slo_ttft_ms=slo.ttft_s * 1e3,
             slo_tpot_ms=slo.tpot_s * 1e3,

@@ -21,17 +21,20 @@ import shutil
 import time
 from pathlib import Path
 
+from fastpp.sim.planner import PLAN_JSONL
+from fastpp.sim.plot_inputs import GOODPUT_JSON
+from fastpp.sim.sweep_table import RESULTS_JSONL
+
 SUMMARY = "summary.json"
 PLOTS = "plots"
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
-# The file by which each command's output folder is known (sim/sweep_table.py's RESULTS_JSONL,
-# sim/planner.py's PLAN_JSONL, goodput --plot's result): a folder holding one of them belongs to
-# that command, and another command refuses to write beside it.
+# The file by which each command's output folder is known: a folder holding one of them belongs
+# to that command, and another command refuses to write beside it.
 OWNER_FILES = {
     SUMMARY: "fastpp simulate",
-    "results.jsonl": "fastpp sweep",
-    "plan.jsonl": "fastpp plan",
-    "goodput.json": "fastpp goodput --plot",
+    RESULTS_JSONL: "fastpp sweep",
+    PLAN_JSONL: "fastpp plan",
+    GOODPUT_JSON: "fastpp goodput --plot",
 }
 
 

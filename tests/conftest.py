@@ -117,3 +117,21 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def serve():
+    """``serve(**behaviour)`` starts a fake OpenAI-compatible server (tests/fake_openai_server.py,
+    ``FakeBehaviour``'s fields as keywords); all are stopped after the test."""
+    from fake_openai_server import FakeBehaviour, FakeOpenAIServer
+
+    servers: list[FakeOpenAIServer] = []
+
+    def start(**behaviour) -> FakeOpenAIServer:
+        srv = FakeOpenAIServer(FakeBehaviour(**behaviour)).__enter__()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.__exit__(None, None, None)

@@ -67,21 +67,6 @@ SGLANG_KEYS = {
 DETAIL_KEYS = {"input_lens", "output_lens", "ttfts", "itls", "errors"}
 
 
-@pytest.fixture
-def serve():
-    """``serve(**behaviour)`` starts a fake server; all are stopped after the test."""
-    servers: list[FakeOpenAIServer] = []
-
-    def start(**behaviour) -> FakeOpenAIServer:
-        srv = FakeOpenAIServer(FakeBehaviour(**behaviour)).__enter__()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.__exit__(None, None, None)
-
-
 def reqs(n: int, prompt_len: int = 12, output_len: int = 4, gap_s: float = 0.0) -> list[Request]:
     return [Request(i, i * gap_s, prompt_len, output_len) for i in range(n)]
 

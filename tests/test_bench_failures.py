@@ -6,28 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fake_openai_server import FakeBehaviour, FakeOpenAIServer
+from fake_openai_server import FakeOpenAIServer
 from typer.testing import CliRunner
 
 import fastpp.cli.bench_cmd  # noqa: F401  (registers `bench` until cli/app.py lists it)
 from fastpp.backends.bench import BenchConfig, BenchError, format_result, run_bench, run_bench_async
 from fastpp.cli.app import app
 from fastpp.types import FinishReason, Request
-
-
-@pytest.fixture
-def serve():
-    """``serve(**behaviour)`` starts a fake server; all are stopped after the test."""
-    servers: list[FakeOpenAIServer] = []
-
-    def start(**behaviour) -> FakeOpenAIServer:
-        srv = FakeOpenAIServer(FakeBehaviour(**behaviour)).__enter__()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -409,9 +409,12 @@ def test_cli_sweeps_get_their_own_folder_and_an_out_of_another_grid_is_refused(t
     assert len((out / RESULTS_CSV).read_text().splitlines()) == 2
 
 
+PROFILE = "a100-40gb-pcie_qwen2.5-32b_pp4"  # a shipped profile: Qwen2.5-32B, pp4
+PROFILE_SWEEP = ["sweep", "--profile", PROFILE, "-n", "20", "-r", "1", "--executor", "serial"]
+
+
 def test_cli_sweep_profile_with_a_conflicting_model_is_an_error_naming_both(tmp_path):
-    profile = "a100-40gb-pcie_qwen2.5-32b_pp4"
-    args = ["sweep", "--profile", profile, "-n", "20", "-r", "1", "--executor", "serial"]
+    profile, args = PROFILE, PROFILE_SWEEP
     res = runner.invoke(app, [*args, "-m", "Qwen2.5-72B", "-o", str(tmp_path / "a")])
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and f"--profile {profile} is Qwen2.5-32B on A100-40GB-PCIe" in text
@@ -422,8 +425,7 @@ def test_cli_sweep_profile_with_a_conflicting_model_is_an_error_naming_both(tmp_
 
 
 def test_cli_sweep_profile_refuses_a_deployment_of_another_shape(tmp_path):
-    profile = "a100-40gb-pcie_qwen2.5-32b_pp4"
-    args = ["sweep", "--profile", profile, "-n", "20", "-r", "1", "--executor", "serial"]
+    profile, args = PROFILE, PROFILE_SWEEP
     res = runner.invoke(app, [*args, "-d", "tp4", "-o", str(tmp_path / "a")])
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and f"deployment 'tp4': the profile {profile} is for pp4tp1" in text

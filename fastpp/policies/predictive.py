@@ -119,6 +119,7 @@ from fastpp.policies.rules import (
     retracted_waits,
     tile_step,
     under_kv_pressure,
+    waiting_head,
 )
 from fastpp.predictor import ALPPredictor, LatencyPredictor
 from fastpp.profile import Profile
@@ -402,7 +403,7 @@ class PredictiveChunkPolicy:
         room = -n_dec % tile_step(view)
         head = view.chunked
         if head is None:
-            head = next(iter(view.iter_waiting()), None)
+            head = waiting_head(view)
         if room > 0 and head is not None and head.remaining_prefill > room:
             return self._done(n_dec + room, "tile-cap: leftover fill")
         return self._done(n_dec, "tile-cap: decode only")

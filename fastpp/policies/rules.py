@@ -37,7 +37,7 @@ from math import sqrt
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fastpp.view import PolicyView
+    from fastpp.view import PolicyView, RequestView
 
 
 DEFAULT_TILE_STEP = 128  # tokens per tile when the profile knows no tile step
@@ -138,10 +138,14 @@ def prompts_outrun(view: PolicyView, chunk: int) -> bool:
     return view.waiting_prefill_tokens > carried
 
 
+def waiting_head(view: PolicyView) -> RequestView | None:
+    """The head of the waiting queue (FCFS: its oldest prompt not yet started), or None."""
+    return next(iter(view.iter_waiting()), None)
+
+
 def backlog_waits(view: PolicyView, wait_s: float) -> bool:
-    """True when the head of the waiting queue (FCFS: its oldest prompt not yet started) has
-    waited at least ``wait_s``."""
-    head = next(iter(view.iter_waiting()), None)
+    """True when the head of the waiting queue has waited at least ``wait_s``."""
+    head = waiting_head(view)
     return head is not None and view.now - head.arrived_at >= wait_s
 
 
