@@ -45,6 +45,7 @@ __all__ = [
     "WorkloadSpec",
     "builtin_quantile_lengths",
     "check_arrival",
+    "check_workload_name",
     "gamma_arrivals",
     "load_builtin_tables",
     "make_requests",
@@ -54,7 +55,6 @@ __all__ = [
     "replay",
     "replay_requests",
     "resolve_data_dir",
-    "unknown_workload",
     "workload_stats",
 ]
 
@@ -346,17 +346,26 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 def _sampler(workload: str | LengthSampler, data_dir: str | Path | None) -> LengthSampler:
     if not isinstance(workload, str):
         return workload
-    if workload.startswith(UNIFORM_PREFIX):
-        return UniformLengths.parse(workload)
-    spec = WORKLOADS.get(workload)
+    found = _sampler_or_spec(workload)
+    return found if isinstance(found, UniformLengths) else found.make_sampler(data_dir)
+
+
+def check_workload_name(name: str) -> str:
+    """``name`` when it is a built-in workload or a valid ``random:IN:OUT[:RATIO]``; else
+    ValueError naming the bad part, or listing the known names."""
+    _sampler_or_spec(name)
+    return name
+
+
+def _sampler_or_spec(name: str) -> UniformLengths | WorkloadSpec:
+    if name.startswith(UNIFORM_PREFIX):
+        return UniformLengths.parse(name)  # raises naming the bad part
+    spec = WORKLOADS.get(name)
     if spec is None:
-        raise ValueError(unknown_workload(workload))
-    return spec.make_sampler(data_dir)
-
-
-def unknown_workload(name: str) -> str:
-    """The error for a workload name that is neither built in nor ``random:IN:OUT[:RATIO]``."""
-    return f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}, or {UNIFORM_PREFIX}IN:OUT[:RATIO]"
+        raise ValueError(
+            f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}, or {UNIFORM_PREFIX}IN:OUT[:RATIO]"
+        )
+    return spec
 
 
 def _to_requests(arrival_s: np.ndarray, prompt_lens: np.ndarray, output_lens: np.ndarray):

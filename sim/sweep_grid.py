@@ -44,9 +44,7 @@ from fastpp.sim.hardware import resolve_gpu
 from fastpp.sim.models import get_model
 from fastpp.sim.run import DeploymentConfig, WorkloadConfig, check_async_batch_depth, parse_deployment
 from fastpp.types import SLO
-from fastpp.uniform_lengths import PREFIX as UNIFORM_PREFIX
-from fastpp.uniform_lengths import UniformLengths
-from fastpp.workloads import WORKLOADS, unknown_workload
+from fastpp.workloads import check_workload_name
 
 METRICS = ("simulate", "goodput", "best-static")
 DEFAULT_STATIC_CHUNKS: tuple[int, ...] = tuple(range(128, 2049, 128))  # tokens; best-static candidates
@@ -320,10 +318,7 @@ class SweepGrid:
 
     def _check_names(self) -> None:
         for name in self.workloads or ():
-            if name.startswith(UNIFORM_PREFIX):
-                UniformLengths.parse(name)  # names the bad part
-            elif name not in WORKLOADS:
-                raise ValueError(unknown_workload(name))
+            check_workload_name(name)
         for name in self.models or ():
             get_model(name)
         for name in self.gpus or ():

@@ -26,7 +26,7 @@ from fastpp.uniform_lengths import UniformLengths
 from fastpp.workloads import (
     ARRIVALS,
     DEFAULT_WORKLOAD,
-    WORKLOADS,
+    check_workload_name,
     make_requests,
     replay_requests,
 )
@@ -146,7 +146,7 @@ class BenchConfig:
                 "--replay-speed) apply to a replay (--replay) only"
             )
         else:
-            object.__setattr__(self, "workload", _checked_workload(self.workload or DEFAULT_WORKLOAD))
+            object.__setattr__(self, "workload", check_workload_name(self.workload or DEFAULT_WORKLOAD))
 
     def _check_replay(self) -> None:
         """A trace brings its own arrival times and lengths: refuse what would be ignored."""
@@ -243,15 +243,6 @@ def server_root(url: str) -> str:
     parts = urlsplit(url)
     path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
     return urlunsplit(parts._replace(path=path))
-
-
-def _checked_workload(workload: str) -> str:
-    """``workload`` when it names a registered workload or a valid ``random:`` spec."""
-    if workload.startswith("random:"):
-        UniformLengths.parse(workload)  # raises naming the bad part
-    elif workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
-    return workload
 
 
 def parse_goodput(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
